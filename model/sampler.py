@@ -1,0 +1,84 @@
+"""Iterative unmasking: T denoising steps, L_s loops of the shared block per step."""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from model.rmdm import RecursiveDenoiser
+from model.train import autocast
+
+
+@torch.no_grad()
+def sample(
+    model: RecursiveDenoiser,
+    x: torch.Tensor,
+    cond: torch.Tensor,
+    T: int,
+    L_s: int,
+    unmask: Literal["confidence", "random"] = "confidence",
+    temperature: float = 0.0,
+    remask: float = 0.0,
+    seed: int = 0,
+    precision: str = "float32",
+) -> torch.Tensor:
+    """Fill every non-conditioning position of `x` in exactly T steps.
+
+    x: (B, N) tokens, values at ~cond positions are ignored (treated as masked).
+    cond: (B, N) bool, the givens; they are never changed.
+    Step i (of T) reveals ceil(remaining / (T - i)) masked positions per sample: the most
+    confident ones (`confidence`) or a seeded random choice (`random`). `temperature` 0
+    takes the argmax; above 0 samples from the softmax. `remask` > 0 re-masks that share of
+    the lowest-confidence tokens decoded in earlier steps (never givens), as long as steps
+    remain to fill them again.
+    """
+    if T < 1 or L_s < 1:
+        raise ValueError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    mask_id = model.spec.mask_id
+    x = torch.where(cond, x, torch.full_like(x, mask_id))
+    conf_kept = torch.full(x.shape, float("inf"), device=x.device)  # confidence of decoded tokens
+    B = x.shape[0]
+    for i in range(T):
+        masked = x == mask_id  # (B, N)
+        remaining = masked.sum(1)  # (B,)
+        if int(remaining.max()) == 0:
+            break
+        with autocast(x.device, precision):
+            logits = model(x, n_loops=L_s, all_logits=False)[-1].float()  # (B, N, V)
+        probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1) if temperature > 0 else torch.softmax(logits, -1)
+        if temperature > 0:
+            flat = torch.multinomial(probs.view(-1, probs.shape[-1]).cpu(), 1, generator=gen).view(x.shape).to(x.device)
+            pred = flat
+        else:
+            pred = probs.argmax(-1)
+        conf = probs.gather(-1, pred.unsqueeze(-1)).squeeze(-1)  # (B, N)
+        steps_left = T - i
+        k = torch.ceil(remaining.float() / steps_left).long()  # (B,) positions to reveal now
+        if unmask == "confidence":
+            score = conf.clone()
+        else:
+            score = torch.rand(x.shape, generator=gen).to(x.device)
+        score = score.masked_fill(~masked, -float("inf"))
+        order = score.argsort(dim=1, descending=True)
+        rank = torch.empty_like(order)
+        rank.scatter_(1, order, torch.arange(x.shape[1], device=x.device).expand(B, -1))
+        reveal = masked & (rank < k.unsqueeze(1))
+        x = torch.where(reveal, pred, x)
+        conf_kept = torch.where(reveal, conf, conf_kept)
+        if remask > 0 and steps_left > 1:
+            # re-open the least confident earlier decodes; later steps must fill them again
+            decoded = ~cond & (x != mask_id) & ~reveal
+            n_re = (decoded.sum(1).float() * remask).floor().long()
+            low = conf_kept.masked_fill(~decoded, float("inf"))
+            order = low.argsort(dim=1)
+            rank.scatter_(1, order, torch.arange(x.shape[1], device=x.device).expand(B, -1))
+            re = decoded & (rank < n_re.unsqueeze(1))
+            x = torch.where(re, torch.full_like(x, mask_id), x)
+            conf_kept = torch.where(re, torch.full_like(conf_kept, float("inf")), conf_kept)
+    return x
+
+
+def forward_passes(T: int, L_s: int) -> int:
+    return T * L_s

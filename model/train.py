@@ -1,0 +1,177 @@
+"""Masked-diffusion training of an R-MDM, resumable to the step.
+
+Data comes from a `batch_fn(step, generator) -> (x0, cond)` given by the caller; the
+generator is seeded from (seed, step), so the batch and the noise of every step are a pure
+function of the step, and a run resumed at step s sees exactly what it would have seen.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from model.config import ModelConfig, TrainConfig
+from model.rmdm import RecursiveDenoiser, SeqSpec
+from model.schedules import depth_at, loop_weights, lr_at, step_seed
+
+BatchFn = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def diffusion_loss(
+    model: RecursiveDenoiser,
+    x0: torch.Tensor,
+    cond: torch.Tensor,
+    gen: torch.Generator,
+    n_loops: int,
+    weights: list[float],
+    eps: float = 1e-3,
+) -> tuple[torch.Tensor, list[float]]:
+    """MDLM ELBO with a linear schedule, per loop, combined with `weights`.
+
+    x0: (B, N) clean tokens; cond: (B, N) bool, conditioning positions (never masked).
+    Each sample draws t ~ U(eps, 1); each free token is masked with probability t; the loss
+    is the cross-entropy on masked tokens weighted by 1/t, averaged over free positions.
+    Returns the combined loss and the per-loop losses (floats) for the history.
+    """
+    B, N = x0.shape
+    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen).to(x0.device)  # (B, 1)
+    u = torch.rand(B, N, generator=gen).to(x0.device)
+    masked = (u < t) & ~cond  # (B, N)
+    xt = torch.where(masked, torch.full_like(x0, model.spec.mask_id), x0)
+    # loops whose weight is 0 need no head; 'final' then costs one head only
+    need_all = any(w > 0 for w in weights[:-1])
+    logits = model(xt, n_loops=n_loops, all_logits=need_all)
+    if not need_all:
+        logits = [None] * (n_loops - 1) + logits
+    free = (~cond).sum(1).clamp(min=1).float()  # (B,)
+    total = x0.new_zeros((), dtype=torch.float32)
+    per_loop = []
+    for w, lg in zip(weights, logits):
+        if lg is None:
+            per_loop.append(float("nan"))
+            continue
+        ce = F.cross_entropy(lg.float().reshape(B * N, -1), x0.reshape(-1), reduction="none").view(B, N)
+        loss_l = ((ce * masked / t).sum(1) / free).mean()
+        per_loop.append(float(loss_l.detach()))
+        if w > 0:
+            total = total + w * loss_l
+    return total, per_loop
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        spec: SeqSpec,
+        batch_fn: BatchFn,
+        device: str | torch.device = "cpu",
+    ):
+        self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
+        self.device = torch.device(device)
+        torch.manual_seed(step_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
+        self.model = RecursiveDenoiser(model_cfg, spec).to(self.device)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "emb" not in n]
+        no_decay = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=train_cfg.lr,
+            betas=(0.9, 0.99),
+        )
+        self.state = TrainState()
+
+    # ---- one step --------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        cfg, step = self.cfg, self.state.step
+        gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
+        x0, cond = self.batch_fn(step, gen)
+        x0, cond = x0.to(self.device), cond.to(self.device)
+        n_loops = depth_at(step, cfg.steps, self.model_cfg.L, cfg)
+        weights = loop_weights(n_loops, cfg)
+        lr = lr_at(step, cfg)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.model.train()
+        with autocast(self.device, cfg.precision):
+            loss, per_loop = diffusion_loss(self.model, x0, cond, gen, n_loops, weights)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.state.step += 1
+        value = float(loss.detach())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite loss {value} at step {step}")
+        return {"step": step, "loss": value, "loop_losses": per_loop, "L_t": n_loops, "lr": lr}
+
+    def train(
+        self,
+        on_log: Callable[[dict], None] | None = None,
+        on_checkpoint: Callable[["Trainer"], None] | None = None,
+        until: int | None = None,
+    ) -> TrainState:
+        """Train to step `until` (default: the configured number of steps)."""
+        until = self.cfg.steps if until is None else min(until, self.cfg.steps)
+        t0 = time.perf_counter() - self.state.seconds
+        while self.state.step < until:
+            row = self.train_step()
+            self.state.seconds = time.perf_counter() - t0
+            if row["step"] % self.cfg.log_every == 0 or self.state.step == self.cfg.steps:
+                row["seconds"] = self.state.seconds
+                self.state.history.append(row)
+                if on_log:
+                    on_log(row)
+            if on_checkpoint and self.state.step % self.cfg.checkpoint_every == 0 and self.state.step < self.cfg.steps:
+                on_checkpoint(self)
+        return self.state
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "step": self.state.step,
+            "seconds": self.state.seconds,
+            "history": self.state.history,
+            "torch_rng": torch.get_rng_state(),
+            "model_cfg": self.model_cfg.model_dump(),
+            "train_cfg": self.cfg.model_dump(),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["opt"])
+        self.state = TrainState(step=sd["step"], seconds=sd["seconds"], history=list(sd["history"]))
+        torch.set_rng_state(sd["torch_rng"])
+
+    def save(self, path: str) -> None:
+        save_atomic(self.state_dict(), path)
+
+    def load(self, path: str) -> None:
+        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+
+
+def save_atomic(obj, path: str) -> None:
+    """torch.save to a temp file beside `path`, then rename: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""Study orchestration: grids, Ray dispatch, resume, status, CLI."""

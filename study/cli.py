@@ -1,0 +1,105 @@
+"""`study`: plan, run, inspect and report R-MDM scaling studies."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from study.grid import GridError, load_grid
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
+
+
+def _grid_or_exit(path: str):
+    try:
+        return load_grid(path)
+    except GridError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
+def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSON object per run")):
+    """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points); run nothing."""
+    g = _grid_or_exit(grid)
+    rows = []
+    for r in g.runs:
+        c = r.costs()
+        pts = r.eval_points()
+        rows.append({"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
+                     "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
+                     "loss": r.train.loss, "seed": r.train.seed, **c,
+                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.sampler} for p in pts]})
+    if json_out:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    typer.echo(f"study {g.study}: {len(rows)} runs from {grid}")
+    typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11}  eval points")
+    for row in rows:
+        Ts = sorted({p["T"] for p in row["eval_points"]})
+        Ls = sorted({p["L_s"] for p in row["eval_points"]})
+        typer.echo(f"{row['run_id']:<13} {row['task']:<8} {row['K']:>3} {row['L_t']:>4} {row['d_model']:>5} "
+                   f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g}  T={Ts} L_s={Ls}")
+
+
+@app.command()
+def run(
+    grid: str,
+    results: str = RESULTS,
+    address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="run again the runs recorded as failed"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray"),
+):
+    """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each."""
+    from study.runner import run_grid
+
+    g = _grid_or_exit(grid)
+    raise typer.Exit(run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
+                              echo=typer.echo))
+
+
+@app.command()
+def report(
+    figure: str = typer.Option("iso-param", "--figure", help="figure name, or 'all'"),
+    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    results: str = RESULTS,
+    out: Optional[str] = typer.Option(None, "--out", help="output directory (default: the study's figures/)"),
+    fmt: str = typer.Option("svg", "--format", help="second format beside PNG: svg or pdf"),
+):
+    """Render figures from the Parquet store (never trains)."""
+    from analysis.figures import FIGURES
+    from analysis.load import MissingData, load
+    from study.store import Store
+
+    names = list(FIGURES) if figure == "all" else [figure]
+    for n in names:
+        if n not in FIGURES:
+            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(FIGURES)}, all", err=True)
+            raise typer.Exit(2)
+    try:
+        name, runs, evals = load(results, study)
+    except MissingData as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    out_dir = out or f"{Store(results, name).dir}/figures"
+    bad = 0
+    for n in names:
+        try:
+            for p in FIGURES[n](evals, out_dir, name, fmt):
+                typer.echo(p)
+        except MissingData as e:
+            bad += 1
+            typer.echo(f"{n}: not drawn: {e}", err=True)
+    raise typer.Exit(1 if bad == len(names) else 0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

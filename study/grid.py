@@ -1,0 +1,363 @@
+"""YAML grid -> validated list of runs.
+
+A grid has base sections (`task`, `model`, `train`, `eval`, `resources`) and says how they
+vary: `axes` (a product over dotted keys), `couple` (lists of points whose values vary
+together, e.g. an iso-FLOP family of (K, L)), `constraints` (declarative filters such as
+K*L = 30), `include` / `exclude` points, and `groups` (per-group overrides with their own
+axes). Everything is validated before anything runs: an error names the file, the key and
+the allowed values. YAML is `safe_load`ed; nothing in a grid is ever evaluated.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from model.config import ModelConfig, TrainConfig
+from model.rmdm import RecursiveDenoiser, SeqSpec
+from tasks import TASKS, TaskConfig, make_task
+
+
+class GridError(ValueError):
+    """A grid that cannot be run, with file and key in the message."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EvalConfig(Strict):
+    """Evaluation points of every run; not part of the run id."""
+
+    T: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    L_s: list[int | Literal["train"]] = Field(default_factory=lambda: ["train"])
+    sampler: list[Literal["confidence", "random"]] = Field(default_factory=lambda: ["confidence"])
+    temperature: float = Field(0.0, ge=0)
+    remask: float = Field(0.0, ge=0, lt=1)
+    n_examples: int = Field(200, ge=1)
+    split: str = "test"
+    seed: int = 0
+    n_samples_kept: int = Field(50, ge=0, description="examples per eval point written to the samples table")
+
+    @field_validator("T")
+    @classmethod
+    def _t(cls, v: list[int]) -> list[int]:
+        if not v or min(v) < 1:
+            raise ValueError(f"T values must be integers >= 1 (got {v})")
+        return v
+
+    @field_validator("L_s")
+    @classmethod
+    def _ls(cls, v: list) -> list:
+        if not v or any(x != "train" and x < 1 for x in v):
+            raise ValueError(f"L_s values must be integers >= 1 or 'train' (got {v})")
+        return v
+
+
+class Resources(Strict):
+    cpu: float = Field(1, gt=0)
+    gpu: float = Field(0, ge=0, description="fractions allowed: several small trials share a GPU")
+
+
+SECTIONS: dict[str, type[BaseModel] | None] = {
+    "task": None,  # depends on the task name; see _task_config
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "resources": Resources,
+}
+ALIASES = {
+    "K": "model.K", "L": "model.L", "d_model": "model.d_model", "seed": "train.seed", "lr": "train.lr",
+    "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
+}
+TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
+            *SECTIONS}
+GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", *SECTIONS}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+TASK_EVAL_ONLY = {"n_test"}  # task fields that change the evaluation set only, never the trained model
+TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trained model and the evaluation points it owes."""
+
+    study: str
+    task: TaskConfig
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig
+    resources: Resources
+    retries: int
+    group: str | None = None
+
+    @property
+    def training_config(self) -> dict:
+        return {
+            "task": self.task.model_dump(exclude=TASK_EVAL_ONLY),
+            "model": self.model.model_dump(),
+            "train": self.train.model_dump(exclude=TRAIN_BOOKKEEPING),
+        }
+
+    @property
+    def run_id(self) -> str:
+        return config_hash(self.training_config)
+
+    def eval_points(self) -> list["EvalPoint"]:
+        pts = []
+        for T, ls, smp in itertools.product(self.eval.T, self.eval.L_s, self.eval.sampler):
+            pts.append(EvalPoint(T=T, L_s=self.model.L if ls == "train" else ls, sampler=smp,
+                                 temperature=self.eval.temperature, remask=self.eval.remask,
+                                 n_examples=self.eval.n_examples, split=self.eval.split, seed=self.eval.seed))
+        return sorted(set(pts), key=lambda p: (p.sampler, p.L_s, p.T))
+
+    def resolved(self) -> dict:
+        """Everything about this run, as stored beside its results."""
+        return {"run_id": self.run_id, "study": self.study, "group": self.group, **self.training_config,
+                "eval": self.eval.model_dump(), "resources": self.resources.model_dump(), "retries": self.retries}
+
+    def costs(self) -> dict:
+        """Parameters and FLOPs, counted by the model itself (built on the meta device: no memory)."""
+        task = make_task(self.task)
+        with torch.device("meta"):
+            m = RecursiveDenoiser(self.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
+        counts = m.param_counts()
+        return {
+            "n_params": counts["total"],
+            "n_params_non_embedding": counts["non_embedding"],
+            "flops_per_forward": m.flops_per_forward(),
+        }
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    T: int
+    L_s: int
+    sampler: str
+    temperature: float
+    remask: float
+    n_examples: int
+    split: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"T{self.T}-Ls{self.L_s}-{self.sampler}-{config_hash(self.__dict__)[:8]}"
+
+
+def config_hash(obj: Any) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass
+class Grid:
+    path: str
+    study: str
+    runs: list[Run]
+    raw: dict = field(default_factory=dict)
+
+
+# ---- loading -----------------------------------------------------------------------------
+def load_grid(path: str) -> Grid:
+    """Read, validate and expand a grid file. Raises GridError naming file and key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise GridError(f"{path}: no such grid file") from None
+    except yaml.YAMLError as e:
+        raise GridError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
+    return expand(raw, path)
+
+
+def expand(raw: dict, path: str = "<grid>") -> Grid:
+    err = _Err(path)
+    _check_keys(raw, TOP_KEYS, "", err)
+    study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
+    if not isinstance(study, str) or not NAME_RE.match(study):
+        err("study", f"must be a plain name of letters, digits, '_', '-', '.' (got {study!r})")
+    retries = raw.get("retries", 2)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        err("retries", f"must be an integer >= 0 (got {retries!r})")
+    base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
+    groups = raw.get("groups")
+    if groups is None:
+        specs = [(None, raw, "")]
+    else:
+        if not isinstance(groups, list) or not groups:
+            err("groups", "must be a non-empty list of group mappings")
+        specs = []
+        for i, g in enumerate(groups):
+            where = f"groups[{i}]"
+            if not isinstance(g, dict):
+                err(where, "must be a mapping")
+            _check_keys(g, GROUP_KEYS, where + ".", err)
+            specs.append((str(g.get("name", i)), g, where + "."))
+        for k in ("axes", "couple", "constraints", "include", "exclude"):
+            if k in raw:
+                err(k, "cannot be used at the top level together with `groups`: put it in each group")
+    runs: dict[str, Run] = {}
+    for name, spec, where in specs:
+        sections = copy.deepcopy(base)
+        if name is not None:
+            for s in SECTIONS:
+                _deep_update(sections[s], _mapping(spec.get(s, {}), where + s, err))
+        for point in _points(spec, where, err):
+            run = _resolve(sections, point, study, retries, name, err)
+            runs.setdefault(run.run_id, run)  # identical training configs are one run
+    if not runs:
+        err("axes", "the grid expands to no runs (check constraints / exclude)")
+    return Grid(path=path, study=study, runs=list(runs.values()), raw=raw)
+
+
+class _Err:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, key: str, msg: str):
+        raise GridError(f"{self.path}: key '{key}': {msg}")
+
+
+def _mapping(v: Any, key: str, err: _Err) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        err(key, f"must be a mapping (got {type(v).__name__})")
+    return copy.deepcopy(v)
+
+
+def _check_keys(d: dict, allowed: set[str], where: str, err: _Err) -> None:
+    for k in d:
+        if k not in allowed:
+            err(f"{where}{k}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def _canon_key(key: str, where: str, err: _Err) -> str:
+    key = ALIASES.get(key, key)
+    sec, _, fld = key.partition(".")
+    if sec not in SECTIONS or not fld:
+        err(where + key, f"axis keys are 'section.field' with section in {sorted(SECTIONS)} "
+                         f"or one of the short names {sorted(ALIASES)}")
+    if sec == "eval":
+        err(where + key, "evaluation points are listed in the `eval` section (T, L_s, sampler), not as axes: "
+                         "they do not define new runs")
+    return key
+
+
+def _point(d: Any, where: str, err: _Err) -> dict:
+    if not isinstance(d, dict) or not d:
+        err(where, "a point is a non-empty mapping of axis key -> value")
+    return {_canon_key(k, where + ".", err): v for k, v in d.items()}
+
+
+def _points(spec: dict, where: str, err: _Err) -> list[dict]:
+    axes = _mapping(spec.get("axes", {}), where + "axes", err)
+    lists = []
+    for k, vals in axes.items():
+        ck = _canon_key(k, where + "axes.", err)
+        if not isinstance(vals, list) or not vals:
+            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {vals!r})")
+        lists.append([{ck: v} for v in vals])
+    couple = spec.get("couple", [])
+    if not isinstance(couple, list):
+        err(where + "couple", "must be a list of lists of points, e.g. [[{K: 6, L: 5}, {K: 30, L: 1}]]")
+    for i, fam in enumerate(couple):
+        if not isinstance(fam, list) or not fam:
+            err(f"{where}couple[{i}]", "must be a non-empty list of points")
+        lists.append([_point(p, f"{where}couple[{i}][{j}]", err) for j, p in enumerate(fam)])
+    points = [dict(kv for d in combo for kv in d.items()) for combo in itertools.product(*lists)] if lists else [{}]
+    for i, c in enumerate(_as_list(spec.get("constraints", []), where + "constraints", err)):
+        points = [p for p in points if _satisfies(p, c, f"{where}constraints[{i}]", err)]
+    excl = [_point(p, f"{where}exclude[{i}]", err)
+            for i, p in enumerate(_as_list(spec.get("exclude", []), where + "exclude", err))]
+    points = [p for p in points if not any(all(p.get(k) == v for k, v in e.items()) for e in excl)]
+    points += [_point(p, f"{where}include[{i}]", err)
+               for i, p in enumerate(_as_list(spec.get("include", []), where + "include", err))]
+    return points
+
+
+def _as_list(v: Any, key: str, err: _Err) -> list:
+    if not isinstance(v, list):
+        err(key, "must be a list")
+    return v
+
+
+def _satisfies(point: dict, c: Any, where: str, err: _Err) -> bool:
+    """Declarative constraint: {product: [keys], equals|max|min: number}."""
+    if not isinstance(c, dict) or "product" not in c or not (set(c) - {"product"}) <= {"equals", "max", "min"} \
+            or len(c) < 2:
+        err(where, "a constraint is {product: [keys...], equals|min|max: number}")
+    keys = [_canon_key(k, where + ".product.", err) for k in c["product"]]
+    vals = [point.get(k) for k in keys]
+    if any(v is None for v in vals):
+        return True  # not decided by this point's axes: the base value applies; checked after resolve
+    try:
+        prod = math.prod(vals)
+    except TypeError:
+        err(where, f"product of non-numbers {vals}")
+    return (("equals" not in c or prod == c["equals"]) and ("max" not in c or prod <= c["max"])
+            and ("min" not in c or prod >= c["min"]))
+
+
+def _task_config(d: dict, key: str, err: _Err) -> TaskConfig:
+    name = d.get("name")
+    if name not in TASKS:
+        err(f"{key}.name", f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return _validate(TASKS[name][0], d, key, err)
+
+
+def _validate(cls: type[BaseModel], d: dict, key: str, err: _Err):
+    try:
+        return cls.model_validate(d)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        full = f"{key}.{loc}" if loc else key
+        if first["type"] == "extra_forbidden":
+            err(full, f"unknown key; allowed: {', '.join(sorted(cls.model_fields))}")
+        err(full, f"{first['msg']} (got {first.get('input')!r})")
+
+
+def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: _Err) -> Run:
+    s = copy.deepcopy(sections)
+    for k, v in point.items():
+        sec, fld = k.split(".", 1)
+        cur = s[sec]
+        parts = fld.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = v
+    task = _task_config(s["task"], "task", err)
+    model = _validate(ModelConfig, s["model"], "model", err)
+    train = _validate(TrainConfig, s["train"], "train", err)
+    ev = _validate(EvalConfig, s["eval"], "eval", err)
+    res = _validate(Resources, s["resources"], "resources", err)
+    if train.loss == "weighted" and train.loss_weights is not None and len(train.loss_weights) != model.L:
+        err("train.loss_weights", f"needs one weight per loop: {model.L} values for L={model.L} "
+                                  f"(got {len(train.loss_weights)})")
+    if train.loss == "truncated" and train.truncate_k > model.L:
+        err("train.truncate_k", f"must be <= L ({model.L}) (got {train.truncate_k})")
+    if train.min_depth > model.L:
+        err("train.min_depth", f"must be <= L ({model.L}) (got {train.min_depth})")
+    return Run(study=study, task=task, model=model, train=train, eval=ev, resources=res, retries=retries, group=group)

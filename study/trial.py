@@ -1,0 +1,182 @@
+"""One run, start to finish, inside a Ray Tune trial (or any process).
+
+The results store, not Tune's experiment state, decides what is done: final weights present
+-> no training; a checkpoint present -> training continues from it; eval points already in
+the store are not evaluated again.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import os
+import socket
+import time
+import traceback
+
+import torch
+
+from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
+from study.grid import EvalConfig, EvalPoint, Run, Resources
+from study.store import Store
+from tasks import TASKS, make_task, wilson
+
+
+def run_from_resolved(d: dict) -> Run:
+    task_cls = TASKS[d["task"]["name"]][0]
+    return Run(study=d["study"], task=task_cls.model_validate(d["task"]),
+               model=ModelConfig.model_validate(d["model"]), train=TrainConfig.model_validate(d["train_full"]),
+               eval=EvalConfig.model_validate(d["eval"]), resources=Resources.model_validate(d["resources"]),
+               retries=d["retries"], group=d.get("group"))
+
+
+def trial_payload(run: Run) -> dict:
+    """What travels to a trial: enough to rebuild the exact Run."""
+    d = run.resolved()
+    d["task"] = run.task.model_dump()
+    d["train_full"] = run.train.model_dump()
+    return d
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def pick_device(resources: Resources) -> torch.device:
+    if resources.gpu > 0 and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1) -> dict:
+    """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row."""
+    run_id = run.run_id
+    device = pick_device(run.resources)
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, int(run.resources.cpu)))
+    task = make_task(run.task)
+    task.prepare(store.data_dir())
+    spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
+    store.write_config(run_id, {**run.resolved(), "code_version": code_version})
+    log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
+    costs = run.costs()
+
+    trainer = Trainer(run.model, run.train, spec, lambda step, g: task.train_batch(run.train.batch_size, g), device)
+    weights = store.read_bytes(store.weights_path(run_id))
+    if weights is not None:
+        trainer.load_state_dict(torch.load(io.BytesIO(weights), map_location=device, weights_only=False))
+        log(f"final weights found (step {trainer.state.step}): evaluating only")
+    else:
+        ckpt = store.read_bytes(store.checkpoint_path(run_id))
+        if ckpt is not None:
+            trainer.load_state_dict(torch.load(io.BytesIO(ckpt), map_location=device, weights_only=False))
+            log(f"resuming from checkpoint at step {trainer.state.step}")
+        else:
+            log(f"training from step 0 on {device} ({costs['n_params']} parameters)")
+
+        def on_log(row: dict) -> None:
+            log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
+            if report:
+                report({"step": row["step"], "loss": row["loss"], "phase": "train"})
+
+        def on_checkpoint(tr: Trainer) -> None:
+            store.write_bytes(store.checkpoint_path(run_id), _to_bytes(tr.state_dict()))
+            store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
+
+        trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
+        store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
+        store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
+        store.delete(store.checkpoint_path(run_id))
+        log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
+
+    done = store.eval_keys(run_id)
+    ev_full = task.eval_set(run.eval.split)
+    for pt in run.eval_points():
+        if pt.key in done:
+            continue
+        evaluate_point(run, pt, trainer.model, task, ev_full, store, run.train.precision)
+        log(f"evaluated {pt.key}")
+        if report:
+            report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})
+
+    hist = trainer.state.history
+    row = run_row(run, costs, status="done", code_version=code_version, device=str(device), attempts=attempt,
+                  train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None)
+    store.write_rows("runs", [row], f"{run_id}.parquet")
+    return row
+
+
+def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full, store: Store,
+                   precision: str = "float32") -> list[dict]:
+    ev = ev_full.head(pt.n_examples)
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    outs = []
+    bs = 256
+    for i in range(0, len(ev), bs):
+        x, c = ev.x0[i:i + bs].to(device), ev.cond[i:i + bs].to(device)
+        outs.append(sample(model, x, c, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
+                           remask=pt.remask, seed=pt.seed + i, precision=precision).cpu())
+    out = torch.cat(outs)
+    secs = time.perf_counter() - t0
+    scores = task.score(out, ev)
+    n = len(scores)
+    fwd = model.flops_per_forward(pt.L_s)
+    rows = []
+    for m in task.metric_names:
+        vals = [s[m] for s in scores]
+        value = sum(vals) / n
+        binary = all(v in (0.0, 1.0) for v in vals)
+        lo, hi = wilson(sum(vals), n) if binary else _mean_ci(vals)
+        rows.append({"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
+                     "split": pt.split, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi,
+                     "forward_passes": pt.T * pt.L_s, "eval_flops": pt.T * fwd * n, "eval_seconds": secs,
+                     "created_at": now()})
+    keep = min(run.eval.n_samples_kept, n)
+    samples = [{"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "example": i,
+                "input": task.render(ev.x0[i], ev.cond[i]), "output": task.render(out[i]),
+                "reference": task.render(ev.x0[i]), "score": scores[i][task.primary_metric],
+                "scores": json.dumps(scores[i])} for i in range(keep)]
+    # samples first: an eval point counts as done only once its evals file exists
+    store.write_rows("samples", samples, run.run_id, f"{pt.key}.parquet")
+    store.write_rows("evals", rows, run.run_id, f"{pt.key}.parquet")
+    return rows
+
+
+def _mean_ci(vals: list[float]) -> tuple[float, float]:
+    n = len(vals)
+    m = sum(vals) / n
+    if n < 2:
+        return (m, m)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
+    return (m - 1.96 * sd / math.sqrt(n), m + 1.96 * sd / math.sqrt(n))
+
+
+def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,
+            error: str | None = None, attempts: int = 1, train_seconds: float | None = None,
+            final_loss: float | None = None) -> dict:
+    return {
+        "run_id": run.run_id, "study": run.study, "group": run.group, "task": run.task.name,
+        "task_params": json.dumps(run.task.model_dump(), sort_keys=True), "K": run.model.K, "L_t": run.model.L,
+        "schedule": run.train.schedule, "loss": run.train.loss, "d_model": run.model.d_model,
+        "heads": run.model.n_heads, "lr": run.train.lr, "batch": run.train.batch_size, "steps": run.train.steps,
+        "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
+        "status": status, "error": error, "attempts": attempts, "node": socket.gethostname(), "device": device,
+        "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
+    }
+
+
+def _history_rows(run_id: str, history: list[dict]) -> list[dict]:
+    return [{"run_id": run_id, "step": h["step"], "loss": h["loss"], "loop_losses": h["loop_losses"],
+             "L_t": h["L_t"], "lr": h["lr"], "seconds": h.get("seconds")} for h in history]
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def format_error(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()

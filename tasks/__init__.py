@@ -1,0 +1,19 @@
+"""Task registry: every task the studies know, by name."""
+from __future__ import annotations
+
+from tasks.base import EvalSet, Task, TaskConfig, wilson
+from tasks.sudoku import Sudoku, SudokuConfig
+
+TASKS: dict[str, tuple[type[TaskConfig], type[Task]]] = {
+    "sudoku": (SudokuConfig, Sudoku),
+}
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    name = getattr(cfg, "name", None)
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name][1](cfg)
+
+
+__all__ = ["TASKS", "EvalSet", "Task", "TaskConfig", "make_task", "wilson"]

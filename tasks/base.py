@@ -1,0 +1,88 @@
+"""What every task declares: sequence, vocabulary, conditioning, data and scoring.
+
+Tasks never import `model` (nor `study`): the model learns vocabulary size and position ids
+from these declarations through `study`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class EvalSet:
+    """A fixed evaluation split: clean targets, conditioning mask, and a text per example."""
+
+    x0: torch.Tensor  # (n, N) reference tokens
+    cond: torch.Tensor  # (n, N) bool, positions given to the model
+
+    def __len__(self) -> int:
+        return self.x0.shape[0]
+
+    def head(self, n: int) -> "EvalSet":
+        return EvalSet(self.x0[:n], self.cond[:n])
+
+
+class Task(ABC):
+    name: str
+    metric_names: tuple[str, ...]
+    primary_metric: str
+
+    def __init__(self, cfg: TaskConfig):
+        self.cfg = cfg
+
+    # ---- declarations ----------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def pos_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per position, its id in each position channel."""
+
+    @abstractmethod
+    def pos_sizes(self) -> tuple[int, ...]: ...
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.pos_ids())
+
+    # ---- data ------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, cache_dir: str | None) -> None:
+        """Generate (or load from `cache_dir`) the datasets; deterministic from the config."""
+
+    @abstractmethod
+    def train_batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x0 (B, N) long, cond (B, N) bool), drawn with `gen` only."""
+
+    @abstractmethod
+    def eval_set(self, split: str = "test") -> EvalSet: ...
+
+    # ---- scoring ---------------------------------------------------------------------------
+    @abstractmethod
+    def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:
+        """Per-example scores (one dict of metric -> 0/1 or value per example)."""
+
+    @abstractmethod
+    def render(self, tokens: torch.Tensor, cond: torch.Tensor | None = None) -> str:
+        """Human-readable text of one example (masked / non-given cells shown as '.')."""
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate k/n."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
