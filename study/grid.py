@@ -183,7 +183,7 @@ def load_grid(path: str) -> Grid:
     return expand(raw, path)
 
 
-def expand(raw: dict, path: str = "<grid>") -> Grid:
+def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     err = _Err(path)
     _check_keys(raw, TOP_KEYS, "", err)
     study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]

@@ -1,0 +1,28 @@
+"""Shared fixtures. Run the default suite with `pytest`; slow tests with `pytest -m slow`."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tiny_sudoku():
+    from tasks.sudoku import Sudoku, SudokuConfig
+
+    task = Sudoku(SudokuConfig(n=4, mask_rate=0.4, n_train=40, n_test=20, data_seed=1))
+    task.prepare(None)
+    return task
+
+
+def write_grid(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)

@@ -1,0 +1,106 @@
+"""Grid validation, expansion and run ids. Run: pytest tests/test_grid.py"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from study.grid import GridError, expand, load_grid
+
+BASE = {
+    "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 20, "n_test": 10},
+    "model": {"d_model": 32, "n_heads": 4},
+    "train": {"steps": 10},
+    "eval": {"T": [1, 2], "L_s": ["train"]},
+}
+
+
+def grid(**kw):
+    return {**BASE, **kw}
+
+
+def test_product_over_axes():
+    g = expand(grid(axes={"K": [1, 2], "L": [1, 3], "seed": [0, 1]}))
+    assert len(g.runs) == 8
+    assert {(r.model.K, r.model.L, r.train.seed) for r in g.runs} == {
+        (k, l, s) for k in (1, 2) for l in (1, 3) for s in (0, 1)}
+
+
+def test_coupled_axes_constraints_include_exclude_groups():
+    g = expand(grid(couple=[[{"K": 6, "L": 5}, {"K": 30, "L": 1}]], axes={"seed": [0, 1]}))
+    assert {(r.model.K, r.model.L) for r in g.runs} == {(6, 5), (30, 1)} and len(g.runs) == 4
+    g = expand(grid(axes={"K": [1, 2, 3, 6], "L": [1, 2, 3, 6]}, constraints=[{"product": ["K", "L"], "equals": 6}]))
+    assert {(r.model.K, r.model.L) for r in g.runs} == {(1, 6), (2, 3), (3, 2), (6, 1)}
+    g = expand(grid(axes={"K": [1, 2], "L": [1, 2]}, exclude=[{"K": 2, "L": 2}], include=[{"K": 5, "L": 1}]))
+    assert {(r.model.K, r.model.L) for r in g.runs} == {(1, 1), (1, 2), (2, 1), (5, 1)}
+    base = {k: v for k, v in BASE.items()}
+    g = expand({**base, "groups": [{"name": "wide", "model": {"d_model": 64}, "axes": {"K": [1]}},
+                                   {"name": "deep", "axes": {"K": [2, 3]}}]})
+    assert sorted((r.group, r.model.K, r.model.d_model) for r in g.runs) == [
+        ("deep", 2, 32), ("deep", 3, 32), ("wide", 1, 64)]
+
+
+def test_run_id_is_stable_and_depends_on_training_config_only():
+    a = expand(grid(axes={"K": [2]})).runs[0]
+    b = expand(grid(axes={"K": [2]})).runs[0]
+    assert a.run_id == b.run_id
+    # any change to the training config changes the id
+    for change in ({"train": {"steps": 11}}, {"model": {"d_model": 32, "n_heads": 2}},
+                   {"task": {**BASE["task"], "mask_rate": 0.5}}, {"train": {"steps": 10, "seed": 1}}):
+        assert expand(grid(axes={"K": [2]}, **change)).runs[0].run_id != a.run_id, change
+    # a change to evaluation points only keeps it
+    c = expand(grid(axes={"K": [2]}, eval={"T": [1, 2, 4, 8], "L_s": [1, 5]})).runs[0]
+    assert c.run_id == a.run_id
+    d = expand(grid(axes={"K": [2]}, task={**BASE["task"], "n_test": 99}, resources={"cpu": 2})).runs[0]
+    assert d.run_id == a.run_id
+
+
+@pytest.mark.parametrize("bad, key, hint", [
+    (grid(modle={"K": 1}), "modle", "allowed"),
+    (grid(model={"d_model": 32, "n_heads": 4, "depth": 3}), "model.depth", "allowed: K, L"),
+    (grid(model={"d_model": "wide"}), "model.d_model", "integer"),
+    (grid(axes={"K": [0]}), "model.K", "greater than or equal to 1"),
+    (grid(task={"name": "chess"}), "task.name", "known tasks: sudoku"),
+    (grid(train={"loss": "mean"}), "train.loss", "'all', 'final', 'weighted' or 'truncated'"),
+    (grid(axes={"K": 3}), "axes.K", "non-empty list"),
+    (grid(axes={"eval.T": [1]}), "eval.T", "eval"),
+    (grid(study="../escape"), "study", "plain name"),
+    (grid(eval={"T": [0]}), "eval.T", ">= 1"),
+])
+def test_malformed_grids_name_file_key_and_allowed_values(bad, key, hint):
+    with pytest.raises(GridError) as e:
+        expand(bad, "grids/bad.yaml")
+    msg = str(e.value)
+    assert msg.startswith("grids/bad.yaml: key '") and key in msg and hint in msg, msg
+
+
+def test_cli_rejects_a_bad_grid_before_running(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("task: {name: sudoku}\naxes: {K: [0, 1]}\n")
+    for cmd in ("plan", "run"):
+        r = subprocess.run([sys.executable, "-m", "study.cli", cmd, str(p), "--results", str(tmp_path / "res")]
+                           if cmd == "run" else [sys.executable, "-m", "study.cli", cmd, str(p)],
+                           capture_output=True, text=True)
+        assert r.returncode == 2
+        assert str(p) in r.stderr and "model.K" in r.stderr
+    assert not (tmp_path / "res").exists()  # nothing was dispatched or written
+
+
+def test_yaml_is_safe_loaded(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text("task: !!python/object/apply:os.system ['echo hacked']\n")
+    with pytest.raises(GridError, match="not valid YAML"):
+        load_grid(str(p))
+
+
+def test_every_shipped_grid_plans():
+    import glob
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = glob.glob(os.path.join(root, "grids", "**", "*.yaml"), recursive=True)
+    assert files
+    for f in files:
+        g = load_grid(f)
+        assert g.runs and all(r.costs()["n_params"] > 0 for r in g.runs)
