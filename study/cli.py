@@ -97,6 +97,48 @@ def report(
     raise typer.Exit(1 if bad == len(names) else 0)
 
 
+@app.command("eval")
+def eval_cmd(
+    run_id: str,
+    puzzles: str = typer.Option(..., "--puzzles", help="81-char lines ('.' or '0' blanks) or CSV quizzes,solutions"),
+    T: Optional[int] = typer.Option(None, "--T", help="denoising steps (default: the run's largest eval T)"),
+    L_s: Optional[int] = typer.Option(None, "--L-s", help="loops per step (default: the run's training depth)"),
+    out: Optional[str] = typer.Option(None, "--out", help="write the completed grids here, input order and format"),
+    study: Optional[str] = typer.Option(None, "--study", help="study holding the run (default: found by run id)"),
+    results: str = RESULTS,
+):
+    """Solve an external puzzle file with a trained run; write evals and samples rows; report VPR."""
+    from study.evaluate import EvalError, evaluate_puzzles
+    from tasks.sudoku import PuzzleFileError
+
+    try:
+        s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out)
+    except (EvalError, PuzzleFileError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"run {run_id} (study {s['study']}) on {s['n']} puzzles of {puzzles}, T={s['T']} L_s={s['L_s']}:")
+    for m, (v, lo, hi) in s["metrics"].items():
+        typer.echo(f"  {m:<9} {v:.4f}  [{lo:.4f}, {hi:.4f}]")
+    if out:
+        typer.echo(f"completed grids: {out}")
+
+
+@app.command("text8-download")
+def text8_download(
+    dest: str = typer.Option("data", "--dest", help="directory for the unpacked `text8` file"),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="also require this SHA-256 of text8.zip"),
+):
+    """Download text8 (needs the network; tests never call it) and check it; prints the file's path."""
+    from tasks.text8 import Text8Error, download_text8
+
+    try:
+        path = download_text8(dest, sha256=sha256)
+    except (Text8Error, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(path)
+
+
 def main() -> None:
     app()
 

@@ -109,6 +109,10 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
 
 def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full, store: Store,
                    precision: str = "float32") -> list[dict]:
+    if getattr(task, "eval_mode", "sample") == "likelihood":  # Text8: NLL bound, not sample-and-score
+        from study.evaluate import evaluate_likelihood
+
+        return evaluate_likelihood(run, pt, model, task, ev_full, store, precision)
     ev = ev_full.head(pt.n_examples)
     device = next(model.parameters()).device
     t0 = time.perf_counter()

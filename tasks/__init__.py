@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from tasks.base import EvalSet, Task, TaskConfig, wilson
+from tasks.countdown import Countdown, CountdownConfig
 from tasks.sudoku import Sudoku, SudokuConfig
+from tasks.text8 import Text8, Text8Config
 
 TASKS: dict[str, tuple[type[TaskConfig], type[Task]]] = {
     "sudoku": (SudokuConfig, Sudoku),
+    "countdown": (CountdownConfig, Countdown),
+    "text8": (Text8Config, Text8),
 }
 
 

@@ -1,10 +1,22 @@
-"""Sudoku n x n (n a square): generator of solved grids, puzzles, and the Valid Puzzle Rate.
+"""Sudoku n x n (n in 4, 9, 16, 25): solved grids, puzzles, symmetry fingerprints and the Valid Puzzle Rate.
 
-Solved grids come from a randomized depth-first search with constraint propagation
-(minimum-remaining-values cell choice, shuffled digit order) started from an empty grid, so
-they fall in many symmetry classes; symmetry transforms of a grid (relabeling, row/column
-moves within bands/stacks, band/stack moves, transposition) are used only to augment the
-training split, never to make new test grids. Tokens are digits 0..n-1 (shown 1..n).
+Solved grids come from a Markov chain on valid grids that leaves the single-orbit trap: start
+from the pattern grid, apply a random symmetry, then make many *cycle swaps*. A cycle swap takes
+two rows of one band, follows one cycle of the permutation "value in row r1 -> value in row r2
+of the same column", and exchanges the two rows' cells on the columns of that cycle: every
+column and box keeps its digits (cells move only within a column and a band) and each row keeps
+its set of digits (a cycle is closed under the permutation), so the grid stays valid, yet a
+cycle shorter than the row changes the symmetry class (symmetries only ever move whole rows,
+columns or digit labels). Rows and columns alternate. The chain is vectorized over a batch of
+independent chains in numpy; the old randomized MRV search (`random_solution`) is kept as the
+reference the benchmark compares against (it cannot make 25x25 grids in useful time).
+
+Train and test grids are kept in different symmetry classes with `fingerprint`, an invariant of
+digit relabeling, transposition, band/stack and row/column-within-band permutations (equal
+fingerprints do not prove equivalence, so the check is conservative: it may drop a test grid
+that was in fact new, never keep one that is not). 4x4 Sudoku has only two classes, so its
+split is disjoint by grid instead (`disjoint: auto`). Symmetry transforms augment the training
+split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
 """
 from __future__ import annotations
 
@@ -13,23 +25,29 @@ import json
 import math
 import os
 import random
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.base import EvalSet, Task, TaskConfig
+
+DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
 
 class SudokuConfig(TaskConfig):
     name: Literal["sudoku"] = "sudoku"
     n: int = Field(9, description="grid side: 4, 9, 16 or 25")
-    mask_rate: float = Field(0.3, gt=0, le=1, description="share of cells blanked in each puzzle")
+    mask_rate: float | tuple[float, float] = Field(
+        0.3, description="share of cells blanked per puzzle: a number in (0, 1], or [low, high] drawn per puzzle")
     n_train: int = Field(2000, ge=1, description="distinct solved training grids (augmented by symmetry)")
     n_test: int = Field(500, ge=1, description="test puzzles (fixed; from grids never seen in training)")
     structural_pos: bool = Field(True, description="embed positions as row + column + box ids; off = one id per cell")
     augment: bool = True
+    disjoint: Literal["auto", "class", "grid"] = Field(
+        "auto", description="train/test disjoint by symmetry class (fingerprint) or by grid; auto: class unless n=4")
     data_seed: int = 0
 
     @field_validator("n")
@@ -39,10 +57,102 @@ class SudokuConfig(TaskConfig):
             raise ValueError(f"n must be one of 4, 9, 16, 25 (got {v})")
         return v
 
+    @field_validator("mask_rate")
+    @classmethod
+    def _rate(cls, v):
+        lo, hi = (v, v) if isinstance(v, float) else v
+        if not (0 < lo <= hi <= 1):
+            raise ValueError(f"mask_rate must be in (0, 1], or [low, high] with 0 < low <= high <= 1 (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _split_possible(self) -> "SudokuConfig":
+        if self.n == 4 and self.disjoint == "class":
+            raise ValueError("disjoint: class is impossible for n=4 (4x4 Sudoku has only two symmetry classes); "
+                             "use 'grid' or 'auto'")
+        return self
+
+    @property
+    def split_by(self) -> str:
+        return ("grid" if self.n == 4 else "class") if self.disjoint == "auto" else self.disjoint
+
+
+# ---- solved grids ------------------------------------------------------------------------
+def pattern_grid(n: int) -> np.ndarray:
+    """The textbook valid grid (n, n): row r is the digits shifted by b*(r % b) + r // b."""
+    b = math.isqrt(n)
+    r, c = np.arange(n)[:, None], np.arange(n)[None, :]
+    return (b * (r % b) + r // b + c) % n
+
+
+def symmetry_np(G: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One random validity-preserving symmetry per grid. G: (B, n, n)."""
+    B, n, _ = G.shape
+    b = math.isqrt(n)
+
+    def line_perm() -> np.ndarray:  # (B, n): bands permuted, lines within each band permuted
+        bands = np.argsort(rng.random((B, b)), axis=1)
+        within = np.argsort(rng.random((B, b, b)), axis=2)
+        return (bands[:, :, None] * b + within).reshape(B, n)
+
+    rp, cp = line_perm(), line_perm()
+    G = G[np.arange(B)[:, None, None], rp[:, :, None], cp[:, None, :]]
+    flip = rng.random(B) < 0.5
+    G = np.where(flip[:, None, None], G.transpose(0, 2, 1), G)
+    relabel = np.argsort(rng.random((B, n)), axis=1)  # (B, n) new label of each digit
+    return np.take_along_axis(relabel, G.reshape(B, n * n), axis=1).reshape(B, n, n)
+
+
+def cycle_swap(G: np.ndarray, rng: np.random.Generator) -> None:
+    """In place, per grid: swap one permutation cycle between two random rows of one band. G: (B, n, n)."""
+    B, n, _ = G.shape
+    b = math.isqrt(n)
+    ar = np.arange(B)
+    band = rng.integers(0, b, B)
+    a1 = rng.integers(0, b, B)
+    a2 = (a1 + rng.integers(1, b, B)) % b  # another row of the same band
+    r1, r2 = band * b + a1, band * b + a2
+    R1, R2 = G[ar, r1], G[ar, r2]  # (B, n)
+    col_of = np.argsort(R1, axis=1)  # (B, n): column of each digit in row r1
+    cur = rng.integers(0, n, B)  # a random column starts the cycle
+    in_cycle = np.zeros((B, n), dtype=bool)
+    for _ in range(n):  # a cycle has at most n columns; revisiting is harmless
+        in_cycle[ar, cur] = True
+        cur = col_of[ar, R2[ar, cur]]
+    G[ar, r1] = np.where(in_cycle, R2, R1)
+    G[ar, r2] = np.where(in_cycle, R1, R2)
+
+
+def swap_chain(n: int, batch: int, rng: np.random.Generator, steps: int | None = None) -> np.ndarray:
+    """`batch` independent chains of `steps` cycle swaps (default 12 n), rows and columns alternating. (B, n, n)"""
+    steps = 12 * n if steps is None else steps
+    G = symmetry_np(np.broadcast_to(pattern_grid(n), (batch, n, n)).copy(), rng)
+    for _ in range(steps):
+        cycle_swap(G, rng)
+        G = np.ascontiguousarray(G.transpose(0, 2, 1))  # next step swaps within a stack
+    return G
+
+
+def generate_solutions(n: int, count: int, seed: int, method: Literal["swap", "search"] = "swap",
+                       steps: int | None = None) -> np.ndarray:
+    """`count` distinct solved grids, shape (count, n*n), deterministic from the seed."""
+    if method == "search":
+        return _generate_by_search(n, count, seed)
+    rng = np.random.default_rng([seed, n, 0x5D])
+    seen: set[bytes] = set()
+    out = []
+    while len(out) < count:
+        for g in swap_chain(n, min(max(count - len(out), 16), 1024), rng, steps).reshape(-1, n * n):
+            key = g.astype(np.int8).tobytes()
+            if key not in seen and len(out) < count:
+                seen.add(key)
+                out.append(g)
+    return np.asarray(out, dtype=np.int64).reshape(count, n * n)
+
 
 def random_solution(n: int, rng: random.Random, max_nodes: int = 200_000) -> list[int] | None:
     """One solved grid (row-major digits 0..n-1) by randomized MRV search; None if the node
-    budget runs out (the caller restarts with fresh randomness)."""
+    budget runs out (the caller restarts with fresh randomness). The benchmark's reference."""
     b = math.isqrt(n)
     full = (1 << n) - 1
     rows, cols, boxes = [0] * n, [0] * n, [0] * n
@@ -88,8 +198,7 @@ def random_solution(n: int, rng: random.Random, max_nodes: int = 200_000) -> lis
     return grid if solve() else None
 
 
-def generate_solutions(n: int, count: int, seed: int) -> np.ndarray:
-    """`count` distinct solved grids, shape (count, n*n), deterministic from the seed."""
+def _generate_by_search(n: int, count: int, seed: int) -> np.ndarray:
     rng = random.Random(seed)
     seen: set[bytes] = set()
     out = []
@@ -115,6 +224,60 @@ def is_valid_solution(grid: np.ndarray, n: int) -> bool:
     return all((np.sort(m, axis=1) == want).all() for m in (g, g.T, boxes))
 
 
+def fingerprint(grid: np.ndarray, n: int) -> str:
+    """A symmetry-class invariant of a solved grid.
+
+    For every pair of rows (i, j), the map "digit in row i -> digit in row j of the same column"
+    is a permutation of the digits; its cycle type does not depend on the column order
+    (column and stack moves), nor on digit labels (conjugation), nor on the pair's order
+    (inverse). The multiset of (same band?, cycle type) over all row pairs is thus invariant
+    under every row move that keeps bands; the same for columns; transposition swaps the two
+    halves, so they are sorted.
+    """
+    g = np.asarray(grid).reshape(n, n)
+    b = math.isqrt(n)
+    i, j = np.triu_indices(n, 1)
+    ar = np.arange(len(i))[:, None]
+    ident = np.arange(n)
+    halves = []
+    for M in (g, g.T):
+        col_of = np.argsort(M, axis=1)  # (n, n): column of digit v in line r
+        P = M[j[:, None], col_of[i]]  # (pairs, n): digit v of line i -> digit below it in line j
+        cur = np.broadcast_to(ident, P.shape).copy()
+        length = np.zeros(P.shape, dtype=np.int64)  # cycle length of each digit
+        for k in range(1, n + 1):
+            cur = P[ar, cur]
+            length = np.where((length == 0) & (cur == ident), k, length)
+        length.sort(axis=1)  # digits in a cycle of length L appear L times: this is the cycle type
+        same = (i // b == j // b).astype(np.int64)[:, None]
+        keys = np.concatenate([same, length], axis=1)
+        halves.append(keys[np.lexsort(keys.T[::-1])].tobytes())
+    return hashlib.sha1(b"".join(sorted(halves))).hexdigest()[:16]
+
+
+def split_grids(n: int, n_train: int, n_test: int, seed: int, by: Literal["class", "grid"] = "class"
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test solved grids, disjoint by symmetry class (`fingerprint`) or by grid."""
+    extra = max(16, n_test // 4)
+    total = n_train + n_test + extra
+    while True:
+        grids = generate_solutions(n, total, seed)
+        train = grids[:n_train]
+        key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+        taken = {key(g) for g in train}
+        test = []
+        for g in grids[n_train:]:
+            k = key(g)
+            if k not in taken:
+                taken.add(k)  # test grids are also distinct classes among themselves
+                test.append(g)
+                if len(test) == n_test:
+                    return train, np.asarray(test)
+        if by == "grid" and n == 4 and n_train + n_test > 288:
+            raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test = {n_train + n_test} is too many")
+        total += 2 * extra + n_test  # a few fingerprints collided: draw more (same seed, longer list)
+
+
 def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     """Apply one random validity-preserving transform per grid. grids: (B, n*n)."""
     B = grids.shape[0]
@@ -136,6 +299,115 @@ def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.
     return g.reshape(B, n * n)
 
 
+# ---- external puzzle files ---------------------------------------------------------------
+class PuzzleFileError(ValueError):
+    """A puzzle file that cannot be read, with file and line number in the message."""
+
+
+@dataclass
+class PuzzleFile:
+    """Puzzles read from a text or CSV file, in file order."""
+
+    path: str
+    n: int
+    givens: np.ndarray  # (P, n*n) digits 0..n-1, -1 where blank
+    solutions: np.ndarray | None  # (P, n*n) or None when the file has none
+    fmt: Literal["lines", "csv"]
+    blank: str  # the blank character of the input ('.' or '0')
+    comments: list[str]  # per puzzle, the trailing text of its line (lines format)
+    header: str = ""
+
+
+def _cells(text: str, n: int, where: str, blanks: str) -> np.ndarray:
+    if len(text) != n * n:
+        raise PuzzleFileError(f"{where}: expected {n * n} cells for a {n}x{n} grid, got {len(text)} characters")
+    out = np.empty(n * n, dtype=np.int64)
+    for k, ch in enumerate(text.upper()):
+        if ch in blanks:
+            out[k] = -1
+        else:
+            d = DIGITS.find(ch, 0, n)
+            if d < 0:
+                allowed = f"{DIGITS[:n]} or blanks {' '.join(repr(b) for b in blanks)}"
+                raise PuzzleFileError(f"{where}: bad character {ch!r} at cell {k + 1}; allowed: {allowed}")
+            out[k] = d
+    return out
+
+
+def read_puzzles(path: str, n: int = 9) -> PuzzleFile:
+    """Read one puzzle per line (`.` or `0` for blanks, optional trailing comment after whitespace
+    or '#'; blank lines and lines starting with '#' skipped) or CSV with a `quizzes[,solutions]` header."""
+    blanks = ".0" if n <= 9 else "."
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise PuzzleFileError(f"{path}: no such puzzle file") from None
+    except UnicodeDecodeError as e:
+        raise PuzzleFileError(f"{path}: not UTF-8 text ({e})") from None
+    first = next((i for i, s in enumerate(lines) if s.strip()), None)
+    if first is None:
+        raise PuzzleFileError(f"{path}: no puzzles")
+    head = lines[first].strip().lower().replace(" ", "")
+    givens, sols, comments = [], [], []
+    blank_seen = ""
+    if head.startswith("quizzes"):
+        cols = head.split(",")
+        if cols not in (["quizzes"], ["quizzes", "solutions"]):
+            raise PuzzleFileError(f"{path}:{first + 1}: CSV header must be 'quizzes,solutions' or 'quizzes' "
+                                  f"(got {lines[first].strip()!r})")
+        for ln in range(first + 1, len(lines)):
+            s = lines[ln].strip()
+            if not s:
+                continue
+            where = f"{path}:{ln + 1}"
+            parts = [p.strip() for p in s.split(",")]
+            if len(parts) != len(cols):
+                raise PuzzleFileError(f"{where}: expected {len(cols)} comma-separated fields ({','.join(cols)}), "
+                                      f"got {len(parts)}")
+            givens.append(_cells(parts[0], n, where, blanks))
+            blank_seen = blank_seen or next((c for c in parts[0] if c in blanks), "")
+            if len(cols) == 2:
+                sol = _cells(parts[1], n, where + " (solution)", "")
+                g = givens[-1]
+                if not is_valid_solution(sol, n) or (sol[g >= 0] != g[g >= 0]).any():
+                    raise PuzzleFileError(f"{where}: the solution is not a valid grid keeping the quiz's givens")
+                sols.append(sol)
+            comments.append("")
+        fmt = "csv"
+        header = lines[first].strip()
+    else:
+        for ln, raw in enumerate(lines):
+            s = raw.strip()
+            if not s or s.startswith("#"):
+                continue
+            cut = len(s)
+            for k, ch in enumerate(s):
+                if ch.isspace() or ch == "#":
+                    cut = k
+                    break
+            givens.append(_cells(s[:cut], n, f"{path}:{ln + 1}", blanks))
+            blank_seen = blank_seen or next((c for c in s[:cut] if c in blanks), "")
+            comments.append(s[cut:])
+        fmt, header = "lines", ""
+    if not givens:
+        raise PuzzleFileError(f"{path}: no puzzles")
+    return PuzzleFile(path=path, n=n, givens=np.stack(givens), solutions=np.stack(sols) if sols else None,
+                      fmt=fmt, blank=blank_seen or ".", comments=comments, header=header)
+
+
+def format_puzzles(pf: PuzzleFile, outputs: np.ndarray) -> str:
+    """The completed grids in the input's order and format (CSV: quizzes,solutions)."""
+    def cells(g: np.ndarray) -> str:
+        return "".join(DIGITS[v] if 0 <= v < pf.n else pf.blank for v in g)
+
+    if pf.fmt == "csv":
+        rows = ["quizzes,solutions"] + [f"{cells(q)},{cells(o)}" for q, o in zip(pf.givens, outputs)]
+    else:
+        rows = [cells(o) + c for o, c in zip(outputs, pf.comments)]
+    return "\n".join(rows) + "\n"
+
+
 class Sudoku(Task):
     name = "sudoku"
     metric_names = ("vpr", "cell_acc", "exact")
@@ -145,7 +417,9 @@ class Sudoku(Task):
         super().__init__(cfg)
         self.cfg: SudokuConfig = cfg
         self.n = cfg.n
-        self.n_blank = max(1, round(cfg.mask_rate * cfg.n * cfg.n))
+        lo, hi = (cfg.mask_rate, cfg.mask_rate) if isinstance(cfg.mask_rate, float) else cfg.mask_rate
+        self.blank_range = (max(1, round(lo * cfg.n * cfg.n)), max(1, round(hi * cfg.n * cfg.n)))
+        self.n_blank = self.blank_range[0]  # the fixed count when mask_rate is a single number
         self.train_grids: torch.Tensor | None = None
         self.test: EvalSet | None = None
 
@@ -165,7 +439,8 @@ class Sudoku(Task):
     # ---- data ------------------------------------------------------------------------------
     def _data_key(self) -> str:
         c = self.cfg
-        blob = json.dumps({"v": 1, "n": c.n, "n_train": c.n_train, "n_test": c.n_test, "seed": c.data_seed})
+        blob = json.dumps({"v": 2, "n": c.n, "n_train": c.n_train, "n_test": c.n_test, "seed": c.data_seed,
+                           "by": c.split_by})
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def prepare(self, cache_dir: str | None) -> None:
@@ -176,8 +451,8 @@ class Sudoku(Task):
             with np.load(path) as z:
                 train, test = z["train"], z["test"]
         else:
-            grids = generate_solutions(self.n, self.cfg.n_train + self.cfg.n_test, self.cfg.data_seed)
-            train, test = grids[: self.cfg.n_train], grids[self.cfg.n_train :]
+            train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,
+                                      self.cfg.split_by)
             if path:
                 os.makedirs(cache_dir, exist_ok=True)
                 tmp = f"{path}.tmp-{os.getpid()}.npz"
@@ -189,10 +464,14 @@ class Sudoku(Task):
         self.test = EvalSet(test_x0, self._givens(test_x0.shape[0], gen))
 
     def _givens(self, B: int, gen: torch.Generator) -> torch.Tensor:
-        """(B, N) bool: exactly n_blank cells per puzzle are blank, the rest given."""
+        """(B, N) bool: n_blank cells per puzzle are blank (fixed, or drawn per puzzle in the range)."""
         N = self.n * self.n
+        lo, hi = self.blank_range
         rank = torch.argsort(torch.rand(B, N, generator=gen), dim=1).argsort(dim=1)
-        return rank >= self.n_blank
+        if lo == hi:
+            return rank >= lo
+        n_blank = torch.randint(lo, hi + 1, (B, 1), generator=gen)
+        return rank >= n_blank
 
     def train_batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.randint(0, self.train_grids.shape[0], (batch_size,), generator=gen)
@@ -223,7 +502,6 @@ class Sudoku(Task):
         return rows
 
     def render(self, tokens: torch.Tensor, cond: torch.Tensor | None = None) -> str:
-        digits = "123456789ABCDEFGHIJKLMNOP"
         t = tokens.tolist()
         keep = cond.tolist() if cond is not None else [True] * len(t)
-        return "".join(digits[v] if k and 0 <= v < self.n else "." for v, k in zip(t, keep))
+        return "".join(DIGITS[v] if k and 0 <= v < self.n else "." for v, k in zip(t, keep))

@@ -61,7 +61,7 @@ def test_run_id_is_stable_and_depends_on_training_config_only():
     (grid(model={"d_model": 32, "n_heads": 4, "depth": 3}), "model.depth", "allowed: K, L"),
     (grid(model={"d_model": "wide"}), "model.d_model", "integer"),
     (grid(axes={"K": [0]}), "model.K", "greater than or equal to 1"),
-    (grid(task={"name": "chess"}), "task.name", "known tasks: sudoku"),
+    (grid(task={"name": "chess"}), "task.name", "known tasks: countdown, sudoku, text8"),
     (grid(train={"loss": "mean"}), "train.loss", "'all', 'final', 'weighted' or 'truncated'"),
     (grid(axes={"K": 3}), "axes.K", "non-empty list"),
     (grid(axes={"eval.T": [1]}), "eval.T", "eval"),
