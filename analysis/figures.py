@@ -1,68 +1,552 @@
-"""The paper's figures, drawn with matplotlib + seaborn from the joined evals table."""
+"""The paper's figures, drawn with matplotlib + seaborn from the results store only.
+
+Every figure function takes (StudyData, out_dir, Options) and returns the paths it wrote
+(a PNG and the chosen second format, plus CSV tables beside some). A figure that the data
+cannot support raises MissingData naming the axes or values that are missing, and writes nothing.
+The numbers come from the pure functions of analysis.tables.
+"""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from analysis.load import MissingData  # noqa: E402
+from analysis.load import MissingData, StudyData  # noqa: E402
+from analysis.tables import (DEFAULT_THRESHOLD, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
+                             pareto_front, primary_metric, select, text8_table, threshold_crossings)
 
-METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy"}
-
-
-def primary_metric(evals: pd.DataFrame) -> str:
-    for m in ("vpr", "rtr", "nll"):
-        if (evals["metric"] == m).any():
-            return m
-    raise MissingData("no primary metric (vpr, rtr, nll) in the evals table")
+METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy",
+                "exact": "exact match rate", "nll": "NLL bound (nats / char)", "bpc": "bits per char",
+                "ppl": "perplexity"}
+FORMATS = ("svg", "pdf")
 
 
-def iso_param(evals: pd.DataFrame, out_dir: str, study: str, fmt: str = "png") -> list[str]:
-    """Metric vs T, one line per L (sampled at its training depth), one panel per (task variant, K)."""
-    metric = primary_metric(evals)
-    d = evals[(evals.metric == metric) & (evals.L_s == evals.L_t) & (evals.sampler == "confidence")]
-    if d.empty:
-        raise MissingData("iso-param needs evaluations at L_s = L_t with the confidence sampler")
-    d = d.groupby(["task_variant", "K", "L_t", "T"], as_index=False).agg(
-        value=("value", "mean"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"), n=("n_examples", "sum"))
-    panels = list(d.groupby(["task_variant", "K"]))
-    if d["T"].nunique() < 2:
-        raise MissingData("iso-param needs at least two values of T")
-    sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4), squeeze=False, sharey=True)
-    palette = sns.color_palette("viridis", d["L_t"].nunique())
-    colors = dict(zip(sorted(d["L_t"].unique()), palette))
-    for ax, ((variant, K), g) in zip(axes[0], panels):
-        for L, gl in g.groupby("L_t"):
-            gl = gl.sort_values("T")
-            ax.plot(gl["T"], gl["value"], marker="o", color=colors[L], label=f"({K} x {L})  L_t = L_s = {L}")
-            ax.fill_between(gl["T"], gl["ci_low"], gl["ci_high"], color=colors[L], alpha=0.15)
+@dataclass(frozen=True)
+class Options:
+    fmt: str = "svg"  # second format beside PNG
+    threshold: float | None = None  # pareto: default 0.95 for VPR, 0.70 for RTR
+    T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the T with most cells)
+    pareto_x: str = "T"  # pareto y-axis: "T" (at L_s = L_t) or "forward_passes" (T * L_s, any L_s)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _agg(data: StudyData) -> pd.DataFrame:
+    cached = getattr(data, "_agg", None)
+    if cached is None:
+        cached = aggregate(data.evals)
+        object.__setattr__(data, "_agg", cached)
+    return cached
+
+
+def _by_variant(data: StudyData, what: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """(task variant, its primary metric, its aggregated rows of that metric), variants with data only."""
+    agg = _agg(data)
+    if agg.empty:
+        raise MissingData(f"{what} needs evaluations: the study has no evals rows")
+    out = []
+    for variant, g in agg.groupby("task_variant"):
+        metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
+        d = select(g, metric)
+        if not d.empty:
+            out.append((variant, metric, d))
+    return out
+
+
+def _ylabel(metric: str) -> str:
+    ci = "95% Wilson CI" if metric in ("vpr", "rtr", "exact") else "95% CI"
+    return f"{METRIC_LABEL.get(metric, metric)}  (band: {ci})"
+
+
+def fmt_params(n: float) -> str:
+    """10_600_000 -> '10.6M', 150_000 -> '150k', 150 -> '150'."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{int(n)}"
+
+
+def _label(K, L) -> str:
+    return f"({K} x {L})"
+
+
+def _suffix(row, cols: list[str]) -> str:
+    return "".join(f", {c} {row[c]}" for c in cols)
+
+
+def _varying(d: pd.DataFrame, cols: list[str]) -> list[str]:
+    return [c for c in cols if c in d and d[c].nunique(dropna=False) > 1]
+
+
+def _line(ax, g: pd.DataFrame, x: str, label: str, color, marker: str = "o", ls: str = "-") -> None:
+    """Seed-mean metric vs x with its interval as a band; bars of +-1 s.d. across seeds when several."""
+    g = g.sort_values(x)
+    ax.plot(g[x], g["value"], marker=marker, ls=ls, color=color, label=label)
+    ax.fill_between(g[x], g["ci_low"], g["ci_high"], color=color, alpha=0.15, lw=0)
+    if (g["n_seeds"] > 1).any():
+        ax.errorbar(g[x], g["value"], yerr=g["seed_sd"], fmt="none", ecolor=color, capsize=3, lw=1)
+
+
+def _x_axis(ax, values, label: str) -> None:
+    values = sorted({int(v) for v in values})
+    if len(values) > 1 and values[-1] / max(values[0], 1) >= 4:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(g["T"].unique()), [str(t) for t in sorted(g["T"].unique())])
-        ax.set_title(f"{variant}, K = {K}")
-        ax.set_xlabel("denoising steps T")
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def _rate_ylim(ax, metric: str) -> None:
+    if metric in ("vpr", "rtr", "exact", "cell_acc"):
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(title="model (K x L)", fontsize=8)
-    axes[0][0].set_ylabel(METRIC_LABEL.get(metric, metric) + " (95% Wilson CI)")
-    fig.suptitle(f"{study}: iso-parameter — recursion at fixed K")
-    fig.tight_layout()
-    return _save(fig, out_dir, "iso_param", fmt)
 
 
-def _save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
+def _seed_note(d: pd.DataFrame) -> str:
+    n = int(d["n_seeds"].max()) if "n_seeds" in d and len(d) else 1
+    return f"; mean of {n} seeds, bars +-1 s.d. across seeds" if n > 1 else ""
+
+
+def _grid(n: int, w: float = 4.6, h: float = 3.8, cols: int = 4):
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _palette(keys) -> dict:
+    keys = list(dict.fromkeys(keys))
+    return dict(zip(keys, sns.color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
+
+
+def _needs_T(d: pd.DataFrame, what: str) -> None:
+    Ts = sorted(d["T"].unique())
+    if len(Ts) < 2:
+        raise MissingData(f"{what} plots the metric against T and needs at least two values of T (have T = {Ts})")
+
+
+def save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for ext in dict.fromkeys(["png", fmt]):
+    for ext in ("png", fmt):
         p = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(p, dpi=130 if ext == "png" else None)
+        fig.savefig(p, dpi=130 if ext == "png" else None, bbox_inches="tight")
         paths.append(p)
     plt.close(fig)
     return paths
 
 
-FIGURES = {"iso-param": iso_param}
+def save_table(df: pd.DataFrame, out_dir: str, name: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    p = os.path.join(out_dir, f"{name}.csv")
+    df.to_csv(p, index=False)
+    return p
+
+
+def _theme() -> None:
+    sns.set_theme(style="whitegrid", context="notebook")
+
+
+# ---- figures ---------------------------------------------------------------------------------
+def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Metric vs T, one line per L (sampled at its training depth), one panel per (task variant, K)."""
+    panels, have = [], []
+    for variant, metric, d in _by_variant(data, "iso-param"):
+        d = d[d["L_s"] == d["L_t"]]
+        for (K, width), g in d.groupby(["K", "d_model"]):
+            have.append(f"{variant} K={K}: L={sorted(g['L_t'].unique())}")
+            if g["L_t"].nunique() >= 2:
+                panels.append((variant, metric, K, width, g))
+    if not panels:
+        raise MissingData("iso-param needs at least two training depths L at the same K, evaluated at L_s = L_t "
+                          f"(have {'; '.join(have) or 'no evaluation at L_s = L_t'})")
+    _needs_T(pd.concat([p[-1] for p in panels]), "iso-param")
+    _theme()
+    fig, axes = _grid(len(panels))
+    multi_width = len({p[3] for p in panels}) > 1
+    for ax, (variant, metric, K, width, g) in zip(axes, panels):
+        extra = _varying(g, ["schedule", "loss"])
+        colors = _palette(sorted(g["L_t"].unique()))
+        for key, gl in g.groupby(["L_t", *extra]):
+            row = gl.iloc[0]
+            _line(ax, gl, "T", f"{_label(K, row['L_t'])}  L_t = L_s = {row['L_t']}{_suffix(row, extra)}",
+                  colors[row["L_t"]])
+        _x_axis(ax, g["T"], "denoising steps T")
+        _rate_ylim(ax, metric)
+        ax.set_ylabel(_ylabel(metric))
+        ax.set_title(f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""))
+        ax.legend(title="model (K x L)", fontsize=8)
+    fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{_seed_note(panels[0][-1])}")
+    fig.tight_layout()
+    return save(fig, out_dir, "iso_param", opts.fmt)
+
+
+def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Each (K x L) against its (KL x 1) partner (equal K*L, so equal FLOPs per step), metric vs T,
+    with the parameter counts in a table beside the panels."""
+    pairs = iso_flop_pairs(data.runs)
+    if pairs.empty:
+        have = sorted({_label(k, l) for k, l in zip(data.runs["K"], data.runs["L_t"])})
+        raise MissingData("iso-flop needs a recursive (K x L) model, L > 1, and a single-pass (KL x 1) model of "
+                          f"the same task variant and width (models present: {', '.join(have)})")
+    variants = {v: (m, d) for v, m, d in _by_variant(data, "iso-flop")}
+    panels = []
+    for p in pairs.itertuples(index=False):
+        if p.task_variant not in variants:
+            continue
+        metric, d = variants[p.task_variant]
+        rec = d[(d["K"] == p.K) & (d["L_t"] == p.L) & (d["L_s"] == p.L) & (d["d_model"] == p.d_model)
+                & (d["schedule"] == p.schedule) & (d["loss"] == p.loss)]
+        single = d[(d["K"] == p.KL) & (d["L_t"] == 1) & (d["L_s"] == 1) & (d["d_model"] == p.d_model)]
+        single = single[single["loss"] == single["loss"].iloc[0]] if len(single) else single
+        if len(rec) and len(single):
+            panels.append((p, metric, rec, single))
+    if not panels:
+        raise MissingData("iso-flop pairs exist but lack evaluations at L_s = L_t for both partners")
+    _needs_T(pd.concat([pd.concat([r, s]) for _, _, r, s in panels]), "iso-flop")
+    _theme()
+    n = len(panels)
+    fig = plt.figure(figsize=(4.6 * n + 5.2, 4.4))
+    gs = fig.add_gridspec(1, n + 1, width_ratios=[1] * n + [1.15])
+    c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
+    for i, (p, metric, rec, single) in enumerate(panels):
+        ax = fig.add_subplot(gs[0, i])
+        _line(ax, rec, "T", f"{_label(p.K, p.L)} recursive, {fmt_params(p.params_recursive)} params", c_rec)
+        _line(ax, single, "T", f"{_label(p.KL, 1)} single pass, {fmt_params(p.params_single)} params", c_single,
+              marker="s", ls="--")
+        _x_axis(ax, pd.concat([rec["T"], single["T"]]), "denoising steps T")
+        _rate_ylim(ax, metric)
+        ax.set_ylabel(_ylabel(metric))
+        ax.set_title(f"{i + 1}. {p.task_variant}: K*L = {p.KL}")
+        ax.legend(fontsize=8, loc="lower right")
+    tab = fig.add_subplot(gs[0, n])
+    tab.axis("off")
+    cells = [[str(i + 1), _label(p.K, p.L), fmt_params(p.params_recursive), _label(p.KL, 1),
+              fmt_params(p.params_single), f"{p.param_ratio:.2f}x"] for i, (p, *_) in enumerate(panels)]
+    t = tab.table(cellText=cells, colLabels=["panel", "(K x L)", "params", "(KL x 1)", "params", "ratio"],
+                  loc="center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(8)
+    t.scale(1, 1.4)
+    tab.set_title("parameters (same FLOPs per step)", fontsize=10)
+    fig.suptitle(f"{data.name}: iso-FLOP — (K x L) vs (KL x 1) at equal compute{_seed_note(panels[0][2])}")
+    fig.tight_layout()
+    return save(fig, out_dir, "iso_flop", opts.fmt) + [save_table(pairs, out_dir, "iso_flop_params")]
+
+
+def crossings_table(data: StudyData, opts: Options = Options()) -> pd.DataFrame:
+    """Threshold crossings of every model of every task variant with a rate metric."""
+    frames = []
+    for variant, metric, d in _by_variant(data, "pareto"):
+        thr = opts.threshold if opts.threshold is not None else DEFAULT_THRESHOLD.get(metric)
+        if thr is None:
+            continue
+        c = threshold_crossings(d, thr, metric, x=opts.pareto_x)
+        c["pareto"] = pareto_front(c).to_numpy()
+        frames.append(c.assign(metric=metric, threshold=thr, x=opts.pareto_x))
+    if not frames:
+        raise MissingData("threshold crossings need a rate metric (VPR or RTR) or --threshold for the metric present")
+    return pd.concat(frames, ignore_index=True)
+
+
+def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Parameters vs the smallest T (or T * L_s) that reaches the threshold; recursive and single-pass
+    models as two series; the non-dominated front (fewest parameters and fewest steps) drawn."""
+    table = crossings_table(data, opts)
+    reached = table[table["reached"]]
+    if reached.empty:
+        best = "; ".join(f"{_label(r.K, r.L_t)} {r.task_variant}: best {r.best:.3f}" for r in table.itertuples())
+        raise MissingData(f"no model reaches the threshold ({table['metric'].iloc[0]} >= "
+                          f"{table['threshold'].iloc[0]}), so there is no crossing to plot ({best})")
+    ylabel = "smallest T reaching the threshold (L_s = L_t)" if opts.pareto_x == "T" else \
+        "fewest forward passes T x L_s reaching the threshold"
+    variants = list(dict.fromkeys(reached["task_variant"]))
+    _theme()
+    fig, axes = _grid(len(variants), w=5.2, h=4.2, cols=3)
+    for ax, variant in zip(axes, variants):
+        t = table[table["task_variant"] == variant]
+        r = t[t["reached"]]
+        for name, sel, marker, color in (("recursive (L > 1)", r["L_t"] > 1, "o", sns.color_palette("deep")[0]),
+                                         ("single pass (L = 1)", r["L_t"] == 1, "s", sns.color_palette("deep")[3])):
+            s = r[sel]
+            if len(s):
+                ax.scatter(s["n_params"], s["crossing"], marker=marker, s=60, color=color, label=name, zorder=3)
+            for row in s.itertuples():
+                ax.annotate(_label(row.K, row.L_t), (row.n_params, row.crossing), textcoords="offset points",
+                            xytext=(5, 4), fontsize=8)
+        front = r[r["pareto"]].sort_values("n_params")
+        ax.step(front["n_params"], front["crossing"], where="post", color="0.3", ls=":", lw=1.5,
+                label="non-dominated front", zorder=2)
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (log scale)")
+        ax.set_ylabel(ylabel)
+        ys = sorted({int(v) for v in r["crossing"]})
+        if len(ys) > 1 and ys[-1] / ys[0] >= 4:
+            ax.set_yscale("log", base=2)
+        ax.set_yticks(ys, [str(v) for v in ys])
+        xs = sorted({int(v) for v in r["n_params"]})
+        ax.set_xticks(xs, [fmt_params(v) for v in xs])
+        ax.minorticks_off()
+        thr, metric = t["threshold"].iloc[0], t["metric"].iloc[0]
+        never = t[~t["reached"]]
+        title = f"{variant}: {metric.upper()} >= {thr:g}"
+        if len(never):
+            title += "\nnever reached: " + ", ".join(f"{_label(x.K, x.L_t)} (best {x.best:.2f})"
+                                                     for x in never.itertuples())
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    unreached = [v for v in dict.fromkeys(table["task_variant"]) if v not in variants]
+    note = f"\nnot shown (no model reaches the threshold): {', '.join(unreached)}" if unreached else ""
+    fig.suptitle(f"{data.name}: Pareto — parameters vs steps needed to reach the threshold{note}")
+    fig.tight_layout()
+    return save(fig, out_dir, "pareto", opts.fmt) + [save_table(table, out_dir, "threshold_crossings")]
+
+
+def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Metric vs total forward passes T * L_s, one line per model and sampling depth L_s."""
+    panels = [(v, m, d) for v, m, d in _by_variant(data, "compute") if d["forward_passes"].nunique() >= 2]
+    if not panels:
+        raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
+    _theme()
+    fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2)
+    markers = "osD^vP*X"
+    for ax, (variant, metric, d) in zip(axes, panels):
+        extra = _varying(d, ["schedule", "loss", "d_model"])
+        models = sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in d.itertuples()})
+        colors = _palette(models)
+        ls_values = sorted(d["L_s"].unique())
+        for key, g in d.groupby(["K", "L_t", *extra, "L_s"]):
+            row = g.iloc[0]
+            mk = markers[ls_values.index(row["L_s"]) % len(markers)]
+            _line(ax, g, "forward_passes", f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}, L_s = {row['L_s']}",
+                  colors[key[:-1]], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
+        if metric in DEFAULT_THRESHOLD:
+            ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
+        _x_axis(ax, d["forward_passes"], "forward passes per sample, T x L_s")
+        _rate_ylim(ax, metric)
+        ax.set_ylabel(_ylabel(metric))
+        ax.set_title(variant)
+        ax.legend(title="model (K x L_t), sampling depth", fontsize=7, ncol=2 if len(models) > 3 else 1)
+    fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t){_seed_note(panels[0][2])}")
+    fig.tight_layout()
+    return save(fig, out_dir, "compute", opts.fmt)
+
+
+def _default_T(families: list[tuple]) -> int:
+    counts: dict[int, int] = {}
+    for *_, d in families:
+        for T, g in d.groupby("T"):
+            counts[T] = counts.get(T, 0) + len(g[["L_t", "L_s"]].drop_duplicates())
+    best = max(counts.values())
+    return min(T for T, c in counts.items() if c == best)
+
+
+def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Heatmap of the metric over training depth L_t x sampling depth L_s at one T."""
+    families = []
+    for variant, metric, d in _by_variant(data, "cross-depth"):
+        for key, g in d.groupby(["K", "schedule", "loss", "d_model"]):
+            if g.groupby("L_t")["L_s"].nunique().max() >= 2:
+                families.append((variant, metric, key, g))
+    if not families:
+        raise MissingData("cross-depth needs a model evaluated at two or more sampling depths L_s "
+                          "(every model here is sampled at one depth only)")
+    T = opts.T if opts.T is not None else _default_T(families)
+    mats = []
+    for variant, metric, key, g in families:
+        if (g["T"] == T).any():
+            mats.append((variant, metric, key, heatmap_matrix(g, T, metric)))
+    if not mats:
+        have = sorted({int(t) for *_, g in families for t in g["T"].unique()})
+        raise MissingData(f"cross-depth has no evaluation at T = {T} (T values present: {have})")
+    _theme()
+    fig, axes = _grid(len(mats), w=max(4.8, 0.75 * max(m.shape[1] for *_, m in mats) + 2.5),
+                      h=max(3.4, 0.6 * max(m.shape[0] for *_, m in mats) + 2.0), cols=2)
+    paths = []
+    for ax, (variant, metric, (K, schedule, loss, width), m) in zip(axes, mats):
+        rate = metric in ("vpr", "rtr", "exact", "cell_acc")
+        sns.heatmap(m, ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0 if rate else None,
+                    vmax=1 if rate else None, cbar_kws={"label": METRIC_LABEL.get(metric, metric)},
+                    linewidths=0.5, linecolor="white")
+        ax.grid(False)
+        ax.tick_params(axis="y", rotation=0)
+        for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
+            if lt in list(m.columns):
+                ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
+        ax.set_xlabel("sampling depth L_s (loops per step)")
+        ax.set_ylabel("training depth L_t")
+        ax.set_title(f"{variant}, K = {K}, {schedule} schedule, {loss} loss\nT = {T}; red: L_s = L_t", fontsize=10)
+        paths.append(save_table(m.reset_index(), out_dir, f"cross_depth_K{K}_{schedule}_{loss}_d{width}_T{T}"))
+    fig.suptitle(f"{data.name}: cross-depth — train at L_t, sample at L_s (T = {T})")
+    fig.tight_layout()
+    return save(fig, out_dir, "cross_depth", opts.fmt) + paths
+
+
+def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Sudoku metric vs T per L, one panel per mask rate (the paper's 25x25 figure)."""
+    agg = _agg(data)
+    s = agg[agg["task"] == "sudoku"]
+    if s.empty:
+        raise MissingData("mask-rate needs Sudoku evaluations (the study has none)")
+    runs = data.runs[data.runs["task"] == "sudoku"][["run_id", "sudoku_n", "mask_rate", "task_variant"]]
+    info = runs.drop_duplicates("task_variant").set_index("task_variant")
+    s = select(s, "vpr")
+    s = s[s["L_s"] == s["L_t"]].join(info[["sudoku_n", "mask_rate"]], on="task_variant")
+    sizes = {n: sorted(g["mask_rate"].dropna().unique()) for n, g in s.groupby("sudoku_n")}
+    sizes = {n: r for n, r in sizes.items() if len(r) >= 2}
+    if not sizes:
+        have = "; ".join(f"{int(n)}x{int(n)} at " + ", ".join(f"{round(100 * x)}%" for x in sorted(g["mask_rate"].unique()))
+                         for n, g in s.groupby("sudoku_n")) or "no VPR at L_s = L_t"
+        raise MissingData(f"mask-rate needs Sudoku runs of one grid size at two or more mask rates (have {have})")
+    panels = [(n, r, s[(s["sudoku_n"] == n) & (s["mask_rate"] == r)]) for n, rates in sizes.items() for r in rates]
+    _needs_T(pd.concat([g for *_, g in panels]), "mask-rate")
+    _theme()
+    fig, axes = _grid(len(panels), cols=3)
+    colors = _palette(sorted({(r.K, r.L_t) for *_, g in panels for r in g.itertuples()}))
+    for ax, (n, rate, g) in zip(axes, panels):
+        extra = _varying(g, ["schedule", "loss", "d_model"])
+        for key, gl in g.groupby(["K", "L_t", *extra]):
+            row = gl.iloc[0]
+            _line(ax, gl, "T", f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}", colors[(row["K"], row["L_t"])])
+        _x_axis(ax, g["T"], "denoising steps T")
+        _rate_ylim(ax, "vpr")
+        ax.set_ylabel(_ylabel("vpr"))
+        ax.set_title(f"sudoku {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
+        ax.legend(title="model (K x L), L_s = L_t", fontsize=8)
+    fig.suptitle(f"{data.name}: mask rate — VPR vs T per depth L{_seed_note(panels[0][2])}")
+    fig.tight_layout()
+    return save(fig, out_dir, "mask_rate", opts.fmt)
+
+
+def _ablation(data: StudyData, out_dir: str, opts: Options, axis: str, name: str, what: str) -> list[str]:
+    """Metric vs T, one line per value of `axis` (loss or schedule), one panel per recursive model."""
+    other = "schedule" if axis == "loss" else "loss"
+    panels, have = [], []
+    for variant, metric, d in _by_variant(data, name):
+        d = d[(d["L_t"] > 1) & (d["L_s"] == d["L_t"])]
+        for key, g in d.groupby(["K", "L_t", other, "d_model"]):
+            have.append(f"{variant} {_label(key[0], key[1])}: {axis} {sorted(g[axis].unique())}")
+            if g[axis].nunique() >= 2:
+                panels.append((variant, metric, key, g))
+    if not panels:
+        raise MissingData(f"{name} needs one recursive model (L > 1) trained with two or more {axis} values, other "
+                          f"settings equal (have {'; '.join(have) or 'no recursive model evaluated at L_s = L_t'})")
+    _theme()
+    fig, axes = _grid(len(panels), cols=3)
+    for ax, (variant, metric, (K, L, oth, width), g) in zip(axes, panels):
+        colors = _palette(sorted(g[axis].unique()))
+        for v, gl in g.groupby(axis):
+            _line(ax, gl, "T", f"{axis} = {v}", colors[v])
+        _x_axis(ax, g["T"], "denoising steps T")
+        _rate_ylim(ax, metric)
+        ax.set_ylabel(_ylabel(metric))
+        ax.set_title(f"{variant}, {_label(K, L)}, {other} {oth}\nL_s = L_t = {L}", fontsize=10)
+        ax.legend(title=what, fontsize=8)
+    fig.suptitle(f"{data.name}: {what} ablation{_seed_note(panels[0][3])}")
+    fig.tight_layout()
+    return save(fig, out_dir, name, opts.fmt)
+
+
+def losses(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Loss over loops: ALL vs FINAL vs WEIGHTED vs TRUNCATED."""
+    return _ablation(data, out_dir, opts, "loss", "losses", "loss over loops")
+
+
+def schedules(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Training-depth schedule: fixed, stochastic, curriculum, reverse curriculum."""
+    return _ablation(data, out_dir, opts, "schedule", "schedules", "training-depth schedule")
+
+
+def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Training loss vs step, one line per model (mean over seeds, band min..max), one panel per task variant."""
+    h = data.history
+    if h is None or h.empty:
+        raise MissingData("training curves need the history table (no rows in history/)")
+    variants = sorted(h["task_variant"].unique())
+    _theme()
+    fig, axes = _grid(len(variants), w=5.6, h=4.0, cols=3)
+    for ax, variant in zip(axes, variants):
+        g = h[h["task_variant"] == variant]
+        extra = _varying(g, ["schedule", "loss", "d_model"])
+        colors = _palette(sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in g.itertuples()}))
+        for key, gm in g.groupby(["K", "L_t", *extra]):
+            curve = gm.groupby("step")["train_loss"].agg(["mean", "min", "max"]).reset_index()
+            seeds = gm["run_id"].nunique()
+            row = gm.iloc[0]
+            ax.plot(curve["step"], curve["mean"], color=colors[key],
+                    label=f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+            if seeds > 1:
+                ax.fill_between(curve["step"], curve["min"], curve["max"], color=colors[key], alpha=0.15, lw=0)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("training loss (ELBO, mean over loops)")
+        ax.set_title(variant)
+        ax.legend(title="model (K x L_t)", fontsize=8)
+    fig.suptitle(f"{data.name}: training curves")
+    fig.tight_layout()
+    return save(fig, out_dir, "training_curves", opts.fmt)
+
+
+def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """The text8 NLL / BPC / perplexity table (with a bar chart of NLL), and training curves of any study."""
+    paths, missing = [], []
+    try:
+        table = text8_table(_agg(data))
+    except MissingData as e:
+        missing.append(str(e))
+    else:
+        paths.append(save_table(table, out_dir, "text8_table"))
+        _theme()
+        labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
+        colors = [sns.color_palette("deep")[3] if lt == 1 else sns.color_palette("deep")[0] for lt in table["L_t"]]
+        bars = ax.bar(labels, table["nll"], color=colors)
+        for b, nll, bpc, ppl in zip(bars, table["nll"], table["bpc"], table["ppl"]):
+            ax.annotate(f"{nll:.3f} nats\n{bpc:.3f} bpc\nppl {ppl:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=7, textcoords="offset points", xytext=(0, 2))
+        ax.set_ylabel("NLL bound (nats / char), lower is better")
+        ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
+        ax.set_ylim(0, table["nll"].max() * 1.3)
+        ax.set_title(f"{data.name}: text8 likelihood")
+        fig.tight_layout()
+        paths = save(fig, out_dir, "text8_nll", opts.fmt) + paths
+    try:
+        paths += training_curves(data, out_dir, opts)
+    except MissingData as e:
+        missing.append(str(e))
+    if not paths:
+        raise MissingData("; ".join(missing))
+    return paths
+
+
+FIGURES = {
+    "iso-param": iso_param,
+    "iso-flop": iso_flop,
+    "pareto": pareto,
+    "compute": compute,
+    "cross-depth": cross_depth,
+    "mask-rate": mask_rate,
+    "losses": losses,
+    "schedules": schedules,
+    "text8": text8,
+}
+
+
+def _tuning(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """Optimization history and parameter importances of results/<study>/optuna.* (written by `study tune`)."""
+    from analysis.tuning import tuning
+
+    return tuning(data, out_dir, opts)
+
+
+FIGURES["tuning"] = _tuning

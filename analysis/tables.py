@@ -1,0 +1,236 @@
+"""Pure computations behind the figures: intervals, seed aggregation, threshold crossings,
+Pareto fronts, iso-FLOP pairs, cross-depth matrices. DataFrames in, DataFrames out; no drawing,
+no files, so each is tested on hand-made tables.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import MissingData
+
+# what identifies a trained model apart from its seed; seeds of one model are aggregated
+MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model"]
+# what identifies an evaluation point of a model
+POINT_KEYS = ["T", "L_s", "sampler", "split", "metric"]
+# metrics scored 0/1 per example, whose intervals are binomial (Wilson) from the evaluation size
+RATE_METRICS = {"vpr", "rtr", "exact"}
+PRIMARY = {"sudoku": "vpr", "countdown": "rtr", "text8": "nll"}
+DEFAULT_THRESHOLD = {"vpr": 0.95, "rtr": 0.70}
+LOWER_IS_BETTER = {"nll", "bpc", "ppl", "perplexity", "loss"}
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate k/n (95% for z = 1.96); (nan, nan) when n = 0."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def primary_metric(task: str, available) -> str:
+    """The task's headline metric if present, else the first of vpr / rtr / nll present."""
+    avail = set(available)
+    m = PRIMARY.get(task)
+    if m in avail:
+        return m
+    for m in ("vpr", "rtr", "nll"):
+        if m in avail:
+            return m
+    raise MissingData(f"no primary metric (vpr, rtr, nll) for task {task!r}; metrics present: {sorted(avail)}")
+
+
+def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, eval point, metric), seeds aggregated.
+
+    value: mean over seeds. n_seeds, seed_sd (sample s.d. across seeds; 0 for one seed), seed_min,
+    seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: for rate
+    metrics, the 95% Wilson interval of the pooled count (k = sum of value * n over seeds); for other
+    metrics, the stored interval when there is one seed, else mean +- 1.96 s.d. / sqrt(n_seeds).
+    """
+    if evals.empty:
+        return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[])
+    keys = [c for c in MODEL_KEYS + POINT_KEYS if c in evals.columns]
+    per_run = keys + ["run_id"]
+    # one value per run and point first (a point evaluated twice would otherwise count as two seeds)
+    runs = evals.groupby(per_run, as_index=False, dropna=False).agg(
+        value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
+        ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
+        n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
+        forward_passes=("forward_passes", "first"))
+    runs["k"] = np.where(runs["metric"].isin(RATE_METRICS), (runs["value"] * runs["n_examples"]).round(), np.nan)
+    g = runs.groupby(keys, as_index=False, dropna=False).agg(
+        value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
+        seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
+        ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
+        n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
+        forward_passes=("forward_passes", "first"))
+    g["seed_sd"] = g["seed_sd"].fillna(0.0)
+    lo, hi = [], []
+    for r in g.itertuples(index=False):
+        if r.metric in RATE_METRICS and r.n_examples > 0:
+            a, b = wilson(r.k, int(r.n_examples))
+        elif r.n_seeds > 1:
+            half = 1.96 * r.seed_sd / math.sqrt(r.n_seeds)
+            a, b = r.value - half, r.value + half
+        else:
+            a, b = r.ci_low, r.ci_high
+        lo.append(a)
+        hi.append(b)
+    g["ci_low"], g["ci_high"] = lo, hi
+    g["forward_passes"] = g["T"] * g["L_s"]
+    return g
+
+
+def select(agg: pd.DataFrame, metric: str | None = None, sampler: str | None = None,
+           split: str | None = None) -> pd.DataFrame:
+    """Rows of one metric, one sampler (default: confidence, else the commonest) and one split (the commonest)."""
+    d = agg
+    if metric is not None:
+        d = d[d["metric"] == metric]
+    if d.empty:
+        return d
+    if sampler is None:
+        sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
+    d = d[d["sampler"] == sampler]
+    if split is None:
+        split = "test" if (d["split"] == "test").any() else d["split"].mode().iloc[0]
+    return d[d["split"] == split]
+
+
+def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str = "T") -> pd.DataFrame:
+    """Per model: the smallest x (T at L_s = L_t, or forward passes T*L_s over every L_s) whose
+    seed-mean metric reaches `threshold` (>=, or <= for lower-is-better metrics); NaN when never.
+
+    Columns: the model keys, n_params, crossing (x or NaN), reached, T and L_s at the crossing,
+    value at the crossing, best (the best value seen) and points (how many were evaluated).
+    """
+    if x not in ("T", "forward_passes"):
+        raise ValueError(f"x must be 'T' or 'forward_passes', got {x!r}")
+    d = select(agg, metric)
+    if x == "T":
+        d = d[d["L_s"] == d["L_t"]]
+    lower = metric in LOWER_IS_BETTER
+    rows = []
+    keys = [c for c in MODEL_KEYS if c in d.columns]
+    for key, g in d.groupby(keys, dropna=False):
+        ok = g[g["value"] <= threshold] if lower else g[g["value"] >= threshold]
+        row = dict(zip(keys, key))
+        row.update(n_params=int(g["n_params"].iloc[0]), points=len(g),
+                   best=float(g["value"].min() if lower else g["value"].max()))
+        if ok.empty:
+            row.update(crossing=np.nan, reached=False, T=np.nan, L_s=np.nan, value=np.nan)
+        else:
+            # ties on x (same T*L_s from two (T, L_s)): take the better value
+            first = ok.sort_values([x, "value"], ascending=[True, lower]).iloc[0]
+            row.update(crossing=float(first[x]), reached=True, T=int(first["T"]), L_s=int(first["L_s"]),
+                       value=float(first["value"]))
+        rows.append(row)
+    cols = keys + ["n_params", "crossing", "reached", "T", "L_s", "value", "best", "points"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def pareto_front(df: pd.DataFrame, x: str = "n_params", y: str = "crossing") -> pd.Series:
+    """Boolean mask of the non-dominated rows when both x and y are minimised (NaN rows: never on it).
+
+    A row is dominated if another row is <= on both and < on at least one.
+    """
+    ok = df[x].notna() & df[y].notna()
+    xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
+    mask = []
+    for i in range(len(df)):
+        if not ok.iloc[i]:
+            mask.append(False)
+            continue
+        dominated = any(ok.iloc[j] and xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i])
+                        for j in range(len(df)) if j != i)
+        mask.append(not dominated)
+    return pd.Series(mask, index=df.index, name="pareto")
+
+
+def models(runs: pd.DataFrame) -> pd.DataFrame:
+    """Distinct models of a runs table (seeds collapsed), with their seed count."""
+    keys = [c for c in MODEL_KEYS if c in runs.columns]
+    return runs.groupby(keys, as_index=False, dropna=False).agg(
+        n_params=("n_params", "first"), n_params_non_embedding=("n_params_non_embedding", "first"),
+        flops_per_forward=("flops_per_forward", "first"), seeds=("seed", "nunique"))
+
+
+def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each recursive (K x L), L > 1, with its single-pass (KL x 1) partner: same task variant and
+    width, K' = K * L. A model without a partner in the table is not listed.
+    """
+    m = models(runs)
+    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1].drop_duplicates(["task_variant", "d_model", "K"])
+    rows = []
+    for r in rec.itertuples(index=False):
+        partner = single[(single["task_variant"] == r.task_variant) & (single["d_model"] == r.d_model)
+                         & (single["K"] == r.K * r.L_t)]
+        for s in partner.itertuples(index=False):
+            rows.append({"task_variant": r.task_variant, "d_model": r.d_model, "K": r.K, "L": r.L_t,
+                         "KL": r.K * r.L_t, "schedule": r.schedule, "loss": r.loss,
+                         "params_recursive": int(r.n_params), "params_single": int(s.n_params),
+                         "param_ratio": s.n_params / r.n_params,
+                         "flops_recursive": int(r.flops_per_forward), "flops_single": int(s.flops_per_forward)})
+    cols = ["task_variant", "d_model", "K", "L", "KL", "schedule", "loss", "params_recursive", "params_single",
+            "param_ratio", "flops_recursive", "flops_single"]
+    return pd.DataFrame(rows, columns=cols).sort_values(["task_variant", "KL", "K"]).reset_index(drop=True)
+
+
+def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str) -> pd.DataFrame:
+    """Seed-mean metric at denoising steps T, rows = training depth L_t, columns = sampling depth L_s
+    (one model family: pass the rows of one (task variant, K, schedule, loss, width)). Missing cells: NaN.
+    """
+    d = select(agg, metric)
+    d = d[d["T"] == T]
+    if d.empty:
+        raise MissingData(f"no {metric} evaluations at T = {T}")
+    return d.pivot_table(index="L_t", columns="L_s", values="value", aggfunc="mean").sort_index().sort_index(axis=1)
+
+
+def text8_table(agg: pd.DataFrame) -> pd.DataFrame:
+    """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth.
+
+    Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
+    ppl = exp(nll)): the three are one number in three units.
+    """
+    d = agg[agg["task"] == "text8"]
+    if d.empty or not d["metric"].isin(["nll", "bpc", "bits_per_char"]).any():
+        raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
+    alias = {"bits_per_char": "bpc", "perplexity": "ppl"}
+    d = d.assign(metric=d["metric"].replace(alias))
+    d = d[d["metric"].isin(["nll", "bpc", "ppl"])]
+    keys = ["task_variant", "K", "L_t", "schedule", "loss", "d_model", "L_s"]
+    if d.groupby(keys)["T"].nunique().max() > 1:
+        keys.append("T")
+    wide = d.pivot_table(index=keys, columns="metric", values="value", aggfunc="mean")
+    seeds = d.groupby(keys)["n_seeds"].max()
+    params = d.groupby(keys)["n_params"].first()
+    out = wide.reset_index()
+    if "nll" not in out:
+        out["nll"] = out["bpc"] * math.log(2)
+    if "bpc" not in out:
+        out["bpc"] = out["nll"] / math.log(2)
+    if "ppl" not in out:
+        out["ppl"] = np.exp(out["nll"])
+    out["n_params"] = params.to_numpy()
+    out["seeds"] = seeds.to_numpy()
+    out["model"] = [f"({k} x {l})" for k, l in zip(out["K"], out["L_t"])]
+    return out[["task_variant", "model", *keys[1:], "n_params", "seeds", "nll", "bpc", "ppl"]].sort_values(
+        ["task_variant", "nll"]).reset_index(drop=True)
+
+
+def param_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Parameters and FLOPs of every model in the study, with its seed count and run status."""
+    m = models(runs)
+    status = runs.groupby([c for c in MODEL_KEYS if c in runs.columns], dropna=False)["status"].agg(
+        lambda s: ", ".join(f"{v} {n}" for v, n in s.value_counts().items())).reset_index(drop=True)
+    m = m.assign(status=status.to_numpy(), model=[f"({k} x {l})" for k, l in zip(m["K"], m["L_t"])])
+    cols = ["task_variant", "model", "K", "L_t", "d_model", "schedule", "loss", "n_params", "n_params_non_embedding",
+            "flops_per_forward", "seeds", "status"]
+    return m[cols].sort_values(["task_variant", "n_params", "L_t"]).reset_index(drop=True)

@@ -1,0 +1,108 @@
+"""`--figure tuning`: optimization history and parameter importances of the study's Optuna search.
+
+`study tune` keeps its Optuna storage in the study directory as `optuna.*`: an SQLite file
+(`optuna.db`, `.sqlite`, `.sqlite3`) or an Optuna journal file (any other `optuna.*`, e.g.
+`optuna.journal`, `optuna.log`). The storage may hold several Optuna studies (one search per
+group); each gets its own row of panels. Read-only: nothing here writes to the storage.
+"""
+from __future__ import annotations
+
+import os
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from analysis.load import MissingData, StudyData
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def find_storage(study_dir: str) -> str | None:
+    """Path of the study's Optuna storage file, or None."""
+    if not os.path.isdir(study_dir):
+        return None
+    names = sorted(n for n in os.listdir(study_dir) if n.startswith("optuna.") and not n.endswith((".lock", "-journal"))
+                   and os.path.isfile(os.path.join(study_dir, n)))
+    return os.path.join(study_dir, names[0]) if names else None
+
+
+def open_storage(path: str):
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head == SQLITE_MAGIC:
+        return optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(path)}")
+    return JournalStorage(JournalFileBackend(path))
+
+
+def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, float], str]]:
+    """[(optuna study name, completed trials (number, value, best_so_far, params...), importances, direction)]."""
+    import optuna
+
+    path = find_storage(study_dir)
+    if path is None:
+        raise MissingData(f"no Optuna study at {study_dir}/optuna.* (run `study tune GRID` first)")
+    storage = open_storage(path)
+    out = []
+    for name in optuna.study.get_all_study_names(storage):
+        st = optuna.load_study(study_name=name, storage=storage)
+        if len(st.directions) != 1:
+            continue  # multi-objective searches have no single optimization history
+        direction = st.direction.name.lower()
+        done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
+        if not done:
+            continue
+        df = pd.DataFrame([{"number": t.number, "value": t.value, **t.params} for t in done]).sort_values("number")
+        best = df["value"].cummin() if direction == "minimize" else df["value"].cummax()
+        df.insert(2, "best_so_far", best)
+        imp: dict[str, float] = {}
+        varied = [p for p in df.columns[3:] if df[p].nunique() > 1]
+        if len(done) >= 2 and varied:
+            imp = optuna.importance.get_param_importances(st, params=varied)
+        out.append((name, df.reset_index(drop=True), dict(imp), direction))
+    if not out:
+        raise MissingData(f"the Optuna storage {path} holds no completed single-objective trial")
+    return out
+
+
+def tuning(data: StudyData, out_dir: str, opts) -> list[str]:
+    from analysis.figures import save, save_table
+
+    searches = load_searches(data.dir)
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(len(searches), 2, figsize=(11, 3.8 * len(searches)), squeeze=False)
+    paths = []
+    for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):
+        ax_h.scatter(df["number"], df["value"], s=18, color=sns.color_palette("deep")[0], label="trial value")
+        ax_h.step(df["number"], df["best_so_far"], where="post", color=sns.color_palette("deep")[3],
+                  label=f"best so far ({direction})")
+        ax_h.set_xlabel("trial number")
+        ax_h.set_ylabel("objective value")
+        ax_h.set_title(f"{name}: optimization history ({len(df)} completed trials)", fontsize=10)
+        ax_h.legend(fontsize=8)
+        if imp:
+            names = list(imp)[::-1]
+            ax_i.barh(names, [imp[n] for n in names], color=sns.color_palette("deep")[2])
+            ax_i.set_xlabel("importance (fANOVA, share of objective variance)")
+            ax_i.set_xlim(0, 1)
+            ax_i.set_title(f"{name}: parameter importances", fontsize=10)
+        else:
+            ax_i.axis("off")
+            ax_i.set_title(f"{name}: importances need >= 2 trials and a varied parameter", fontsize=10)
+        paths.append(save_table(df, out_dir, f"tuning_trials_{_safe(name)}"))
+    fig.suptitle(f"{data.name}: hyperparameter search (Optuna)")
+    fig.tight_layout()
+    return save(fig, out_dir, "tuning", opts.fmt) + paths
+
+
+def importances_table(searches) -> pd.DataFrame:
+    rows = [{"search": name, "parameter": p, "importance": v} for name, _, imp, _ in searches for p, v in imp.items()]
+    return pd.DataFrame(rows, columns=["search", "parameter", "importance"])
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "search"
+

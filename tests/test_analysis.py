@@ -1,0 +1,224 @@
+"""Analysis: the numbers behind the figures, checked on hand-made Parquet stores, and each figure
+drawn or refused with a reason. Run: .venv/bin/python -m pytest tests/test_analysis.py -q
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from analysis.figures import FIGURES, Options, crossings_table
+from analysis.load import MissingData, latest_study, load_study
+from analysis.tables import (aggregate, heatmap_matrix, iso_flop_pairs, pareto_front, select, text8_table,
+                             threshold_crossings, wilson)
+from test_analysis_data import CROSS, TEXT8_NLL, write_all
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("results"))
+    write_all(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def paper(store_root):
+    return load_study(store_root, "paper")
+
+
+@pytest.fixture(scope="module")
+def ablation(store_root):
+    return load_study(store_root, "ablation")
+
+
+def _by_model(df: pd.DataFrame, col: str) -> dict:
+    return {(r.K, r.L_t): getattr(r, col) for r in df.itertuples()}
+
+
+def test_wilson_known_counts():
+    # textbook 95% Wilson intervals
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert all(math.isnan(x) for x in wilson(0, 0))
+
+
+def test_default_study_is_newest_and_unknown_study_is_named(store_root):
+    assert latest_study(store_root) == "ablation"
+    with pytest.raises(MissingData, match="nope.*studies with runs: .*paper"):
+        load_study(store_root, "nope")
+
+
+def test_seeds_aggregated_with_pooled_wilson_and_spread(paper):
+    agg = select(aggregate(paper.evals), "vpr")
+    row = agg[(agg.K == 1) & (agg.L_t == 3) & (agg.L_s == 3) & (agg["T"] == 2)
+              & (agg.task_variant == "sudoku 9x9, 25% masked")].iloc[0]
+    assert row.n_seeds == 2 and row.n_examples == 200
+    assert row.value == pytest.approx(0.94)
+    assert row.seed_sd == pytest.approx(np.std([0.96, 0.92], ddof=1))
+    assert (row.seed_min, row.seed_max) == pytest.approx((0.92, 0.96))
+    assert (row.ci_low, row.ci_high) == pytest.approx(wilson(188, 200))
+    one = agg[(agg.K == 2) & (agg.L_t == 1) & (agg["T"] == 4) & (agg.task_variant == "sudoku 9x9, 25% masked")].iloc[0]
+    assert one.n_seeds == 1 and one.seed_sd == 0
+    assert (one.ci_low, one.ci_high) == pytest.approx(wilson(95, 100))
+    assert set(agg["sampler"]) == {"confidence"}  # the random-sampler row is not mixed in
+
+
+def test_threshold_crossing_is_smallest_T_reaching(paper):
+    agg = aggregate(paper.evals)
+    c = threshold_crossings(agg[agg.task_variant == "sudoku 9x9, 25% masked"], 0.95, "vpr", x="T")
+    got = _by_model(c, "crossing")
+    # (1 x 3): seed 0 alone reaches at T = 2 but the seed mean (0.94) does not: 4. (2 x 1) reaches exactly 0.95.
+    expected = {(1, 1): None, (1, 3): 4, (1, 5): 2, (2, 1): 4, (2, 3): 1, (3, 1): 4, (6, 1): 2}
+    assert set(got) == set(expected)
+    for k, v in expected.items():
+        assert (math.isnan(got[k]) if v is None else got[k] == v), (k, got[k])
+    assert not _by_model(c, "reached")[(1, 1)] and _by_model(c, "best")[(1, 1)] == pytest.approx(0.93)
+    # a dip after reaching does not matter: (1 x 3) seed 0 alone: 0.70, 0.96, 0.94, 0.98 -> 2
+    seed0 = aggregate(paper.evals[paper.evals.seed == 0])
+    c0 = threshold_crossings(seed0[seed0.task_variant == "sudoku 9x9, 25% masked"], 0.95, "vpr")
+    assert _by_model(c0, "crossing")[(1, 3)] == 2
+    # never reached anywhere at 50% masked
+    c50 = threshold_crossings(agg[agg.task_variant == "sudoku 9x9, 50% masked"], 0.95, "vpr")
+    assert not c50["reached"].any() and c50["crossing"].isna().all()
+    # in forward passes T * L_s over every L_s: (1 x 3) at T=4, L_s=3 (12); (1 x 5) at T=2, L_s=5 (10)
+    cf = threshold_crossings(agg[agg.task_variant == "sudoku 9x9, 25% masked"], 0.95, "vpr", x="forward_passes")
+    f = {k: (r.crossing, r.T, r.L_s) for k, r in zip(zip(cf.K, cf.L_t), cf.itertuples())}
+    assert f[(1, 3)] == (12, 4, 3) and f[(1, 5)] == (10, 2, 5)
+
+
+def test_pareto_front_hand_computed(paper):
+    df = pd.DataFrame({"n_params": [10, 10, 20, 20, 30, 5, 40],
+                       "crossing": [4, 2, 1, 1, 1, np.nan, 0.5]})
+    # (10, 4) dominated by (10, 2); (20, 1) twice: equal points dominate neither; (30, 1) dominated;
+    # NaN never on the front; (40, 0.5) has the fewest steps
+    assert pareto_front(df).tolist() == [False, True, True, True, False, False, True]
+    c = crossings_table(paper, Options())
+    front = {(r.K, r.L_t) for r in c[c.pareto].itertuples()}
+    assert front == {(1, 5), (2, 3)}
+
+
+def test_iso_flop_pairs_matched_by_KL(paper):
+    pairs = iso_flop_pairs(paper.runs)
+    got = {(r.task_variant, r.K, r.L, r.KL) for r in pairs.itertuples()}
+    # (1 x 5) has no (5 x 1); at 50% masked the (3 x 1) has another width than the (1 x 3)
+    assert got == {("sudoku 9x9, 25% masked", 1, 3, 3), ("sudoku 9x9, 25% masked", 2, 3, 6)}
+    assert (pairs["K"] * pairs["L"] == pairs["KL"]).all()
+    assert (pairs["flops_recursive"] == pairs["flops_single"]).all()
+    row = pairs[pairs.K == 2].iloc[0]
+    assert (row.params_recursive, row.params_single) == (250, 650)
+
+
+def test_heatmap_cells_equal_table_values(paper):
+    agg = aggregate(paper.evals)
+    fam = agg[(agg.task_variant == "sudoku 9x9, 25% masked") & (agg.K == 1)]
+    m = heatmap_matrix(fam, 4, "vpr")
+    assert list(m.index) == [1, 3, 5] and list(m.columns) == [1, 2, 3, 4, 5, 6]
+    expected = {(1, 1): 0.80, (3, 3): 0.96, (5, 5): 0.98}  # the diagonal, from VPR_25 at T = 4 (seed mean for 1x3)
+    for (lt, ls), v in CROSS.items():
+        expected[(lt, ls)] = v + (0.01 if lt == 3 else 0)  # (1 x 3): mean of seeds v and v + 0.02
+    for (lt, ls), v in expected.items():
+        assert m.loc[lt, ls] == pytest.approx(v), (lt, ls)
+    assert m.notna().sum().sum() == len(expected)  # every other cell empty
+    with pytest.raises(MissingData, match="T = 3"):
+        heatmap_matrix(fam, 3, "vpr")
+
+
+def test_text8_table_from_nll(ablation):
+    t = text8_table(aggregate(ablation.evals))
+    got = {(r.K, r.L_t): (r.nll, r.bpc, r.ppl) for r in t.itertuples()}
+    assert set(got) == set(TEXT8_NLL)
+    for k, nll in TEXT8_NLL.items():
+        assert got[k] == pytest.approx((nll, nll / math.log(2), math.exp(nll)))
+    assert t["nll"].is_monotonic_increasing  # sorted best first
+
+
+def test_tables_written_beside_figures(paper, tmp_path):
+    paths = FIGURES["pareto"](paper, str(tmp_path), Options(threshold=0.9))
+    t = pd.read_csv([p for p in paths if p.endswith("threshold_crossings.csv")][0])
+    assert (t["threshold"] == 0.9).all()
+    paths = FIGURES["iso-flop"](paper, str(tmp_path), Options(fmt="pdf"))
+    assert any(p.endswith(".pdf") for p in paths)
+    assert len(pd.read_csv([p for p in paths if p.endswith("iso_flop_params.csv")][0])) == 2
+
+
+@pytest.mark.parametrize("name,reason", [("losses", "two or more loss values"),
+                                         ("schedules", "two or more schedule values"),
+                                         ("tuning", "no Optuna study at .*optuna")])
+def test_unsupported_figures_say_what_is_missing(paper, tmp_path, name, reason):
+    with pytest.raises(MissingData, match=reason):
+        FIGURES[name](paper, str(tmp_path / name), Options())
+    assert not os.path.exists(tmp_path / name)  # nothing written
+
+
+@pytest.mark.parametrize("name,reason", [("iso-flop", "KL x 1"), ("mask-rate", r"two or more mask rates .*25%"),
+                                         ("cross-depth", "two or more sampling depths L_s"),
+                                         ("pareto", "no model reaches")])
+def test_ablation_study_refuses_paper_figures(ablation, tmp_path, name, reason):
+    with pytest.raises(MissingData, match=reason):
+        FIGURES[name](ablation, str(tmp_path / name), Options(threshold=0.99))
+    assert not os.path.exists(tmp_path / name)
+
+
+@pytest.mark.parametrize("name", ["losses", "schedules", "text8"])
+def test_ablation_figures_drawn(ablation, tmp_path, name):
+    paths = FIGURES[name](ablation, str(tmp_path), Options())
+    assert any(p.endswith(".png") for p in paths)
+
+
+def test_tuning_figure_from_optuna_storage(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from analysis.tuning import importances_table, load_searches
+    from test_analysis_data import write_paper
+
+    store = write_paper(str(tmp_path))
+    storage = optuna.storages.journal.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(os.path.join(store.dir, "optuna.journal")))
+    st = optuna.create_study(study_name="lr_search", storage=storage, direction="maximize",
+                             sampler=optuna.samplers.RandomSampler(seed=0))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # the objective depends on lr only; noise_param does nothing
+    st.optimize(lambda t: -(math.log10(t.suggest_float("lr", 1e-4, 1e-1, log=True)) + 2.5) ** 2
+                + 0 * t.suggest_float("noise_param", 0, 1), n_trials=24)
+    data = load_study(str(tmp_path), "paper")
+    searches = load_searches(data.dir)
+    assert len(searches) == 1 and len(searches[0][1]) == 24
+    df = searches[0][1]
+    assert (df["best_so_far"] == df["value"].cummax()).all()
+    imp = importances_table(searches).set_index("parameter")["importance"]
+    assert imp["lr"] > imp["noise_param"]
+    paths = FIGURES["tuning"](data, str(tmp_path / "fig"), Options())
+    assert any(p.endswith("tuning.png") for p in paths)
+
+
+def test_cli_report_all_writes_html_and_markdown(store_root, tmp_path):
+    from study.cli import app
+
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["report", "--figure", "all", "--results", store_root, "--study", "paper",
+                                 "--out", str(out), "--threshold", "0.95"])
+    assert r.exit_code == 0, r.output
+    html = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    for name in ("iso_param", "iso_flop", "pareto", "compute", "cross_depth", "mask_rate", "training_curves"):
+        for ext in ("png", "svg"):
+            assert (out / f"{name}.{ext}").stat().st_size > 5000, name
+        assert f"({name}.png)" in md
+    # 6 figures + text8's training curves (no text8 table here); losses, schedules, tuning refused
+    assert html.count("<img src='data:image/png;base64,") == 7
+    assert "src='http" not in html and "href='http" not in html
+    for text in ("Parameter counts", "Threshold crossings", "Iso-FLOP pairs", "Provenance", "abc123",
+                 "study: paper", "Not drawn: losses needs"):
+        assert text in html and text.replace("Not drawn:", "*Not drawn:*") in md, text
+    # default --study is the newest (ablation); an unknown figure and a bad format fail clearly
+    r = CliRunner().invoke(app, ["report", "--figure", "losses", "--results", store_root, "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0 and (tmp_path / "a" / "losses.png").exists()
+    r = CliRunner().invoke(app, ["report", "--figure", "nope", "--results", store_root])
+    assert r.exit_code == 2 and "known: iso-param" in r.output
+    r = CliRunner().invoke(app, ["report", "--format", "gif", "--results", store_root])
+    assert r.exit_code == 2 and "svg, pdf" in r.output
