@@ -53,3 +53,16 @@ class TrainConfig(Strict):
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(25, ge=1)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _loss_options(self) -> "TrainConfig":
+        w = self.loss_weights
+        if w is not None:
+            if self.loss != "weighted":
+                raise ValueError(f"loss_weights is only used with loss 'weighted' (loss is {self.loss!r})")
+            if not w or any(x < 0 for x in w):
+                raise ValueError(f"loss_weights must be a non-empty list of weights >= 0 (got {w})")
+            if w[-1] <= 0:
+                # a shallower step (stochastic/curriculum/reverse) uses the last L_t weights: they must not sum to 0
+                raise ValueError(f"loss_weights: the last loop's weight must be > 0 (got {w})")
+        return self

@@ -7,8 +7,10 @@ function of the step, and a run resumed at step s sees exactly what it would hav
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,6 +28,20 @@ def autocast(device: torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@functools.cache
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX).
+
+    Without it (e.g. AVX2-only CPUs) oneDNN/MKL emulate bf16 matmuls, 10-50x slower than float32.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def diffusion_loss(
@@ -97,12 +113,17 @@ class Trainer:
             betas=(0.9, 0.99),
         )
         self.state = TrainState()
+        if train_cfg.precision == "bf16" and self.device.type == "cpu" and not cpu_bf16_native():
+            warnings.warn("precision bf16 on a CPU without bf16 matrix units (no avx512_bf16/amx_bf16): "
+                          "autocast emulates bf16 matmuls and trains many times slower than float32", stacklevel=2)
 
     # ---- one step --------------------------------------------------------------------------
     def train_step(self) -> dict:
         cfg, step = self.cfg, self.state.step
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
         x0, cond = self.batch_fn(step, gen)
+        # dropout draws from the global RNG: seed it per step too, so a resumed run (any device) repeats it
+        torch.manual_seed(step_seed(cfg.seed, step, 0xD0))
         x0, cond = x0.to(self.device), cond.to(self.device)
         n_loops = depth_at(step, cfg.steps, self.model_cfg.L, cfg)
         weights = loop_weights(n_loops, cfg)
