@@ -53,3 +53,115 @@ def test_puzzles_blank_the_configured_share(tiny_sudoku):
     x0, cond = tiny_sudoku.train_batch(16, torch.Generator().manual_seed(0))
     assert ((~cond).sum(1) == round(0.4 * 16)).all()
     assert all(is_valid_solution(g, 4) for g in x0.numpy())
+
+
+# ---- generator at every size, symmetry classes, splits ------------------------------------
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from tasks.sudoku import (PuzzleFileError, fingerprint, format_puzzles, pattern_grid, read_puzzles,  # noqa: E402
+                          split_grids, symmetry_np)
+
+
+@pytest.mark.parametrize("n, count", [(4, 30), (16, 20), (25, 6)])
+def test_generator_handles_every_size(n, count):
+    a = generate_solutions(n, count, seed=1)
+    assert a.shape == (count, n * n) and all(is_valid_solution(g, n) for g in a)
+    assert len({g.tobytes() for g in a}) == count
+    assert (a == generate_solutions(n, count, seed=1)).all()
+
+
+@pytest.mark.parametrize("n", [9, 16])
+def test_fingerprint_is_a_symmetry_invariant(n):
+    grids = generate_solutions(n, 12, seed=5)
+    moved = random_symmetry(torch.from_numpy(grids), n, torch.Generator().manual_seed(2)).numpy()
+    also = symmetry_np(grids.reshape(-1, n, n), np.random.default_rng(3)).reshape(-1, n * n)
+    for g, h, k in zip(grids, moved, also):
+        assert not (g == h).all()
+        assert fingerprint(g, n) == fingerprint(h, n) == fingerprint(k, n)
+
+
+def test_generator_leaves_the_single_orbit():
+    """Symmetries of one base grid all share one fingerprint; generated grids almost never do."""
+    base = np.broadcast_to(pattern_grid(9), (50, 9, 9)).copy()
+    orbit = symmetry_np(base, np.random.default_rng(0)).reshape(50, 81)
+    assert len({fingerprint(g, 9) for g in orbit}) == 1
+    for n, count in ((9, 200), (25, 10)):
+        fps = {fingerprint(g, n) for g in generate_solutions(n, count, seed=0)}
+        assert len(fps) >= 0.98 * count, (n, len(fps))
+
+
+def test_train_and_test_share_no_symmetry_class():
+    task = Sudoku(SudokuConfig(n=9, n_train=300, n_test=100, data_seed=4))
+    task.prepare(None)
+    train = {fingerprint(g, 9) for g in task.train_grids.numpy()}
+    test = [fingerprint(g, 9) for g in task.test.x0.numpy()]
+    assert len(test) == 100 and len(set(test)) == 100 and not train & set(test)
+    # 4x4 has two classes: its split is disjoint by grid, and 'class' is refused
+    tr, te = split_grids(4, 40, 20, seed=1, by="grid")
+    assert not {g.tobytes() for g in tr} & {g.tobytes() for g in te}
+    with pytest.raises(ValidationError, match="only two symmetry classes"):
+        SudokuConfig(n=4, disjoint="class")
+
+
+def test_data_is_cached_once_and_reloaded(tmp_path):
+    a = Sudoku(SudokuConfig(n=9, n_train=30, n_test=10))
+    a.prepare(str(tmp_path))
+    assert len(list(tmp_path.iterdir())) == 1
+    b = Sudoku(SudokuConfig(n=9, n_train=30, n_test=10))
+    b.prepare(str(tmp_path))
+    assert torch.equal(a.train_grids, b.train_grids) and torch.equal(a.test.cond, b.test.cond)
+
+
+def test_mask_rate_fixed_share_or_range():
+    fixed = Sudoku(SudokuConfig(n=25, mask_rate=0.8, n_train=4, n_test=3))
+    assert ((~fixed._givens(5, torch.Generator().manual_seed(0))).sum(1) == 500).all()
+    rng = Sudoku(SudokuConfig(n=9, mask_rate=(0.2, 0.6), n_train=4, n_test=3))
+    blanks = (~rng._givens(400, torch.Generator().manual_seed(0))).sum(1)
+    assert blanks.min() >= round(0.2 * 81) and blanks.max() <= round(0.6 * 81) and len(set(blanks.tolist())) > 20
+    for bad in (0.0, 1.5, (0.6, 0.2), (0.0, 0.5)):
+        with pytest.raises(ValidationError, match="mask_rate"):
+            SudokuConfig(mask_rate=bad)
+
+
+# ---- external puzzle files ----------------------------------------------------------------
+SOL = "".join(str(d + 1) for d in VALID)
+QUIZ = "".join("." if i % 3 == 0 else ch for i, ch in enumerate(SOL))
+
+
+def test_read_lines_with_dots_zeros_and_comments(tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text(f"# a header comment\n{QUIZ}  easy one\n\n{QUIZ.replace('.', '0')}\t#2\n{SOL}\n")
+    pf = read_puzzles(str(p))
+    assert pf.fmt == "lines" and pf.givens.shape == (3, 81) and pf.solutions is None
+    assert (pf.givens[0] == pf.givens[1]).all() and (pf.givens[0] == -1).sum() == 27
+    assert pf.comments == ["  easy one", "\t#2", ""]
+    out = format_puzzles(pf, np.stack([VALID] * 3)).splitlines()
+    assert out == [SOL + "  easy one", SOL + "\t#2", SOL]
+
+
+def test_read_csv_quizzes_solutions(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text(f"quizzes,solutions\n{QUIZ.replace('.', '0')},{SOL}\n{SOL},{SOL}\n")
+    pf = read_puzzles(str(p))
+    assert pf.fmt == "csv" and (pf.solutions[0] == VALID).all() and (pf.givens[1] == VALID).all()
+    out = format_puzzles(pf, np.stack([VALID] * 2)).splitlines()
+    assert out[0] == "quizzes,solutions" and out[1] == f"{QUIZ.replace('.', '0')},{SOL}"
+
+
+@pytest.mark.parametrize("text, where, what", [
+    (f"{QUIZ}\n{QUIZ[:80]}\n", ":2:", "expected 81 cells"),
+    (f"{QUIZ}\n\n{QUIZ[:40]}x{QUIZ[41:]}\n", ":3:", "bad character 'X' at cell 41"),
+    (f"quizzes,answers\n{QUIZ},{SOL}\n", ":1:", "CSV header"),
+    (f"quizzes,solutions\n{QUIZ},{SOL}\n{QUIZ}\n", ":3:", "expected 2 comma-separated fields"),
+    (f"quizzes,solutions\n{QUIZ},{SOL[::-1]}\n", ":2:", "not a valid grid keeping"),
+    ("\n\n", "", "no puzzles"),
+])
+def test_malformed_puzzle_files_fail_with_the_line_number(tmp_path, text, where, what):
+    p = tmp_path / "bad.txt"
+    p.write_text(text)
+    with pytest.raises(PuzzleFileError) as e:
+        read_puzzles(str(p))
+    assert str(e.value).startswith(str(p) + where) and what in str(e.value), str(e.value)

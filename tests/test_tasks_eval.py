@@ -1,0 +1,102 @@
+"""`study eval RUN_ID --puzzles FILE`: a real tiny 4x4 Sudoku run trained through
+`study.trial.execute` (real Parquet), then external puzzle files solved from its stored
+weights. Run: pytest tests/test_tasks_eval.py"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from study.cli import app
+from study.grid import expand
+from study.store import Store
+from study.trial import execute
+from tasks.sudoku import DIGITS, generate_solutions
+
+GRID = {
+    "study": "ev4",
+    "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 120, "n_test": 40, "data_seed": 3},
+    "model": {"d_model": 32, "n_heads": 4},
+    "train": {"steps": 200, "batch_size": 32, "lr": 3e-3, "warmup": 20, "checkpoint_every": 1000},
+    "eval": {"T": [1, 4], "n_examples": 40},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    run = expand(GRID, "ev4.yaml").runs[0]
+    store = Store(str(root), "ev4")
+    execute(run, store, code_version="test")
+    return str(root), run.run_id, store
+
+
+def _puzzles(seed: int, n_puz: int, blank: str) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(seed)
+    sols = generate_solutions(4, n_puz, seed=seed + 100)
+    quiz, full = [], []
+    for g in sols:
+        s = "".join(DIGITS[v] for v in g)
+        holes = rng.choice(16, 6, replace=False)
+        quiz.append("".join(blank if i in holes else ch for i, ch in enumerate(s)))
+        full.append(s)
+    return quiz, full
+
+
+def _vpr(line: str, quiz: str) -> bool:
+    g = np.array([DIGITS.index(c) for c in line]).reshape(4, 4)
+    keeps = all(q in ".0" or q == c for q, c in zip(quiz, line))
+    boxes = g.reshape(2, 2, 2, 2).transpose(0, 2, 1, 3).reshape(4, 4)
+    return keeps and all(sorted(r) == [0, 1, 2, 3] for m in (g, g.T, boxes) for r in m)
+
+
+def test_eval_lines_file_writes_rows_and_completed_grids(trained, tmp_path):
+    root, run_id, store = trained
+    quiz, _ = _puzzles(0, 30, ".")
+    src = tmp_path / "ext.txt"
+    src.write_text("# external puzzles\n" + "\n".join(f"{q}  #{i}" for i, q in enumerate(quiz)) + "\n")
+    out = tmp_path / "solved.txt"
+    r = CliRunner().invoke(app, ["eval", run_id, "--puzzles", str(src), "--T", "4", "--out", str(out),
+                                 "--results", root])
+    assert r.exit_code == 0, r.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 30 and all(ln.endswith(f"  #{i}") for i, ln in enumerate(lines))
+    solved = [ln.split()[0] for ln in lines]
+    vpr = np.mean([_vpr(s, q) for s, q in zip(solved, quiz)])
+    evals = store.read("evals", run_id)
+    ext = evals[evals["split"] == "external:ext.txt"]
+    assert list(ext.metric) == ["vpr"] and ext.value.iloc[0] == pytest.approx(vpr)  # the file agrees with the row
+    assert ext["T"].iloc[0] == 4 and ext.L_s.iloc[0] == 1 and ext.n_examples.iloc[0] == 30
+    assert vpr >= 0.1, vpr  # chance: a random fill of 6 blanks is valid with probability ~ 1/4^6
+    assert "vpr" in r.output
+    samples = store.read("samples", run_id)
+    s = samples[samples.eval_key == ext.eval_key.iloc[0]].sort_values("example")
+    assert list(s.input) == quiz and list(s.output) == solved and s.reference.isna().all()
+    # evaluating the run's own test split earlier did not count these rows, nor do they replace them
+    assert set(evals[evals["split"] == "test"].metric) == {"vpr", "cell_acc", "exact"}
+
+
+def test_eval_csv_reports_cell_accuracy_and_keeps_format(trained, tmp_path):
+    root, run_id, store = trained
+    quiz, full = _puzzles(1, 12, "0")
+    src = tmp_path / "ext.csv"
+    src.write_text("quizzes,solutions\n" + "".join(f"{q},{f}\n" for q, f in zip(quiz, full)))
+    out = tmp_path / "solved.csv"
+    r = CliRunner().invoke(app, ["eval", run_id, "--puzzles", str(src), "--out", str(out), "--results", root,
+                                 "--study", "ev4"])
+    assert r.exit_code == 0, r.output
+    rows = out.read_text().splitlines()
+    assert rows[0] == "quizzes,solutions" and [x.split(",")[0] for x in rows[1:]] == quiz
+    ext = store.read("evals", run_id)
+    ext = ext[ext["split"] == "external:ext.csv"]
+    assert set(ext.metric) == {"vpr", "cell_acc", "exact"} and (ext["T"] == 4).all()  # T: the run's largest
+
+
+def test_eval_errors(trained, tmp_path):
+    root, run_id, _ = trained
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1234341221434321\n12343412214343\n")
+    r = CliRunner().invoke(app, ["eval", run_id, "--puzzles", str(bad), "--results", root])
+    assert r.exit_code == 2 and f"{bad}:2: expected 16 cells" in r.output
+    r = CliRunner().invoke(app, ["eval", "feedbeef0000", "--puzzles", str(bad), "--results", root])
+    assert r.exit_code == 2 and "no final weights of run 'feedbeef0000'" in r.output
