@@ -32,11 +32,17 @@ def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSO
         rows.append({"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
                      "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
                      "loss": r.train.loss, "seed": r.train.seed, **c,
-                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.sampler} for p in pts]})
+                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.sampler} for p in pts],
+                     "tuned": g.tuned.get(r.run_id, {})})
     if json_out:
         for row in rows:
             typer.echo(json.dumps(row))
         return
+    if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
+        from study.tune import describe_search
+
+        for line in describe_search(g):
+            typer.echo(line)
     typer.echo(f"study {g.study}: {len(rows)} runs from {grid}")
     typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11}  eval points")
     for row in rows:
@@ -44,6 +50,8 @@ def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSO
         Ls = sorted({p["L_s"] for p in row["eval_points"]})
         typer.echo(f"{row['run_id']:<13} {row['task']:<8} {row['K']:>3} {row['L_t']:>4} {row['d_model']:>5} "
                    f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g}  T={Ts} L_s={Ls}")
+        for k, src in row["tuned"].items():  # values taken from a search's best.yaml (`defaults_from`)
+            typer.echo(f"{'':<13} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
 
 
 @app.command()
@@ -53,13 +61,64 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run again the runs recorded as failed"),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray"),
+    progress_every: float = typer.Option(30.0, "--progress-every",
+                                         help="seconds between progress lines when not on a terminal"),
 ):
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each."""
-    from study.runner import run_grid
+    from study.runner import check_address, run_grid
 
     g = _grid_or_exit(grid)
+    if g.search is not None:
+        typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
+        raise typer.Exit(2)
+    try:
+        check_address(address)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     raise typer.Exit(run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                              echo=typer.echo))
+                              echo=typer.echo, progress_every_s=progress_every))
+
+
+@app.command()
+def status(
+    grid: str,
+    results: str = RESULTS,
+    json_out: bool = typer.Option(False, "--json", help="one JSON object per run"),
+):
+    """Done / running / pending / failed runs of GRID with an ETA, from the store (also during a run)."""
+    from dataclasses import asdict
+
+    from study.status import render, snapshot
+    from study.store import Store
+
+    g = _grid_or_exit(grid)
+    store = Store(results, g.study)
+    statuses = snapshot(g, store)
+    if json_out:
+        for st in statuses:
+            typer.echo(json.dumps(asdict(st)))
+    else:
+        typer.echo(render(g, store, statuses))
+
+
+@app.command()
+def tune(
+    grid: str,
+    results: str = RESULTS,
+    address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray"),
+):
+    """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
+    from study.tune import TuneError, tune_grid
+
+    g = _grid_or_exit(grid)
+    try:
+        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo)
+    except TuneError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 @app.command()

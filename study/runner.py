@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 from study.grid import Grid, Run
+from study.status import LiveView
 from study.store import Store
 from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
 
@@ -53,7 +56,7 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False) -> Plan:
 
 
 def _trainable(config: dict) -> None:
-    """The Ray Tune function trainable: one run."""
+    """The Ray Tune function trainable: one run. Every start (first try or a retry) resumes from the store."""
     from ray import tune
 
     run = run_from_resolved(config["run"])
@@ -62,30 +65,64 @@ def _trainable(config: dict) -> None:
     marker = store.path("logs", f"{run.run_id}.attempts")
     prev = store.read_bytes(marker) or b""
     attempt = prev.count(b"\n") + 1
-    store.write_bytes(marker, prev + f"start {attempt}\n".encode())
-    execute(run, store, config["code_version"], report=tune.report, attempt=attempt)
+    store.write_bytes(marker, prev + f"start {attempt} pid {os.getpid()} {time.time():.3f}\n".encode())
+    try:
+        execute(run, store, config["code_version"], report=tune.report, attempt=attempt)
+    except BaseException:
+        # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
+        store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
+        raise
+
+
+def _loopback_only() -> None:
+    """Make a Ray started by this process bind 127.0.0.1 only (checked with `ss -ltnp` in the tests).
+
+    Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when `ray._private.ray_constants` is imported:
+    if ray was imported before (by a test, by Tune), the module constant is set too. The env
+    var also reaches the GCS, raylet and workers that `ray.init` spawns.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if "ray._private.ray_constants" in sys.modules:
+        sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
+
+
+def check_address(address: str | None) -> None:
+    """None (embedded Ray), auto, HOST:PORT or ray://HOST:PORT; anything else is an error."""
+    if address is None or address == "auto" or re.fullmatch(r"(ray://)?([^\s:/\[\]]+|\[[0-9a-fA-F:.]+\]):\d{1,5}", address):
+        return
+    raise ValueError(f"--address {address!r}: use auto, HOST:PORT or ray://HOST:PORT")
 
 
 def init_ray(address: str | None, num_cpus: int | None = None):
-    """Join `address`, or start an embedded Ray that listens on this machine only."""
+    """Join `address` (auto, HOST:PORT, ray://HOST:PORT), or start an embedded Ray on loopback only.
+
+    Returns (ray, started): `started` says whether this call started Ray (and should shut it down).
+    """
     if address is None:
-        # loopback only: an open Ray port runs anyone's code
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        _loopback_only()  # an open Ray port runs anyone's code
     import ray
 
     if ray.is_initialized():
         return ray, False
     kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
     if address is None:
+        # no RAY_ADDRESS leaking in from the environment: embedded means embedded
+        os.environ.pop("RAY_ADDRESS", None)
         ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
     else:
+        check_address(address)
         ray.init(address=address, **kw)
     return ray, True
 
 
+def _storage(store: Store) -> tuple[str, object]:
+    """Where Tune keeps its own experiment state: beside the study, on the same filesystem."""
+    return f"{store.dir}/.ray", store.fs
+
+
 def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed: bool = False,
-             num_cpus: int | None = None, echo=print) -> int:
-    """Run or resume a grid. Returns the process exit code (1 if any run failed)."""
+             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0) -> int:
+    """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete)."""
     store = Store(results, grid.study)
     store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
     plan = classify(grid, store, retry_failed)
@@ -94,94 +131,105 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     if not plan.todo:
         return 1 if plan.failed else 0
 
+    t0 = time.time()
     ray, started = init_ray(address, num_cpus)
+    echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
+         f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
+         f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
     version = code_version()
     payloads = [trial_payload(r) for r in plan.todo]
     by_id = {r.run_id: r for r in plan.todo}
+    # a root every node reaches: an absolute path (shared disk) or the URI as given
     abs_results = results if "://" in results else os.path.abspath(results)
 
     def resources(config: dict) -> PlacementGroupFactory:
         res = config["run"]["resources"]
         bundle = {"CPU": res["cpu"]}
         if res["gpu"]:
-            bundle["GPU"] = res["gpu"]
+            bundle["GPU"] = res["gpu"]  # fractional: several small trials share one GPU
         return PlacementGroupFactory([bundle])
 
+    storage_path, storage_fs = _storage(store)
+    view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
+                    every_s=progress_every_s)
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version},
-        tune_config=tune.TuneConfig(reuse_actors=False),
+        # a trial process imports torch and the task once; later trials with the same resources reuse it
+        tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
-            name=f"{grid.study}-{int(time.time())}",
-            storage_path=os.path.join(os.path.abspath(results), ".ray") if "://" not in results else None,
+            # a new Tune experiment per invocation: the store, not Tune's state, says what is done
+            name=f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
+            storage_path=storage_path,
+            storage_filesystem=storage_fs,
             failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
             verbose=0,
-            callbacks=[_Progress(len(plan.todo), echo)],
+            callbacks=[_TuneEvents(view)],
         ),
     )
     try:
         result_grid = tuner.fit()
-        failures = 0
         for res in result_grid:
+            if res.error is None:
+                continue
             run_id = res.config["run"]["run_id"]
-            if res.error is not None:
-                failures += 1
-                run = by_id[run_id]
-                err = format_error(res.error)
-                store.append_log(run_id, f"FAILED: {err}")
-                try:
-                    costs = run.costs()
-                except Exception:
-                    costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
-                store.write_rows("runs", [run_row(run, costs, status="failed", code_version=version, error=err,
-                                                  attempts=run.retries + 1)], f"{run_id}.parquet")
+            run = by_id[run_id]
+            err = format_error(res.error)
+            attempts = (store.read_bytes(store.path("logs", f"{run_id}.attempts")) or b"").count(b"\n")
+            store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")
+            try:
+                costs = run.costs()
+            except Exception:
+                costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
+            row = run_row(run, costs, status="failed", code_version=version, error=err, attempts=attempts)
+            row.update({k: v for k, v in _last_node(store, run_id).items() if v})
+            store.write_rows("runs", [row], f"{run_id}.parquet")
         final = classify(grid, store)
         echo(f"study {grid.study}: {len(final.done)} done, {len(final.failed)} failed, "
              f"{len(final.todo)} incomplete; results in {store.dir}")
+        for run in final.failed:
+            echo(f"  failed {run.run_id}: {(store.run_row(run.run_id) or {}).get('error')}  "
+                 f"(log: {store.path('logs', run.run_id + '.log')})")
         return 1 if (final.failed or final.todo) else 0
     finally:
+        view.close()
         if started:
             ray.shutdown()
 
 
-class _Progress:
-    """A live line: done / running / pending / failed, with an ETA from finished trials."""
+def _last_node(store: Store, run_id: str) -> dict:
+    """Node and device of a run's last heartbeat (for failed rows, written by the driver)."""
+    hb = store.read_progress().get(run_id, {})
+    return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device")}
 
-    def __new__(cls, total: int, echo):
+
+class _TuneEvents:
+    """Feeds Tune's trial events to the live view."""
+
+    def __new__(cls, view: LiveView):
         from ray.tune import Callback
 
-        class Progress(Callback):
-            def __init__(self):
-                self.total, self.t0 = total, time.time()
-                self.running, self.done, self.failed = set(), 0, 0
-
-            def _line(self):
-                pending = self.total - self.done - self.failed - len(self.running)
-                el = time.time() - self.t0
-                finished = self.done + self.failed
-                eta = (el / finished * (self.total - finished)) if finished else float("nan")
-                echo(f"[{el:6.0f}s] done {self.done}  running {len(self.running)}  pending {pending}  "
-                     f"failed {self.failed}  eta {eta:.0f}s" if finished else
-                     f"[{el:6.0f}s] done 0  running {len(self.running)}  pending {pending}  failed 0")
-
+        class TuneEvents(Callback):
             def on_trial_start(self, iteration, trials, trial, **info):
-                self.running.add(trial.trial_id)
-                self._line()
+                view.started(trial.config["run"]["run_id"])
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                view.result(trial.config["run"]["run_id"], result.get("step") if result.get("phase") == "train"
+                            else None)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
-                self.running.discard(trial.trial_id)
-                self.done += 1
-                self._line()
+                view.finished(trial.config["run"]["run_id"], ok=True)
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                self.running.discard(trial.trial_id)
-                self.failed += 1
-                self._line()
+                view.finished(trial.config["run"]["run_id"], ok=False)
 
-        return Progress()
+            def on_step_end(self, iteration, trials, **info):
+                view.show(force=False)
+
+        return TuneEvents()
 
 
 def _dump_yaml(raw: dict) -> str:

@@ -8,25 +8,33 @@ Layout of `<root>/<study>/`:
     checkpoints/<run_id>.pt               resumable mid-training state
     weights/<run_id>.pt                   final weights (evaluate again without retraining)
     configs/<run_id>.json                 resolved config + provenance
-    logs/<run_id>.log                     training log
+    logs/<run_id>.log                     training log (kept after failures)
+    logs/<run_id>.attempts                one line per start of the run's trial
+    progress/<run_id>.json                heartbeat of a training run (step, pid, node, time)
     data/                                 task datasets, generated once per study
     grid.yaml                             the grid as last run
 
 Every file is written to a hidden temp name and renamed into place, so a reader (another
-`study status`, a report) never sees half a file; pyarrow.dataset skips names starting
-with '.' or '_'. Roots may be local paths or any pyarrow-supported URI.
+`study status`, a report) never sees half a file. Tables are read file by file (each file
+read whole, then parsed), so a file replaced while a reader lists the directory is read
+either as the old or as the new version, never as a mix. Roots may be local paths or any
+pyarrow-supported URI: every read and write goes through `pyarrow.fs`, task data included
+(cached in a local directory per node and mirrored to the store).
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import json
 import os
 import re
+import tempfile
 import uuid
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -39,6 +47,8 @@ RUNS = pa.schema([
     ("final_loss", pa.float64()), ("status", pa.string()), ("error", pa.string()), ("attempts", pa.int32()),
     ("node", pa.string()), ("device", pa.string()), ("code_version", pa.string()), ("config", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    # where it ran: Ray's node id and IP (hostnames repeat across containers; node ids do not)
+    ("node_id", pa.string()), ("node_ip", pa.string()),
 ])
 EVALS = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),
@@ -49,6 +59,7 @@ EVALS = pa.schema([
 HISTORY = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("loss", pa.float64()), ("loop_losses", pa.list_(pa.float64())),
     ("L_t", pa.int32()), ("lr", pa.float64()), ("seconds", pa.float64()),
+    ("attempt", pa.int32()),  # which start of the trial computed this step (> 1: resumed after a crash)
 ])
 SAMPLES = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),
@@ -112,13 +123,15 @@ class Store:
     def append_log(self, run_id: str, line: str) -> None:
         """Logs are appended in place on local disks (they are not tables)."""
         path = self.path("logs", f"{run_id}.log")
-        if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(line.rstrip("\n") + "\n")
-        else:
+        data = line.rstrip("\n").encode() + b"\n"
+        try:
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_append_stream(path) as f:
+                f.write(data)
+        except (NotImplementedError, pa.ArrowNotImplementedError):
+            # object stores cannot append: rewrite the whole (small) log atomically
             old = self.read_bytes(path) or b""
-            self.write_bytes(path, old + line.rstrip("\n").encode() + b"\n")
+            self.write_bytes(path, old + data)
 
     # ---- tables ----------------------------------------------------------------------------
     def write_rows(self, table: str, rows: list[dict], *parts: str) -> None:
@@ -129,20 +142,39 @@ class Store:
         self.write_bytes(self.path(table, *parts), buf.getvalue())
 
     def read(self, table: str, filter_run: str | None = None) -> pd.DataFrame:
+        """A whole table (or one run's rows), consistent while writers replace files.
+
+        pyarrow.dataset remembers each file's size when it lists the directory; a file
+        replaced between listing and reading (a checkpoint rewriting history) would then be
+        read with a stale size. Here each file is read whole from one open, then parsed.
+        """
         schema = SCHEMAS[table]
         d = f"{self.dir}/{table}"
-        if self.fs.get_file_info(d).type != pafs.FileType.Directory:
-            return schema.empty_table().to_pandas()
-        dataset = ds.dataset(d, schema=schema, format="parquet", filesystem=self.fs)
-        flt = ds.field("run_id") == filter_run if filter_run else None
-        return dataset.to_table(filter=flt).to_pandas()
+        if filter_run is not None:
+            d = f"{d}/{safe_name(filter_run)}"
+            if self.fs.get_file_info(d).type != pafs.FileType.Directory:  # runs/ and history/ are flat
+                d = f"{self.dir}/{table}"
+        infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+        tables = []
+        for info in sorted(infos, key=lambda i: i.path):
+            name = info.base_name
+            if info.type != pafs.FileType.File or not name.endswith(".parquet") or name[0] in "._":
+                continue
+            data = self.read_bytes(info.path)
+            if data is None:  # deleted since the listing
+                continue
+            tables.append(_conform(pq.read_table(pa.BufferReader(data)), schema))
+        t = pa.concat_tables(tables) if tables else schema.empty_table()
+        if filter_run is not None:
+            t = t.filter(pc.equal(t["run_id"], filter_run))
+        return t.to_pandas()
 
     # ---- run-level helpers -----------------------------------------------------------------
     def run_row(self, run_id: str) -> dict | None:
         data = self.read_bytes(self.path("runs", f"{run_id}.parquet"))
         if data is None:
             return None
-        rows = pq.read_table(pa.BufferReader(data), schema=RUNS).to_pylist()
+        rows = _conform(pq.read_table(pa.BufferReader(data)), RUNS).to_pylist()
         return rows[0] if rows else None
 
     def eval_keys(self, run_id: str) -> set[str]:
@@ -160,13 +192,72 @@ class Store:
     def write_config(self, run_id: str, config: dict) -> None:
         self.write_text(self.path("configs", f"{run_id}.json"), json.dumps(config, indent=2, sort_keys=True, default=str))
 
-    def data_dir(self) -> str | None:
-        """Local cache directory for task data (None on remote stores: generated per trial)."""
-        if not self.local:
-            return None
-        d = self.path("data")
+    def data_dir(self) -> str:
+        """A local directory holding the study's task data (see `task_data`)."""
+        if self.local:
+            d = self.path("data")
+        else:
+            key = hashlib.sha256(self.dir.encode()).hexdigest()[:16]
+            d = os.path.join(tempfile.gettempdir(), "rmdm-study-data", key)
         os.makedirs(d, exist_ok=True)
         return d
+
+    @contextlib.contextmanager
+    def task_data(self):
+        """Yield a local directory for `Task.prepare`; on a remote store it mirrors `data/`.
+
+        Files of the store's `data/` missing locally are fetched first; files the task wrote
+        are uploaded afterwards, so every node generates a dataset at most once per study.
+        """
+        d = self.data_dir()
+        if self.local:
+            yield d
+            return
+        remote = f"{self.dir}/data"
+        for info in self.fs.get_file_info(pafs.FileSelector(remote, allow_not_found=True)):
+            local = os.path.join(d, info.base_name)
+            if info.type == pafs.FileType.File and info.base_name[0] != "." and not os.path.exists(local):
+                data = self.read_bytes(info.path)
+                if data is not None:
+                    tmp = f"{local}.{uuid.uuid4().hex[:8]}.part"
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, local)
+        before = set(os.listdir(d))
+        yield d
+        for name in sorted(set(os.listdir(d)) - before):
+            p = os.path.join(d, name)
+            if os.path.isfile(p) and SAFE.match(name) and ".part" not in name and ".tmp" not in name:
+                with open(p, "rb") as f:
+                    self.write_bytes(self.path("data", name), f.read())
+
+    def write_progress(self, run_id: str, info: dict) -> None:
+        self.write_text(self.path("progress", f"{run_id}.json"), json.dumps(info, sort_keys=True, default=str))
+
+    def read_progress(self) -> dict[str, dict]:
+        """run_id -> the latest heartbeat of every run that has trained in this study."""
+        out = {}
+        sel = pafs.FileSelector(f"{self.dir}/progress", allow_not_found=True)
+        for info in self.fs.get_file_info(sel):
+            if not info.base_name.endswith(".json") or info.base_name[0] == ".":
+                continue
+            data = self.read_bytes(info.path)
+            try:
+                out[info.base_name[: -len(".json")]] = json.loads(data) if data else {}
+            except ValueError:
+                continue
+        return out
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast a file's table to the current schema; columns added since it was written are null."""
+    cols = []
+    for f in schema:
+        if f.name in t.column_names:
+            cols.append(t[f.name].cast(f.type))
+        else:
+            cols.append(pa.nulls(len(t), f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def list_studies(root: str) -> list[tuple[str, float]]:

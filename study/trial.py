@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 
@@ -56,7 +57,8 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(run.resources.cpu)))
     task = make_task(run.task)
-    task.prepare(store.data_dir())
+    with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
+        task.prepare(data_dir)
     spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
     store.write_config(run_id, {**run.resolved(), "code_version": code_version})
     log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
@@ -64,44 +66,50 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
 
     trainer = Trainer(run.model, run.train, spec, lambda step, g: task.train_batch(run.train.batch_size, g), device)
     weights = store.read_bytes(store.weights_path(run_id))
-    if weights is not None:
-        trainer.load_state_dict(torch.load(io.BytesIO(weights), map_location=device, weights_only=False))
-        log(f"final weights found (step {trainer.state.step}): evaluating only")
-    else:
-        ckpt = store.read_bytes(store.checkpoint_path(run_id))
-        if ckpt is not None:
-            trainer.load_state_dict(torch.load(io.BytesIO(ckpt), map_location=device, weights_only=False))
-            log(f"resuming from checkpoint at step {trainer.state.step}")
+    with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
+        if weights is not None:
+            trainer.load_state_dict(torch.load(io.BytesIO(weights), map_location=device, weights_only=False))
+            log(f"final weights found (step {trainer.state.step}): evaluating only")
         else:
-            log(f"training from step 0 on {device} ({costs['n_params']} parameters)")
+            ckpt = store.read_bytes(store.checkpoint_path(run_id))
+            if ckpt is not None:
+                trainer.load_state_dict(torch.load(io.BytesIO(ckpt), map_location=device, weights_only=False))
+                beat.update(checkpoint=trainer.state.step)
+                log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})")
+            else:
+                log(f"training from step 0 on {device} ({costs['n_params']} parameters, attempt {attempt})")
+            beat.update(phase="train")
 
-        def on_log(row: dict) -> None:
-            log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
+            def on_log(row: dict) -> None:
+                row["attempt"] = attempt  # the same dict is kept in the history: says who computed the step
+                log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
+                if report:
+                    report({"step": row["step"], "loss": row["loss"], "phase": "train"})
+
+            def on_checkpoint(tr: Trainer) -> None:
+                store.write_bytes(store.checkpoint_path(run_id), _to_bytes(tr.state_dict()))
+                store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
+                beat.update(checkpoint=tr.state.step)
+
+            trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
+            store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
+            store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
+            store.delete(store.checkpoint_path(run_id))
+            log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
+
+        beat.update(phase="eval")
+        done = store.eval_keys(run_id)
+        ev_full = task.eval_set(run.eval.split)
+        for pt in run.eval_points():
+            if pt.key in done:
+                continue
+            evaluate_point(run, pt, trainer.model, task, ev_full, store, run.train.precision)
+            log(f"evaluated {pt.key}")
             if report:
-                report({"step": row["step"], "loss": row["loss"], "phase": "train"})
-
-        def on_checkpoint(tr: Trainer) -> None:
-            store.write_bytes(store.checkpoint_path(run_id), _to_bytes(tr.state_dict()))
-            store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
-
-        trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
-        store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
-        store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
-        store.delete(store.checkpoint_path(run_id))
-        log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
-
-    done = store.eval_keys(run_id)
-    ev_full = task.eval_set(run.eval.split)
-    for pt in run.eval_points():
-        if pt.key in done:
-            continue
-        evaluate_point(run, pt, trainer.model, task, ev_full, store, run.train.precision)
-        log(f"evaluated {pt.key}")
-        if report:
-            report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})
+                report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})
 
     hist = trainer.state.history
-    row = run_row(run, costs, status="done", code_version=code_version, device=str(device), attempts=attempt,
+    row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
                   train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
@@ -166,14 +174,76 @@ def run_row(run: Run, costs: dict, status: str, code_version: str, device: str |
         "schedule": run.train.schedule, "loss": run.train.loss, "d_model": run.model.d_model,
         "heads": run.model.n_heads, "lr": run.train.lr, "batch": run.train.batch_size, "steps": run.train.steps,
         "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
-        "status": status, "error": error, "attempts": attempts, "node": socket.gethostname(), "device": device,
+        "status": status, "error": error, "attempts": attempts, "device": device, **node_info(),
         "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
     }
 
 
+def node_info() -> dict:
+    """Where this process runs: hostname, and Ray's node id and IP inside a Ray worker."""
+    info = {"node": socket.gethostname(), "node_id": None, "node_ip": None}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        info["node_id"] = ray.get_runtime_context().get_node_id()
+        info["node_ip"] = ray.util.get_node_ip_address()
+    return info
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    return str(device)
+
+
+class _Heartbeat:
+    """progress/<run_id>.json, rewritten every few seconds by a thread while the run works.
+
+    `study status` reads it: a fresh heartbeat means running; a stale one, interrupted.
+    """
+
+    def __init__(self, store: Store, run_id: str, trainer: Trainer, attempt: int, device: str,
+                 every_s: float = 5.0):
+        import threading
+
+        self.store, self.run_id, self.trainer, self.every_s = store, run_id, trainer, every_s
+        self.info = {"steps": trainer.cfg.steps, "attempt": attempt, "pid": os.getpid(), "device": device,
+                     "phase": "start", "checkpoint": None, "started": time.time(), **node_info()}
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="rmdm-heartbeat", daemon=True)
+
+    def update(self, **info) -> None:
+        with self.lock:
+            self.info.update(info)
+        self.write()
+
+    def write(self) -> None:
+        st = self.trainer.state
+        with self.lock:
+            info = {**self.info, "step": st.step, "train_seconds": st.seconds, "time": time.time()}
+        try:
+            self.store.write_progress(self.run_id, info)
+        except OSError:
+            pass  # a missed heartbeat only makes `study status` less precise
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.write()
+
+    def __enter__(self) -> "_Heartbeat":
+        self.write()
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.update(phase="done" if exc is None else "error")
+
+
 def _history_rows(run_id: str, history: list[dict]) -> list[dict]:
     return [{"run_id": run_id, "step": h["step"], "loss": h["loss"], "loop_losses": h["loop_losses"],
-             "L_t": h["L_t"], "lr": h["lr"], "seconds": h.get("seconds")} for h in history]
+             "L_t": h["L_t"], "lr": h["lr"], "seconds": h.get("seconds"), "attempt": h.get("attempt")}
+            for h in history]
 
 
 def _to_bytes(obj) -> bytes:

@@ -1,0 +1,206 @@
+"""Where a sweep stands: done / running / pending / failed, with an ETA.
+
+Two sources, one summary. `study status GRID` reads the store only (runs rows, eval files,
+per-run heartbeats in progress/, checkpoints), so it works at any time, from any machine
+that sees the store, also while another process runs the sweep. `study run` draws the same
+line live from Ray Tune's trial events.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+from study.grid import Grid
+from study.store import Store
+
+STALE_S = 60.0  # a heartbeat older than this: the run is not running any more (heartbeats come every 5 s)
+STATES = ("done", "running", "interrupted", "pending", "failed")
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    state: str  # one of STATES
+    step: int  # training steps done (latest heartbeat or checkpoint)
+    steps: int
+    evals_done: int
+    evals_total: int
+    checkpoint: int | None = None  # step a restart resumes from
+    node: str | None = None
+    error: str | None = None
+    rate: float | None = None  # training steps per second of this run
+
+
+def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float = STALE_S) -> list[RunStatus]:
+    """The status of every run of `grid`, from the store alone (reads whole files: consistent)."""
+    now = time.time() if now is None else now
+    beats = store.read_progress()
+    out = []
+    for run in grid.runs:
+        rid = run.run_id
+        row = store.run_row(rid)
+        keys = {p.key for p in run.eval_points()}
+        n_eval = len(keys & store.eval_keys(rid))
+        hb = beats.get(rid, {})
+        steps = run.train.steps
+        step = int(hb.get("step") or 0)
+        ckpt = hb.get("checkpoint")
+        fresh = (bool(hb) and now - float(hb.get("time", 0)) < stale_s and hb.get("phase") not in ("error",)
+                 and _maybe_alive(hb))
+        rate = step / hb["train_seconds"] if hb.get("train_seconds") and step else None
+        status = row["status"] if row else None
+        if status == "done" and n_eval == len(keys):
+            state, step = "done", steps
+        elif status == "failed" and not fresh:
+            state = "failed"
+        elif fresh:
+            state = "running"
+        elif hb or store.exists(store.checkpoint_path(rid)) or store.exists(store.weights_path(rid)):
+            state = "interrupted"  # started, then stopped: a rerun resumes it
+            if store.exists(store.weights_path(rid)):
+                step = steps
+        else:
+            state = "pending"
+        out.append(RunStatus(rid, state, step, steps, n_eval, len(keys), ckpt, hb.get("node_ip") or hb.get("node"),
+                             row.get("error") if row else None, rate))
+    return out
+
+
+def _maybe_alive(hb: dict) -> bool:
+    """False only when the heartbeat's process ran on this host and is gone (a killed trial)."""
+    if hb.get("node") != socket.gethostname() or not hb.get("pid"):
+        return True
+    pid = int(hb["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed process nobody reaped yet is a zombie: not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def eta_seconds(statuses: list[RunStatus]) -> float | None:
+    """Seconds of training left at the current pace (running runs' summed step rates); None if unknown."""
+    rates = [s.rate for s in statuses if s.state == "running" and s.rate]
+    if not rates:
+        return None
+    left = sum(s.steps - s.step for s in statuses if s.state in ("running", "pending", "interrupted"))
+    return left / sum(rates)
+
+
+def counts(statuses: list[RunStatus]) -> dict[str, int]:
+    c = {k: 0 for k in STATES}
+    for s in statuses:
+        c[s.state] += 1
+    return c
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def summary_line(c: dict[str, int], total: int, eta: float | None, elapsed: float | None = None) -> str:
+    head = f"[{fmt_duration(elapsed)}] " if elapsed is not None else ""
+    interrupted = f"  interrupted {c['interrupted']}" if c.get("interrupted") else ""
+    return (f"{head}done {c['done']}/{total}  running {c['running']}  pending {c['pending']}{interrupted}  "
+            f"failed {c['failed']}  eta {fmt_duration(eta)}")
+
+
+def render(grid: Grid, store: Store, statuses: list[RunStatus]) -> str:
+    """The `study status` text: one summary line, then one line per run not done."""
+    lines = [f"study {grid.study} ({store.dir}): " + summary_line(counts(statuses), len(statuses),
+                                                                    eta_seconds(statuses))]
+    for s in statuses:
+        if s.state == "done":
+            continue
+        pct = 100.0 * s.step / s.steps if s.steps else 0.0
+        extra = f"  checkpoint@{s.checkpoint}" if s.checkpoint else ""
+        extra += f"  on {s.node}" if s.node and s.state == "running" else ""
+        extra += f"  error: {s.error.splitlines()[0][:120]}" if s.error and s.state == "failed" else ""
+        lines.append(f"  {s.run_id}  {s.state:<11} step {s.step:>6}/{s.steps:<6} ({pct:5.1f}%)  "
+                     f"evals {s.evals_done}/{s.evals_total}{extra}")
+    return "\n".join(lines)
+
+
+class LiveView:
+    """The live line of `study run`, fed by Tune trial events.
+
+    On a terminal it is a tqdm bar over finished runs; otherwise (logs, tests) one line per
+    change of state, and at most one progress line every `every_s` seconds in between.
+    """
+
+    def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None):
+        self.total, self.steps, self.echo, self.every_s = total, steps, echo, every_s
+        self.t0 = self.last = time.time()
+        self.step: dict[str, int] = {}
+        self.step0: dict[str, int] = {}  # first reported step of each run here (resumed runs start > 0)
+        self.running: set[str] = set()
+        self.done = self.failed = 0
+        self.bar = None
+        if tty if tty is not None else sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
+
+    def eta(self) -> float | None:
+        # pace of this session: steps trained here per second, over every run still owing steps
+        trained = sum(self.step[r] - self.step0.get(r, 0) for r in self.step)
+        elapsed = time.time() - self.t0
+        if trained <= 0 or elapsed <= 0:
+            return None
+        left = sum(max(0, n - self.step.get(r, 0)) for r, n in self.steps.items())
+        return left / (trained / elapsed)
+
+    def line(self) -> str:
+        c = {"done": self.done, "running": len(self.running), "failed": self.failed,
+             "pending": self.total - self.done - self.failed - len(self.running), "interrupted": 0}
+        return summary_line(c, self.total, self.eta(), time.time() - self.t0)
+
+    def show(self, force: bool = True) -> None:
+        if self.bar is not None:
+            self.bar.n = self.done + self.failed
+            self.bar.set_postfix_str(self.line().split("] ", 1)[1], refresh=True)
+            return
+        if force or time.time() - self.last >= self.every_s:
+            self.last = time.time()
+            self.echo(self.line())
+
+    # ---- events ----------------------------------------------------------------------------
+    def started(self, run_id: str) -> None:
+        self.running.add(run_id)
+        self.show()
+
+    def result(self, run_id: str, step: int | None) -> None:
+        if step is not None:
+            self.step0.setdefault(run_id, step)
+            self.step[run_id] = step + 1
+        self.show(force=False)
+
+    def finished(self, run_id: str, ok: bool) -> None:
+        self.running.discard(run_id)
+        if ok:
+            self.done += 1
+            if run_id in self.step0:
+                self.step[run_id] = self.steps.get(run_id, 0)
+            else:  # evaluated only, or finished before reporting: no pace to learn from it
+                self.steps.pop(run_id, None)
+        else:
+            self.failed += 1
+            self.steps.pop(run_id, None)
+        self.show()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,157 @@
+"""Resume with real processes: SIGKILL the `study run` driver mid-training, run it again.
+
+Run: pytest tests/test_resume.py  (real local Ray started by a real `study run` process, twice)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from study.grid import load_grid
+from study.status import counts, snapshot
+from study.store import Store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = """
+study: resume
+task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
+model: {d_model: 16, n_heads: 2}
+train: {steps: STEPS, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
+eval: {T: [1, 2], L_s: [train], n_examples: 16}
+retries: 1
+axes:
+  L: [1, 2]
+"""
+
+
+def study_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "study.cli", *args]
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every process below `pid` (read from /proc), to end exactly what a test started."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_all(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 30
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def listening(pids: list[int]) -> list[str]:
+    """`ss -ltnp` lines of sockets listened on by `pids`."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
+def local_address(ss_line: str) -> str:
+    return ss_line.split()[3].rsplit(":", 1)[0]
+
+
+def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
+    gpath = tmp_path / "resume.yaml"
+    gpath.write_text(GRID.replace("STEPS", "120"))
+    results = str(tmp_path / "results")
+    grid = load_grid(str(gpath))
+    store = Store(results, "resume")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    drv = subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2",
+                                     "--progress-every", "2"), cwd=ROOT, env=env, start_new_session=True,
+                           stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
+    tree: list[int] = []
+    try:
+        # wait for a checkpoint past step 0, reading the store as `study status` does meanwhile
+        deadline, seen, bound = time.time() + 300, set(), []
+        while time.time() < deadline:
+            assert drv.poll() is None, (tmp_path / "run1.out").read_text()
+            st = snapshot(grid, store)
+            c = counts(st)
+            assert sum(c.values()) == 2 and c["done"] == 0 and c["failed"] == 0
+            seen |= {s.state for s in st}
+            hist = store.read("history")  # rewritten at every checkpoint: read whole, never half
+            assert hist.groupby("run_id").step.apply(lambda s: s.is_unique).all()
+            if not bound and any(s.state == "running" for s in st):
+                bound = listening([drv.pid, *descendants(drv.pid)])
+            beats = store.read_progress()
+            if any((b.get("checkpoint") or 0) >= 10 and b.get("phase") == "train" for b in beats.values()):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("no checkpoint within 300 s: " + (tmp_path / "run1.out").read_text())
+        assert "running" in seen
+        # the embedded Ray listens on loopback only
+        assert bound and all(local_address(line) in ("127.0.0.1", "[::ffff:127.0.0.1]") for line in bound), bound
+
+        tree = descendants(drv.pid)
+        os.kill(drv.pid, signal.SIGKILL)
+        drv.wait()
+    finally:
+        if drv.poll() is None:
+            tree = descendants(drv.pid)
+            os.kill(drv.pid, signal.SIGKILL)
+            drv.wait()
+        kill_all(tree)  # Ray's agents outlive the driver for a while: end what this test started
+
+    killed = [rid for rid, b in store.read_progress().items() if b.get("phase") == "train" and b.get("checkpoint")]
+    assert killed and store.read("runs").empty
+    after_kill = snapshot(grid, store)
+    assert {s.state for s in after_kill} <= {"interrupted", "pending"}, after_kill
+    # `study status`, another process, says the same from the store
+    r = subprocess.run(study_cmd("status", str(gpath), "--results", results), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "done 0/2  running 0" in r.stdout and "interrupted" in r.stdout, r.stdout
+
+    r = subprocess.run(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2"), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    runs = store.read("runs")
+    assert sorted(runs.run_id) == sorted(x.run_id for x in grid.runs) and (runs.status == "done").all()
+    assert runs.node_id.notna().all() and (runs.node_ip == "127.0.0.1").all() and (runs.device == "cpu").all()
+    evals = store.read("evals")
+    assert len(evals) == 2 * 2 * 3 and not evals.duplicated(["run_id", "eval_key", "metric"]).any()
+    hist = store.read("history")
+    expected = sorted({*range(0, 120, 5), 119})
+    for rid, h in hist.groupby("run_id"):
+        assert sorted(h.step) == expected, (rid, sorted(h.step))  # each step trained and logged exactly once
+    for rid in killed:
+        h = hist[hist.run_id == rid].sort_values("step")
+        log = store.read_bytes(store.path("logs", f"{rid}.log")).decode()
+        ckpt = int(log.split("resuming from checkpoint at step ")[1].split()[0])
+        assert ckpt > 0 and f"resuming from checkpoint at step {ckpt} (attempt 2)" in log
+        assert log.count("training from step 0") == 1
+        # steps before the checkpoint come from the killed process, the rest from the rerun
+        assert (h[h.step < ckpt].attempt == 1).all() and (h[h.step >= ckpt].attempt == 2).all(), h
+    assert all(s.state == "done" for s in snapshot(grid, store))
