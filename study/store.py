@@ -150,11 +150,12 @@ class Store:
         """
         schema = SCHEMAS[table]
         d = f"{self.dir}/{table}"
-        if filter_run is not None:
+        if filter_run is None:
+            infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+        else:  # evals/<run_id>/*.parquet, or runs/<run_id>.parquet in the flat tables
             d = f"{d}/{safe_name(filter_run)}"
-            if self.fs.get_file_info(d).type != pafs.FileType.Directory:  # runs/ and history/ are flat
-                d = f"{self.dir}/{table}"
-        infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+            infos = infos or [self.fs.get_file_info(f"{d}.parquet")]
         tables = []
         for info in sorted(infos, key=lambda i: i.path):
             name = info.base_name
