@@ -81,8 +81,8 @@ ALIASES = {
     "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
 }
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
-            *SECTIONS}
-GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", *SECTIONS}
+            "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
+GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 TASK_EVAL_ONLY = {"n_test"}  # task fields that change the evaluation set only, never the trained model
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
@@ -166,6 +166,9 @@ class Grid:
     study: str
     runs: list[Run]
     raw: dict = field(default_factory=dict)
+    search: Any = None  # study.search.Search when the grid has a `search:` section
+    search_groups: list = field(default_factory=list)  # study.search.SearchGroup, one Optuna study each
+    tuned: dict = field(default_factory=dict)  # run_id -> {key: {value, file, group}} from `defaults_from`
 
 
 # ---- loading -----------------------------------------------------------------------------
@@ -209,18 +212,78 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         for k in ("axes", "couple", "constraints", "include", "exclude"):
             if k in raw:
                 err(k, "cannot be used at the top level together with `groups`: put it in each group")
+    search = None
+    if "search" in raw:
+        from study import search as sch
+
+        search = sch.parse_search(raw["search"], err, _canon_key, _validate, Resources)
     runs: dict[str, Run] = {}
+    search_groups: dict[str, Any] = {}
+    tuned: dict[str, dict] = {}
     for name, spec, where in specs:
         sections = copy.deepcopy(base)
         if name is not None:
             for s in SECTIONS:
                 _deep_update(sections[s], _mapping(spec.get(s, {}), where + s, err))
+        df_where = where + "defaults_from" if "defaults_from" in spec else "defaults_from"
+        best = None
+        if raw.get("defaults_from") is not None or spec.get("defaults_from") is not None:
+            from study import search as sch
+
+            best = sch.load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err, _canon_key)
         for point in _points(spec, where, err):
             run = _resolve(sections, point, study, retries, name, err)
+            source = {}
+            if best is not None:  # best values of a search override the sections, never an axis
+                gname, values = best[0].pick(best[1], run, df_where, err)
+                for k in values:
+                    if k in point:
+                        err(df_where, f"{k} comes from {best[0].file} (group {gname}) and is also an axis here")
+                run = _resolve(sections, {**values, **point}, study, retries, name, err)
+                source = {k: {"value": v, "file": best[0].file, "group": gname} for k, v in values.items()}
+            if search is not None:
+                for k in set(source) & set(search.params):
+                    err(f"search.params.{k}", f"{k} is also taken from {best[0].file} by defaults_from")
+                _check_search_point(search, sections, point, study, retries, name, run, err)
+                gname = sch.group_name(name, point, study)
+                if gname in search_groups and search_groups[gname].run.run_id != run.run_id:
+                    err(where + "axes", f"two search groups would be named {gname!r}: give the grid groups names")
+                search_groups.setdefault(gname, sch.SearchGroup(gname, point, run))
             runs.setdefault(run.run_id, run)  # identical training configs are one run
+            if source:
+                tuned[run.run_id] = source
     if not runs:
         err("axes", "the grid expands to no runs (check constraints / exclude)")
-    return Grid(path=path, study=study, runs=list(runs.values()), raw=raw)
+    return Grid(path=path, study=study, runs=list(runs.values()), raw=raw, search=search,
+                search_groups=list(search_groups.values()), tuned=tuned)
+
+
+def _check_search_point(search, sections: dict, point: dict, study: str, retries: int, group: str | None,
+                        run: Run, err: _Err) -> None:
+    """A searched key is never also an axis; every edge of every distribution gives a valid run."""
+    for k in search.params:
+        if k in point:
+            err(f"search.params.{k}", f"{k} is also a grid-search axis of this grid: search it or sweep it, "
+                                      f"not both")
+    m = search.metric
+    if m.name not in ("final_loss", "val_loss"):
+        names = TASKS[run.task.name][1].metric_names
+        if m.name not in names:
+            err("search.metric.name", f"unknown metric {m.name!r} for task {run.task.name}; allowed: "
+                                      f"{', '.join(names)}, final_loss, val_loss")
+        ls = run.model.L if m.L_s == "train" else m.L_s
+        if not any((p.T, p.L_s, p.sampler) == (m.T, ls, m.sampler) for p in run.eval_points()):
+            err("search.metric", f"the eval point T={m.T}, L_s={m.L_s}, sampler={m.sampler} is not in the grid's "
+                                 f"`eval` section (T={run.eval.T}, L_s={run.eval.L_s}): add it there")
+    if search.pruning is not None and search.pruning.grace_period >= run.train.steps:
+        err("search.pruning.grace_period", f"must be below train.steps ({run.train.steps}): "
+                                           f"otherwise no trial can be stopped")
+    for k, d in search.params.items():
+        for v in d.probes():
+            try:
+                _resolve(sections, {**point, k: v}, study, retries, group, err)
+            except GridError as e:
+                err(f"search.params.{k}", f"the value {v!r} gives an invalid run: {e}")
 
 
 class _Err:

@@ -1,0 +1,474 @@
+"""`study tune GRID`: an Optuna search through Ray Tune, resumable, feeding the sweeps.
+
+The grid's `search:` section (see study/search.py) names distributions over model/train
+fields; every expanded point of the grid is a search group with its own Optuna study. Each
+trial is a run like a sweep run: the sampled values become part of its training config (so
+of its run id), `study.trial.execute` trains and evaluates it, and its rows land in the
+Parquet store of the study.
+
+Storage (read by optuna-dashboard and by `study report --figure tuning`):
+    <results>/<study>/optuna.db     SQLite (`sqlite:///<results>/<study>/optuna.db`); one Optuna
+                                    study per search group, named after the group (e.g.
+                                    'K1_L3'; the grid's study name when it has a single group
+                                    without axes). Parameters are named by their canonical keys
+                                    ('train.lr'); the trial's value is the search metric.
+                                    Study user attrs: rmdm_study, group_point, metric, mode,
+                                    n_trials. Trial user attrs: run_id (the row in runs/),
+                                    and 'interrupted' / 'resumes_trial' where a trial was cut
+                                    off and run again.
+    <results>/<study>/best.yaml     best values per group (kind: rmdm-study/best-values), the
+                                    file sweep grids include with `defaults_from`.
+
+Resuming: an interrupted `study tune` keeps every finished trial (complete, pruned or failed)
+and runs only the rest of `n_trials`. A trial left RUNNING by the interruption is marked
+failed+interrupted and its parameters are enqueued again, so it resumes from its run's
+checkpoint. The TPE sampler is re-seeded with `seed + trials so far`: with the same seed it
+would propose again the very values of the first session (measured in Optuna 5: three
+trials, resumed, gave the same three learning rates), so finished trials would be repeated.
+Pruning (ASHA) state does not survive a restart: rungs are rebuilt from the new trials.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import io
+import math
+import os
+import time
+from typing import Callable
+
+import yaml
+
+from study.grid import Grid, Run
+from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
+from study.store import Store
+from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
+
+DB_NAME = "optuna.db"
+BEST_NAME = "best.yaml"
+
+
+class TuneError(RuntimeError):
+    """A search that cannot run (remote store, study already running, mismatched storage)."""
+
+
+def storage_url(store: Store) -> str:
+    return f"sqlite:///{store.path(DB_NAME)}"
+
+
+def with_values(run: Run, values: dict) -> Run:
+    """The run of one trial: the group's base run with the sampled values set."""
+    model, train = run.model.model_dump(), run.train.model_dump()
+    for k, v in values.items():
+        sec, fld = k.split(".", 1)
+        (model if sec == "model" else train)[fld] = v
+    return dataclasses.replace(run, model=type(run.model).model_validate(model),
+                               train=type(run.train).model_validate(train))
+
+
+# ---- scoring -------------------------------------------------------------------------------
+def _metric_point(run: Run, metric: SearchMetric):
+    ls = run.model.L if metric.L_s == "train" else metric.L_s
+    for p in run.eval_points():
+        if (p.T, p.L_s, p.sampler) == (metric.T, ls, metric.sampler):
+            return p
+    raise KeyError(f"eval point of {metric.label} not in the run's eval grid")
+
+
+def objective_from_store(run: Run, metric: SearchMetric, store: Store, row: dict) -> float | None:
+    """The search metric of a finished run, from what `execute` wrote (val_loss: computed here)."""
+    if metric.name == "final_loss":
+        return row.get("final_loss")
+    if metric.name == "val_loss":
+        import torch
+
+        sd = torch.load(io.BytesIO(store.read_bytes(store.weights_path(run.run_id))), map_location="cpu",
+                        weights_only=False)
+        return score_state(run, metric, sd["model"], store.data_dir())
+    ev = store.read("evals", filter_run=run.run_id)
+    key = _metric_point(run, metric).key
+    hit = ev[(ev.eval_key == key) & (ev.metric == metric.name)]
+    return float(hit.value.iloc[0]) if len(hit) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _task(cfg, data_dir: str | None):
+    from tasks import make_task
+
+    task = make_task(cfg)
+    task.prepare(data_dir)
+    return task
+
+
+def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str | None = None) -> float:
+    """Score weights without writing anything: the search metric on the eval split.
+
+    val_loss is the masked-diffusion ELBO of the final loop (what a sampler at L_s = L_t
+    uses), on the eval split with noise fixed by the eval seed. Task metrics sample as
+    `evaluate_point` does. Used for intermediate evaluations (pruning on the objective) and
+    for val_loss at the end. The global torch RNG is left as it was: the training around an
+    intermediate evaluation must not change because of it.
+    """
+    import torch
+
+    from model import RecursiveDenoiser, SeqSpec, sample
+    from model.train import diffusion_loss
+
+    with torch.random.fork_rng(devices=[]):
+        task = _task(run.task, data_dir)
+        spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
+        model = RecursiveDenoiser(run.model, spec)
+        model.load_state_dict(model_state)
+        model.eval()
+        ev_full = task.eval_set(run.eval.split)
+        with torch.no_grad():
+            if metric.name in LOSS_METRICS:
+                ev = ev_full.head(run.eval.n_examples)
+                gen = torch.Generator().manual_seed(run.eval.seed)
+                weights = [0.0] * (run.model.L - 1) + [1.0]
+                total, n = 0.0, 0
+                for i in range(0, len(ev), 256):
+                    x, c = ev.x0[i:i + 256], ev.cond[i:i + 256]
+                    loss, _ = diffusion_loss(model, x, c, gen, run.model.L, weights)
+                    total, n = total + float(loss) * len(x), n + len(x)
+                return total / n
+            pt = _metric_point(run, metric)
+            ev = ev_full.head(pt.n_examples)
+            outs = [sample(model, ev.x0[i:i + 256], ev.cond[i:i + 256], T=pt.T, L_s=pt.L_s, unmask=pt.sampler,
+                           temperature=pt.temperature, remask=pt.remask, seed=pt.seed + i) for i in range(0, len(ev), 256)]
+            scores = task.score(torch.cat(outs), ev)
+            return sum(s[metric.name] for s in scores) / len(scores)
+
+
+# ---- the trial -----------------------------------------------------------------------------
+def _trainable(config: dict) -> None:
+    """One search trial = one run: train/evaluate through `execute`, report to Tune."""
+    import torch
+    from ray import tune
+
+    values = {k: config[k] for k in config["param_keys"]}
+    run = with_values(run_from_resolved(config["base"]), values)
+    store = Store(config["results"], run.study)
+    metric = SearchMetric.model_validate(config["metric"])
+    every = config["eval_every"]  # intermediate evaluation of the objective (ASHA on it), or None
+    seen = {"ckpt": None}
+    ckpt_path = store.checkpoint_path(run.run_id)
+
+    def report(d: dict) -> None:
+        if d.get("phase") != "train":
+            return
+        # Tune insists that every result carries the searcher's metric: NaN until the end
+        out = {"step": d["step"], "loss": d["loss"], "run_id": run.run_id, "objective": math.nan}
+        if every:
+            # the trainer checkpoints every `every` steps (set below): score the newest checkpoint
+            info = store.fs.get_file_info(ckpt_path)
+            stamp = info.mtime_ns if info.type.name == "File" else None
+            if stamp is not None and stamp != seen["ckpt"]:
+                seen["ckpt"] = stamp
+                sd = torch.load(io.BytesIO(store.read_bytes(ckpt_path)), map_location="cpu", weights_only=False)
+                out.update(step=sd["step"], score=score_state(run, metric, sd["model"], store.data_dir()))
+        tune.report(out)
+
+    if every:  # checkpoint_every is bookkeeping: it leaves the run id as it is
+        run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": every}))
+    marker = store.path("logs", f"{run.run_id}.attempts")
+    prev = store.read_bytes(marker) or b""
+    attempt = prev.count(b"\n") + 1
+    store.write_bytes(marker, prev + f"start {attempt} (tune)\n".encode())
+    row = execute(run, store, config["code_version"], report=report, attempt=attempt)
+    value = objective_from_store(run, metric, store, row)
+    final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
+    if value is not None and math.isfinite(value):
+        final.update(objective=value, score=value)
+    tune.report(final)
+
+
+def _search_classes():
+    """OptunaSearch and ASHA with the two changes a resumable, pruned search needs."""
+    from optuna.trial import TrialState
+    from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    class Asha(AsyncHyperBandScheduler):
+        """Records which trials it stopped, so the searcher can tell pruned from interrupted."""
+
+        def __init__(self, stopped: set, **kw):
+            super().__init__(**kw)
+            self.stopped = stopped
+
+        def on_trial_result(self, tune_controller, trial, result):
+            action = super().on_trial_result(tune_controller, trial, result)
+            if action == TrialScheduler.STOP:
+                self.stopped.add(trial.trial_id)
+            return action
+
+    class Search(OptunaSearch):
+        """OptunaSearch on a persisted study.
+
+        - intermediate results carry no `objective` (only the last one does): skip them
+          instead of failing on the missing key;
+        - a trial that ends without an objective, without an error and without a stop by
+          the scheduler was interrupted (Ctrl-C, driver lost): it stays RUNNING in the
+          storage, and the next `study tune` runs it again instead of counting it as pruned.
+        """
+
+        def __init__(self, stopped: set, **kw):
+            super().__init__(**kw)
+            self.stopped, self.named = stopped, set()
+
+        def on_trial_result(self, trial_id, result):
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is not None and result.get("run_id") and trial_id not in self.named:
+                ot_trial.set_user_attr("run_id", result["run_id"])  # even if the trial never ends
+                self.named.add(trial_id)
+            if _has(result, self.metric):
+                super().on_trial_result(trial_id, result)
+
+        def on_trial_complete(self, trial_id, result=None, error=False):
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is None:
+                return
+            if result and result.get("run_id"):
+                ot_trial.set_user_attr("run_id", result["run_id"])
+            has_value = _has(result, self.metric)
+            if not (error or has_value or trial_id in self.stopped):
+                self._completed_trials.add(trial_id)
+                return  # interrupted: left RUNNING on purpose
+            if result and not has_value:  # pruned, or failed: no value to tell
+                result = {k: v for k, v in result.items() if k != self.metric}
+            super().on_trial_complete(trial_id, result, error)
+
+    return Search, Asha, TrialState
+
+
+# ---- the driver ----------------------------------------------------------------------------
+def _distributions(search: Search) -> dict:
+    import optuna.distributions as od
+
+    out = {}
+    for k, d in search.params.items():
+        if d.dist == "choice":
+            out[k] = od.CategoricalDistribution(list(d.values))
+        elif d.dist in ("int", "intlog"):
+            out[k] = od.IntDistribution(int(d.low), int(d.high), log=d.dist == "intlog", step=int(d.step or 1))
+        else:
+            out[k] = od.FloatDistribution(d.low, d.high, log=d.dist == "loguniform", step=d.step)
+    return out
+
+
+def _open_study(search: Search, group: SearchGroup, storage, grid: Grid):
+    import optuna
+
+    direction = "maximize" if search.mode == "max" else "minimize"
+    study = optuna.create_study(storage=storage, study_name=group.name, direction=direction, load_if_exists=True)
+    if study.direction.name.lower() != direction:
+        raise TuneError(f"{DB_NAME}: study {group.name!r} was created to {study.direction.name.lower()}, the grid "
+                        f"now asks to {direction}: use another study name or delete the study")
+    attrs = {"rmdm_study": grid.study, "group_point": group.point, "metric": search.metric.label,
+             "mode": search.mode, "n_trials": search.n_trials, "params": sorted(search.params)}
+    old = study.user_attrs
+    for k in ("metric", "params"):
+        if k in old and old[k] != attrs[k]:
+            raise TuneError(f"{DB_NAME}: study {group.name!r} searched {k} {old[k]!r}, the grid now says "
+                            f"{attrs[k]!r}: use another study name or delete the study")
+    for k, v in attrs.items():
+        study.set_user_attr(k, v)
+    return study
+
+
+def _finished(study, TrialState) -> list:
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))]
+
+
+def _recover(study, TrialState, echo) -> None:
+    """Trials left RUNNING by an interrupted session: fail them and enqueue their values again."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={"resumes_trial": t.number}, skip_if_exists=False)
+        echo(f"  trial {t.number} was interrupted: its values {t.params} run again")
+
+
+def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: int | None = None,
+              echo: Callable[[str], None] = print) -> int:
+    """Run or resume every search group of `grid`; write best.yaml. Returns an exit code."""
+    if grid.search is None:
+        raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
+    if "://" in results:
+        raise TuneError(f"study tune needs a local results directory for {DB_NAME} (got {results})")
+    store = Store(results, grid.study)
+    os.makedirs(store.dir, exist_ok=True)
+    lock = open(os.path.join(store.dir, ".tune.lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TuneError(f"another `study tune` is running on {store.dir}") from None
+    try:
+        return _tune_locked(grid, store, results, address, num_cpus, echo)
+    finally:
+        lock.close()
+
+
+def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
+    import optuna
+
+    from study.runner import _dump_yaml, code_version, init_ray
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    search = grid.search
+    store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
+    storage = optuna.storages.RDBStorage(storage_url(store))
+    Search_, Asha, TrialState = _search_classes()
+    version = code_version()
+    abs_results = os.path.abspath(results)
+    echo(f"study {grid.study}: {len(grid.search_groups)} search group(s) x {search.n_trials} trials; "
+         f"{search.mode}imize {search.metric.label}; storage {storage_url(store)}")
+    ray, started = None, False
+    summary, code = {}, 0
+    try:
+        for group in grid.search_groups:
+            study = _open_study(search, group, storage, grid)
+            _recover(study, TrialState, echo)
+            todo = search.n_trials - len(_finished(study, TrialState))
+            echo(f"group {group.name}: {len(_finished(study, TrialState))} of {search.n_trials} trials finished")
+            if todo > 0:
+                if ray is None:
+                    ray, started = init_ray(address, num_cpus)
+                if not study.trials:
+                    for p in search.points:
+                        study.enqueue_trial(p)
+                _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo)
+            finished = _finished(study, TrialState)
+            summary[group.name] = _group_summary(group, study, TrialState, search)
+            _write_best(store, grid, summary)
+            if len(finished) < search.n_trials:
+                echo(f"group {group.name}: interrupted after {len(finished)} of {search.n_trials} trials; "
+                     f"run `study tune` again to resume")
+                return 130
+            if not summary[group.name]["best"]:
+                code = 1
+                echo(f"group {group.name}: no trial completed")
+            else:
+                s = summary[group.name]
+                echo(f"group {group.name}: best {search.metric.label} = {s['value']:.4g} with {s['best']} "
+                     f"(trial {s['trial']}, run {s['run_id']})")
+        echo(f"best values: {store.path(BEST_NAME)}")
+        return code
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo) -> None:
+    import optuna
+    from ray import tune
+    from ray.tune import PlacementGroupFactory
+    from ray.tune.search import ConcurrencyLimiter
+
+    search = grid.search
+    base = group.run
+    if search.resources is not None:
+        base = dataclasses.replace(base, resources=search.resources)
+    res = base.resources
+    bundle = {"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}
+    stopped: set = set()
+    # re-seeded per session: the same seed would propose the first session's values again
+    sampler = optuna.samplers.TPESampler(seed=search.seed + len(study.trials))
+    searcher = Search_(stopped, space=_distributions(search), metric="objective", mode=search.mode,
+                       sampler=sampler, study_name=group.name, storage=storage)
+    scheduler, eval_every = None, None
+    if search.pruning is not None:
+        p = search.pruning
+        eval_every = p.every if p.metric == "objective" else None
+        scheduler = Asha(stopped, time_attr="step", metric="score" if eval_every else "loss",
+                         mode=search.mode if eval_every else "min", max_t=base.train.steps,
+                         grace_period=p.grace_period, reduction_factor=p.reduction_factor)
+    tuner = tune.Tuner(
+        tune.with_resources(_trainable, PlacementGroupFactory([bundle])),
+        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), "results": abs_results,
+                     "code_version": version, "metric": search.metric.model_dump(), "eval_every": eval_every},
+        tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent),
+                                    scheduler=scheduler, num_samples=todo, reuse_actors=True),
+        run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
+                                  storage_path=os.path.join(abs_results, ".ray"), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=base.retries)),
+    )
+    result_grid = tuner.fit()
+    for r in result_grid:
+        cfg = r.config or {}
+        if "param_keys" not in cfg:
+            continue
+        run = with_values(base, {k: cfg[k] for k in cfg["param_keys"]})
+        metrics = r.metrics or {}
+        if r.error is not None:
+            status, err = "failed", format_error(r.error)
+        elif not _has(metrics, "objective") and metrics.get("run_id") and _was_stopped(r, stopped):
+            status, err = "pruned", f"stopped by ASHA at step {metrics.get('step')}"
+        else:
+            continue
+        store.append_log(run.run_id, f"{status.upper()}: {err}")
+        try:
+            costs = run.costs()
+        except Exception:
+            costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
+        store.write_rows("runs", [run_row(run, costs, status=status, code_version=version, error=err,
+                                          final_loss=metrics.get("loss"))], f"{run.run_id}.parquet")
+
+
+def _has(result: dict | None, key: str) -> bool:
+    v = (result or {}).get(key)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _was_stopped(result, stopped: set) -> bool:
+    tid = (result.metrics or {}).get("trial_id")
+    return tid in stopped
+
+
+def _group_summary(group: SearchGroup, study, TrialState, search: Search) -> dict:
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    states = {}
+    for t in study.get_trials(deepcopy=False):
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    out = {"point": dict(group.point), "best": {}, "value": None, "trial": None, "run_id": None,
+           "n_trials": search.n_trials, "trials": states, "optuna_study": group.name}
+    if done:
+        best = max(done, key=lambda t: t.value) if search.mode == "max" else min(done, key=lambda t: t.value)
+        out.update(best={k: _plain(v) for k, v in best.params.items()}, value=float(best.value), trial=best.number,
+                   run_id=best.user_attrs.get("run_id"))
+    return out
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def _write_best(store: Store, grid: Grid, summary: dict) -> None:
+    doc = {"kind": BEST_KIND, "study": grid.study, "grid": grid.path, "metric": grid.search.metric.label,
+           "mode": grid.search.mode, "storage": DB_NAME, "groups": summary}
+    text = ("# Best values per search group, written by `study tune`. Include them in a sweep grid with\n"
+            f"#   defaults_from: {{file: <this file>, group: auto}}   (or group: <name>)\n"
+            + yaml.safe_dump(doc, sort_keys=False))
+    store.write_text(store.path(BEST_NAME), text)
+
+
+def read_best(store: Store) -> dict | None:
+    data = store.read_bytes(store.path(BEST_NAME))
+    return yaml.safe_load(data) if data else None
+
+
+def describe_search(grid: Grid) -> list[str]:
+    """Lines for `study plan`: the search space and its groups."""
+    s = grid.search
+    lines = [f"search: {len(grid.search_groups)} group(s) x {s.n_trials} trials, {s.mode}imize {s.metric.label}"
+             + (f", ASHA on {s.pruning.metric} (grace {s.pruning.grace_period} steps, "
+                f"reduction {s.pruning.reduction_factor:g})" if s.pruning else "")
+             + f", {s.max_concurrent} at a time"]
+    for k, d in s.params.items():
+        lines.append(f"  {k} ~ {d.describe()}")
+    for g in grid.search_groups:
+        lines.append(f"  group {g.name}: base run {g.run.run_id} {g.point or ''}")
+    return lines
