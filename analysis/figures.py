@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import (DEFAULT_THRESHOLD, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
+from analysis.tables import (DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
                              pareto_front, primary_metric, select, text8_table, threshold_crossings)
 
 METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy",
@@ -101,6 +101,11 @@ def _x_axis(ax, values, label: str) -> None:
     ax.set_xticks(values, [str(v) for v in values])
     ax.minorticks_off()
     ax.set_xlabel(label)
+
+
+def _loc(metric: str) -> str:
+    """Legend corner away from the curves: metrics rise with T (rates) or fall (likelihoods)."""
+    return "upper right" if metric in LOWER_IS_BETTER else "lower right"
 
 
 def _rate_ylim(ax, metric: str) -> None:
@@ -186,7 +191,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
         ax.set_title(f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""))
-        ax.legend(title="model (K x L)", fontsize=8)
+        ax.legend(title="model (K x L)", fontsize=8, loc=_loc(metric))
     fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{_seed_note(panels[0][-1])}")
     fig.tight_layout()
     return save(fig, out_dir, "iso_param", opts.fmt)
@@ -249,14 +254,14 @@ def crossings_table(data: StudyData, opts: Options = Options()) -> pd.DataFrame:
     """Threshold crossings of every model of every task variant with a rate metric."""
     frames = []
     for variant, metric, d in _by_variant(data, "pareto"):
-        thr = opts.threshold if opts.threshold is not None else DEFAULT_THRESHOLD.get(metric)
-        if thr is None:
-            continue
+        if metric not in RATE_METRICS:
+            continue  # crossings are for success rates (VPR, RTR); text8's likelihood has its own table
+        thr = opts.threshold if opts.threshold is not None else DEFAULT_THRESHOLD.get(metric, 0.95)
         c = threshold_crossings(d, thr, metric, x=opts.pareto_x)
         c["pareto"] = pareto_front(c).to_numpy()
         frames.append(c.assign(metric=metric, threshold=thr, x=opts.pareto_x))
     if not frames:
-        raise MissingData("threshold crossings need a rate metric (VPR or RTR) or --threshold for the metric present")
+        raise MissingData("threshold crossings need a success-rate metric (VPR or RTR); the study has none")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -305,7 +310,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
             title += "\nnever reached: " + ", ".join(f"{_label(x.K, x.L_t)} (best {x.best:.2f})"
                                                      for x in never.itertuples())
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper right")
     unreached = [v for v in dict.fromkeys(table["task_variant"]) if v not in variants]
     note = f"\nnot shown (no model reaches the threshold): {', '.join(unreached)}" if unreached else ""
     fig.suptitle(f"{data.name}: Pareto — parameters vs steps needed to reach the threshold{note}")
@@ -337,7 +342,8 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
         ax.set_title(variant)
-        ax.legend(title="model (K x L_t), sampling depth", fontsize=7, ncol=2 if len(models) > 3 else 1)
+        ax.legend(title="model (K x L_t), sampling depth", fontsize=7, ncol=2 if len(models) > 3 else 1,
+                  loc=_loc(metric))
     fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t){_seed_note(panels[0][2])}")
     fig.tight_layout()
     return save(fig, out_dir, "compute", opts.fmt)
@@ -423,7 +429,7 @@ def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
         _rate_ylim(ax, "vpr")
         ax.set_ylabel(_ylabel("vpr"))
         ax.set_title(f"sudoku {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
-        ax.legend(title="model (K x L), L_s = L_t", fontsize=8)
+        ax.legend(title="model (K x L), L_s = L_t", fontsize=8, loc="lower right")
     fig.suptitle(f"{data.name}: mask rate — VPR vs T per depth L{_seed_note(panels[0][2])}")
     fig.tight_layout()
     return save(fig, out_dir, "mask_rate", opts.fmt)
@@ -452,7 +458,7 @@ def _ablation(data: StudyData, out_dir: str, opts: Options, axis: str, name: str
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
         ax.set_title(f"{variant}, {_label(K, L)}, {other} {oth}\nL_s = L_t = {L}", fontsize=10)
-        ax.legend(title=what, fontsize=8)
+        ax.legend(title=what, fontsize=8, loc=_loc(metric))
     fig.suptitle(f"{data.name}: {what} ablation{_seed_note(panels[0][3])}")
     fig.tight_layout()
     return save(fig, out_dir, name, opts.fmt)
@@ -491,7 +497,7 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
         ax.set_xlabel("training step")
         ax.set_ylabel("training loss (ELBO, mean over loops)")
         ax.set_title(variant)
-        ax.legend(title="model (K x L_t)", fontsize=8)
+        ax.legend(title="model (K x L_t)", fontsize=8, loc="upper right")
     fig.suptitle(f"{data.name}: training curves")
     fig.tight_layout()
     return save(fig, out_dir, "training_curves", opts.fmt)

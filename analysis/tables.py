@@ -227,10 +227,11 @@ def text8_table(agg: pd.DataFrame) -> pd.DataFrame:
 
 def param_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Parameters and FLOPs of every model in the study, with its seed count and run status."""
-    m = models(runs)
-    status = runs.groupby([c for c in MODEL_KEYS if c in runs.columns], dropna=False)["status"].agg(
-        lambda s: ", ".join(f"{v} {n}" for v, n in s.value_counts().items())).reset_index(drop=True)
-    m = m.assign(status=status.to_numpy(), model=[f"({k} x {l})" for k, l in zip(m["K"], m["L_t"])])
+    keys = [c for c in MODEL_KEYS if c in runs.columns]
+    status = runs.groupby(keys, as_index=False, dropna=False)["status"].agg(
+        lambda s: ", ".join(f"{v} {n}" for v, n in s.value_counts().items()))
+    m = models(runs).merge(status, on=keys, how="left")
+    m = m.assign(model=[f"({k} x {l})" for k, l in zip(m["K"], m["L_t"])])
     cols = ["task_variant", "model", "K", "L_t", "d_model", "schedule", "loss", "n_params", "n_params_non_embedding",
             "flops_per_forward", "seeds", "status"]
     return m[cols].sort_values(["task_variant", "n_params", "L_t"]).reset_index(drop=True)

@@ -82,7 +82,7 @@ def tuning(data: StudyData, out_dir: str, opts) -> list[str]:
         ax_h.set_xlabel("trial number")
         ax_h.set_ylabel("objective value")
         ax_h.set_title(f"{name}: optimization history ({len(df)} completed trials)", fontsize=10)
-        ax_h.legend(fontsize=8)
+        ax_h.legend(fontsize=8, loc="lower right" if direction == "maximize" else "upper right")
         if imp:
             names = list(imp)[::-1]
             ax_i.barh(names, [imp[n] for n in names], color=sns.color_palette("deep")[2])

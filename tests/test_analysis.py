@@ -114,6 +114,15 @@ def test_iso_flop_pairs_matched_by_KL(paper):
     assert (row.params_recursive, row.params_single) == (250, 650)
 
 
+def test_param_table_one_row_per_model(paper):
+    from analysis.tables import param_table
+
+    t = param_table(paper.runs)
+    assert len(t) == 10  # 7 models at 25% masked, 3 at 50%; the two seeds of (1 x 3) are one model
+    row = t[(t.model == "(1 x 3)") & (t.task_variant == "sudoku 9x9, 25% masked")].iloc[0]
+    assert (row.seeds, row.status, row.n_params, row.flops_per_forward) == (2, "done 2", 150, 3000)
+
+
 def test_heatmap_cells_equal_table_values(paper):
     agg = aggregate(paper.evals)
     fam = agg[(agg.task_variant == "sudoku 9x9, 25% masked") & (agg.K == 1)]
@@ -171,14 +180,19 @@ def test_ablation_figures_drawn(ablation, tmp_path, name):
     assert any(p.endswith(".png") for p in paths)
 
 
-def test_tuning_figure_from_optuna_storage(tmp_path):
-    optuna = pytest.importorskip("optuna")
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_tuning_figure_from_optuna_storage(tmp_path, kind):
+    import optuna
+
     from analysis.tuning import importances_table, load_searches
     from test_analysis_data import write_paper
 
     store = write_paper(str(tmp_path))
-    storage = optuna.storages.journal.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(os.path.join(store.dir, "optuna.journal")))
+    if kind == "sqlite":  # what `study tune` writes: results/<study>/optuna.db
+        storage = f"sqlite:///{os.path.join(store.dir, 'optuna.db')}"
+    else:
+        storage = optuna.storages.journal.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(os.path.join(store.dir, "optuna.journal")))
     st = optuna.create_study(study_name="lr_search", storage=storage, direction="maximize",
                              sampler=optuna.samplers.RandomSampler(seed=0))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
