@@ -21,12 +21,13 @@ split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 import torch
@@ -133,21 +134,29 @@ def swap_chain(n: int, batch: int, rng: np.random.Generator, steps: int | None =
     return G
 
 
+CHAINS_PER_BATCH = {4: 64, 9: 512, 16: 128, 25: 32}
+
+
+def iter_solutions(n: int, seed: int, steps: int | None = None) -> Iterator[np.ndarray]:
+    """Distinct solved grids (n*n,), in an order fixed by (n, seed): batch j of chains draws from its
+    own stream seeded by (seed, n, j), so grid i never depends on how many grids are asked for."""
+    seen: set[bytes] = set()
+    for j in itertools.count():
+        rng = np.random.default_rng([seed, n, 0x5D, j])
+        for g in swap_chain(n, CHAINS_PER_BATCH[n], rng, steps).reshape(-1, n * n):
+            key = g.astype(np.int8).tobytes()
+            if key not in seen:
+                seen.add(key)
+                yield g.astype(np.int64)
+
+
 def generate_solutions(n: int, count: int, seed: int, method: Literal["swap", "search"] = "swap",
                        steps: int | None = None) -> np.ndarray:
-    """`count` distinct solved grids, shape (count, n*n), deterministic from the seed."""
+    """The first `count` distinct solved grids of `iter_solutions`, shape (count, n*n)."""
     if method == "search":
         return _generate_by_search(n, count, seed)
-    rng = np.random.default_rng([seed, n, 0x5D])
-    seen: set[bytes] = set()
-    out = []
-    while len(out) < count:
-        for g in swap_chain(n, min(max(count - len(out), 16), 1024), rng, steps).reshape(-1, n * n):
-            key = g.astype(np.int8).tobytes()
-            if key not in seen and len(out) < count:
-                seen.add(key)
-                out.append(g)
-    return np.asarray(out, dtype=np.int64).reshape(count, n * n)
+    it = iter_solutions(n, seed, steps)
+    return np.stack([next(it) for _ in range(count)]).reshape(count, n * n)
 
 
 def random_solution(n: int, rng: random.Random, max_nodes: int = 200_000) -> list[int] | None:
@@ -257,25 +266,25 @@ def fingerprint(grid: np.ndarray, n: int) -> str:
 
 def split_grids(n: int, n_train: int, n_test: int, seed: int, by: Literal["class", "grid"] = "class"
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test solved grids, disjoint by symmetry class (`fingerprint`) or by grid."""
-    extra = max(16, n_test // 4)
-    total = n_train + n_test + extra
-    while True:
-        grids = generate_solutions(n, total, seed)
-        train = grids[:n_train]
-        key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
-        taken = {key(g) for g in train}
-        test = []
-        for g in grids[n_train:]:
-            k = key(g)
-            if k not in taken:
-                taken.add(k)  # test grids are also distinct classes among themselves
-                test.append(g)
-                if len(test) == n_test:
-                    return train, np.asarray(test)
-        if by == "grid" and n == 4 and n_train + n_test > 288:
-            raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test = {n_train + n_test} is too many")
-        total += 2 * extra + n_test  # a few fingerprints collided: draw more (same seed, longer list)
+    """Train and test solved grids, disjoint by symmetry class (`fingerprint`) or by grid.
+
+    Train is the first n_train grids of `iter_solutions` (so it does not depend on n_test);
+    test takes the following grids whose key is not taken yet (test grids are distinct classes
+    among themselves too)."""
+    if by == "grid" and n == 4 and n_train + n_test > 288:
+        raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test = {n_train + n_test} is too many")
+    key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+    it = iter_solutions(n, seed)
+    train = np.stack([next(it) for _ in range(n_train)])
+    taken = {key(g) for g in train}
+    test = []
+    while len(test) < n_test:
+        g = next(it)
+        k = key(g)
+        if k not in taken:
+            taken.add(k)
+            test.append(g)
+    return train, np.stack(test)
 
 
 def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -437,18 +446,27 @@ class Sudoku(Task):
         return (self.n, self.n, self.n) if self.cfg.structural_pos else (self.n * self.n,)
 
     # ---- data ------------------------------------------------------------------------------
-    def _data_key(self) -> str:
+    DATA_VERSION = 3  # bump when generation changes; a study's older files are still used (see prepare)
+
+    def _data_key(self, version: int = DATA_VERSION) -> str:
         c = self.cfg
-        blob = json.dumps({"v": 2, "n": c.n, "n_train": c.n_train, "n_test": c.n_test, "seed": c.data_seed,
-                           "by": c.split_by})
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        d = {"v": version, "n": c.n, "n_train": c.n_train, "n_test": c.n_test, "seed": c.data_seed}
+        if version >= 2:
+            d["by"] = c.split_by
+        return hashlib.sha256(json.dumps(d).encode()).hexdigest()[:12]
 
     def prepare(self, cache_dir: str | None) -> None:
         if self.train_grids is not None:
             return
         path = os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key()}.npz") if cache_dir else None
-        if path and os.path.exists(path):
-            with np.load(path) as z:
+        # a study keeps the data it started with: a file an older generator made for the same config
+        # (v2: the same chain, other batch streams; v1: the MRV search, split by grid only) is used
+        # before new data is made, so runs resumed after an upgrade train on their study's grids
+        found = [p for p in ([path] + [os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key(v)}.npz")
+                                       for v in range(self.DATA_VERSION - 1, 0, -1)] if path else [])
+                 if os.path.exists(p)]
+        if found:
+            with np.load(found[0]) as z:
                 train, test = z["train"], z["test"]
         else:
             train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,

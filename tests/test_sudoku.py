@@ -165,3 +165,22 @@ def test_malformed_puzzle_files_fail_with_the_line_number(tmp_path, text, where,
     with pytest.raises(PuzzleFileError) as e:
         read_puzzles(str(p))
     assert str(e.value).startswith(str(p) + where) and what in str(e.value), str(e.value)
+
+
+def test_train_grids_do_not_depend_on_n_test():
+    """n_test is an evaluation-only field (not in the run id): the training grids must not move with it."""
+    a_train, a_test = split_grids(9, 40, 10, seed=2)
+    b_train, b_test = split_grids(9, 40, 30, seed=2)
+    assert (a_train == b_train).all() and (a_test == b_test[:10]).all()
+    assert (generate_solutions(9, 20, seed=2) == generate_solutions(9, 700, seed=2)[:20]).all()
+
+
+def test_a_study_keeps_data_an_older_generator_cached(tmp_path):
+    cfg = SudokuConfig(n=4, n_train=12, n_test=6)
+    old = Sudoku(cfg)
+    legacy = tmp_path / f"sudoku4-{old._data_key(1)}.npz"
+    grids = generate_solutions(4, 18, seed=9, method="search")
+    np.savez_compressed(legacy, train=grids[:12], test=grids[12:])
+    task = Sudoku(cfg)
+    task.prepare(str(tmp_path))
+    assert (task.train_grids.numpy() == grids[:12]).all() and len(list(tmp_path.iterdir())) == 1
