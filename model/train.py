@@ -111,6 +111,9 @@ class Trainer:
             [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=train_cfg.lr,
             betas=(0.9, 0.99),
+            # one fused kernel over all parameters instead of ~10 elementwise passes per tensor: the
+            # per-tensor loop was about a fifth of a CPU training step (benchmarks/RESULTS.md)
+            fused=self.device.type in ("cpu", "cuda"),
         )
         self.state = TrainState()
         if train_cfg.precision == "bf16" and self.device.type == "cpu" and not cpu_bf16_native():
