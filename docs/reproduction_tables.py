@@ -23,6 +23,9 @@ def load(results: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     evals = ds.dataset(os.path.join(root, "evals"), format="parquet").to_table().to_pandas()
     runs["model"] = [f"({k} x {l})" + (" reverse" if s == "reverse" else "")
                      for k, l, s in zip(runs.K, runs.L_t, runs.schedule)]
+    # a rerun with newer code (other run ids: the task config gained fields) lands beside the old
+    # runs in the same store: report the latest run of each model
+    runs = runs.sort_values("created_at").drop_duplicates("model", keep="last")
     evals = evals.merge(runs[["run_id", "model", "K", "L_t", "schedule", "n_params", "train_seconds"]], on="run_id")
     return runs, evals
 
