@@ -1,0 +1,243 @@
+"""Optuna search through Ray Tune: real local Ray, real SQLite storage, real tiny models.
+
+Run: pytest tests/test_tune.py   (the SIGINT test of a `study tune` process: pytest -m slow tests/test_tune.py)
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from study.grid import GridError, expand, load_grid
+from study.store import Store
+from study.tune import storage_url, tune_grid, with_values
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = {
+    "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 30, "n_test": 16},
+    "model": {"d_model": 16, "n_heads": 2},
+    "train": {"steps": 12, "batch_size": 8, "warmup": 2, "checkpoint_every": 6, "log_every": 4},
+    "eval": {"T": [2], "L_s": ["train"], "n_examples": 16},
+}
+SEARCH = {"n_trials": 3, "metric": "val_loss", "mode": "min", "max_concurrent": 2, "seed": 3,
+          "params": {"lr": {"dist": "loguniform", "low": 1e-4, "high": 1e-1}}}
+
+
+def search_grid(study="tunetest", **search):
+    return {"study": study, **copy.deepcopy(BASE), "search": {**copy.deepcopy(SEARCH), **search}}
+
+
+def write(path, raw) -> str:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    from study.runner import init_ray
+
+    ray, started = init_ray(None, num_cpus=2)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def trials(results, study, group):
+    st = optuna.load_study(study_name=group, storage=storage_url(Store(results, study)))
+    return st.get_trials(deepcopy=False)
+
+
+def test_search_resumes_without_repeats_and_feeds_a_sweep(tmp_path, ray_local, monkeypatch):
+    results = str(tmp_path / "results")
+    gpath = write(tmp_path / "tunetest.yaml", search_grid())
+    grid = load_grid(gpath)
+    assert [g.name for g in grid.search_groups] == ["tunetest"]
+    assert tune_grid(grid, results, echo=lambda *_: None) == 0
+
+    store = Store(results, "tunetest")
+    first = trials(results, "tunetest", "tunetest")
+    assert [t.state for t in first] == [TrialState.COMPLETE] * 3
+    # every trial is a run of the store, its sampled lr part of its config and of its id
+    runs = store.read("runs").set_index("run_id")
+    for t in first:
+        run = with_values(grid.search_groups[0].run, t.params)
+        assert t.user_attrs["run_id"] == run.run_id and runs.loc[run.run_id, "status"] == "done"
+        assert runs.loc[run.run_id, "lr"] == pytest.approx(t.params["train.lr"])
+    assert len({t.params["train.lr"] for t in first}) == 3
+
+    # an interrupted session leaves a trial RUNNING in the storage (asked, never told): resuming
+    # fails it, runs its values again, keeps the finished ones and samples new values
+    st = optuna.load_study(study_name="tunetest", storage=storage_url(store))
+    cut = st.ask({"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
+    grid5 = load_grid(write(tmp_path / "tunetest.yaml", search_grid(n_trials=5)))
+    assert tune_grid(grid5, results, echo=lambda *_: None) == 0
+    after = trials(results, "tunetest", "tunetest")
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 5 and after[cut.number].state == TrialState.FAIL
+    assert after[cut.number].user_attrs["interrupted"] is True
+    assert any(t.params == cut.params and t.user_attrs.get("resumes_trial") == cut.number for t in done)
+    lrs = [t.params["train.lr"] for t in done]
+    assert len(set(lrs)) == 5, lrs  # no value proposed twice (the same seed would repeat the first three)
+    for t in first:  # finished trials were not trained again
+        log = open(store.path("logs", f"{t.user_attrs['run_id']}.log")).read()
+        assert log.count("training from step 0") == 1 and "final weights found" not in log
+    assert len(store.read("runs")) == 5
+
+    # best.yaml -> a sweep grid by reference: the sweep's run is the best trial's run
+    monkeypatch.chdir(tmp_path)  # defaults_from paths are relative to the working directory
+    best = yaml.safe_load(open(store.path("best.yaml")))
+    g = best["groups"]["tunetest"]
+    assert g["value"] == pytest.approx(min(t.value for t in done))
+    sweep = {**copy.deepcopy(BASE), "study": "sweep_after_tune",
+             "defaults_from": {"file": "results/tunetest/best.yaml", "group": "auto"}}
+    sg = expand(sweep, "sweep.yaml")
+    assert len(sg.runs) == 1 and sg.runs[0].train.lr == g["best"]["train.lr"]
+    assert sg.runs[0].run_id == g["run_id"]  # `study run` of this sweep finds it trained
+    assert sg.tuned[g["run_id"]]["train.lr"]["group"] == "tunetest"
+    r = subprocess.run([sys.executable, "-m", "study.cli", "plan", write(tmp_path / "sweep.yaml", sweep)],
+                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    assert "train.lr = " in r.stdout and "from search group tunetest of results/tunetest/best.yaml" in r.stdout
+
+
+def test_asha_stops_the_trial_with_the_bad_loss(tmp_path, ray_local):
+    # same seed -> same initial weights, batches and noise: at step 4 only the lr differs;
+    # lr 1e-6 leaves the loss where it started, lr 3e-2 has lowered it
+    raw = search_grid("prunetest", n_trials=2, max_concurrent=1, metric="final_loss",
+                      points=[{"lr": 3e-2}, {"lr": 1e-6}],
+                      params={"lr": {"dist": "loguniform", "low": 1e-7, "high": 1e-1}},
+                      pruning={"metric": "loss", "grace_period": 4, "reduction_factor": 2})
+    raw["train"]["steps"] = 24
+    results = str(tmp_path / "results")
+    assert tune_grid(load_grid(write(tmp_path / "p.yaml", raw)), results, echo=lambda *_: None) == 0
+    good, bad = trials(results, "prunetest", "prunetest")
+    assert good.state == TrialState.COMPLETE and bad.state == TrialState.PRUNED
+    assert bad.params == {"train.lr": 1e-6}
+    store = Store(results, "prunetest")
+    row = store.run_row(bad.user_attrs["run_id"])
+    assert row["status"] == "pruned" and "ASHA" in row["error"]
+    assert not store.exists(store.weights_path(bad.user_attrs["run_id"]))  # it never finished training
+    best = yaml.safe_load(open(store.path("best.yaml")))["groups"]["prunetest"]
+    assert best["best"] == {"train.lr": 3e-2} and best["trials"] == {"complete": 1, "pruned": 1}
+
+
+@pytest.mark.parametrize("change, key, hint", [
+    ({"params": {"lr": {"dist": "logunif", "low": 1e-4, "high": 1e-2}}}, "search.params.lr.dist",
+     "allowed: choice, int, loguniform, uniform"),
+    ({"params": {"lr": [1e-3, 1e-2]}}, "search.params.lr", "grid-search axis"),
+    ({"params": {"model.depth": {"dist": "int", "low": 1, "high": 3}}}, "search.params.model.depth",
+     "allowed: K, L"),
+    ({"params": {"lr": {"dist": "loguniform", "low": 0, "high": 1e-2}}}, "search.params.lr.low", "low > 0"),
+    ({"params": {"lr": {"dist": "uniform", "low": 1e-2, "high": 1e-3}}}, "search.params.lr", "low < high"),
+    ({"params": {"steps": {"dist": "uniform", "low": 10, "high": 20}}}, "search.params.steps.dist",
+     "integer field"),
+    ({"params": {"model.dropout": {"dist": "uniform", "low": 0.0, "high": 1.5}}}, "search.params.model.dropout",
+     "invalid run"),
+    ({"params": {"train.log_every": {"dist": "int", "low": 1, "high": 5}}}, "search.params.train.log_every",
+     "nothing to search"),
+    ({"metric": {"name": "vpr"}}, "search.metric.T", "give T"),
+    ({"metric": {"name": "vpr", "T": 7}, "mode": "max"}, "search.metric", "not in the grid's `eval` section"),
+    ({"metric": {"name": "rtr", "T": 2}, "mode": "max"}, "search.metric.name", "allowed: vpr, cell_acc, exact"),
+    ({"mode": "maximize"}, "search.mode", "'max' or 'min'"),
+    ({"trials": 3}, "search.trials", "allowed: max_concurrent, metric"),
+    ({"pruning": {"metric": "loss", "grace_period": 50}}, "search.pruning.grace_period", "below train.steps"),
+    ({"pruning": {"metric": "objective", "grace_period": 4}}, "search.pruning.every", "needs `every`"),
+    ({"points": [{"lr": 5.0}]}, "search.points[0].train.lr", "outside"),
+])
+def test_malformed_search_sections_fail_naming_file_and_key(change, key, hint):
+    raw = search_grid(**change)
+    with pytest.raises(GridError) as e:
+        expand(raw, "grids/bad_tune.yaml")
+    msg = str(e.value)
+    assert msg.startswith("grids/bad_tune.yaml: key '") and key in msg and hint in msg, msg
+
+
+def test_a_search_key_that_is_also_an_axis_fails():
+    raw = {**search_grid(), "axes": {"lr": [1e-3, 1e-2]}}
+    with pytest.raises(GridError, match="search.params.train.lr.*also a grid-search axis"):
+        expand(raw, "g.yaml")
+
+
+def test_search_groups_one_per_architecture():
+    raw = {**search_grid(), "couple": [[{"K": 1, "L": 2}, {"K": 2, "L": 1}]]}
+    g = expand(raw, "g.yaml")
+    assert [(s.name, s.point) for s in g.search_groups] == [
+        ("K1_L2", {"model.K": 1, "model.L": 2}), ("K2_L1", {"model.K": 2, "model.L": 1})]
+
+
+def best_file(tmp_path, groups) -> None:
+    d = tmp_path / "results" / "t"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "best.yaml").write_text(yaml.safe_dump({"kind": "rmdm-study/best-values", "study": "t", "groups": groups}))
+
+
+@pytest.mark.parametrize("ref, extra, key, hint", [
+    ({"file": "/etc/best.yaml", "group": "auto"}, {}, "defaults_from.file", "relative path"),
+    ({"file": "../results/t/best.yaml", "group": "auto"}, {}, "defaults_from.file", "without '..'"),
+    ({"file": "results/none/best.yaml", "group": "auto"}, {}, "defaults_from.file", "run `study tune` first"),
+    ({"file": "results/t/best.yaml", "group": "K9"}, {}, "defaults_from.group", "groups: K1, K2"),
+    ({"file": "results/t/best.yaml"}, {}, "defaults_from", "{file:"),
+    ({"file": "results/t/best.yaml", "group": "auto"}, {"axes": {"K": [3]}}, "defaults_from.group",
+     "0 search groups"),
+    ({"file": "results/t/best.yaml", "group": "K1"}, {"axes": {"lr": [1e-3]}}, "defaults_from",
+     "also an axis"),
+])
+def test_defaults_from_is_validated_strictly(tmp_path, monkeypatch, ref, extra, key, hint):
+    monkeypatch.chdir(tmp_path)
+    best_file(tmp_path, {"K1": {"point": {"model.K": 1}, "best": {"train.lr": 0.002}},
+                         "K2": {"point": {"model.K": 2}, "best": {"train.lr": 0.004}}})
+    with pytest.raises(GridError) as e:
+        expand({**copy.deepcopy(BASE), "defaults_from": ref, **extra}, "sweep.yaml")
+    msg = str(e.value)
+    assert msg.startswith("sweep.yaml: key '") and key in msg and hint in msg, msg
+
+
+def test_defaults_from_auto_gives_each_architecture_its_own_values(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    best_file(tmp_path, {"K1": {"point": {"model.K": 1}, "best": {"train.lr": 0.002}},
+                         "K2": {"point": {"model.K": 2}, "best": {"train.lr": 0.004, "train.warmup": 7}}})
+    g = expand({**copy.deepcopy(BASE), "axes": {"K": [1, 2]},
+                "defaults_from": {"file": "results/t/best.yaml", "group": "auto"}}, "sweep.yaml")
+    got = {(r.model.K, r.train.lr, r.train.warmup) for r in g.runs}
+    assert got == {(1, 0.002, 2), (2, 0.004, 7)}
+
+
+@pytest.mark.slow
+def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
+    """A real Ctrl-C on `study tune` once two trials are finished, then `study tune` again."""
+    import signal
+    import time
+
+    gpath = write(tmp_path / "sig.yaml", search_grid("sig", n_trials=5, max_concurrent=1))
+    cmd = [sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results"),
+           "--num-cpus", "2"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runs = tmp_path / "results" / "sig" / "runs"
+    t0 = time.time()
+    while not (runs.is_dir() and len(os.listdir(runs)) >= 2):
+        assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "timeout"
+        time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode != 0, out
+    before = {t.number: t for t in trials(str(tmp_path / "results"), "sig", "sig")}
+    finished = [t for t in before.values() if t.state == TrialState.COMPLETE]
+    assert 2 <= len(finished) < 5, [t.state for t in before.values()]
+
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = trials(str(tmp_path / "results"), "sig", "sig")
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 5 and len({t.params["train.lr"] for t in done}) == 5
+    store = Store(str(tmp_path / "results"), "sig")
+    for t in finished:
+        assert after[t.number].state == TrialState.COMPLETE
+        log = open(store.path("logs", f"{t.user_attrs['run_id']}.log")).read()
+        assert log.count("training from step 0") == 1 and "final weights found" not in log
