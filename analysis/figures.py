@@ -33,7 +33,7 @@ FORMATS = ("svg", "pdf")
 class Options:
     fmt: str = "svg"  # second format beside PNG
     threshold: float | None = None  # pareto: default 0.95 for VPR, 0.70 for RTR
-    T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the T with most cells)
+    T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the middle T of those with most cells)
     pareto_x: str = "T"  # pareto y-axis: "T" (at L_s = L_t) or "forward_passes" (T * L_s, any L_s)
 
 
@@ -134,7 +134,7 @@ def _palette(keys) -> dict:
 
 
 def _needs_T(d: pd.DataFrame, what: str) -> None:
-    Ts = sorted(d["T"].unique())
+    Ts = sorted(int(t) for t in d["T"].unique())
     if len(Ts) < 2:
         raise MissingData(f"{what} plots the metric against T and needs at least two values of T (have T = {Ts})")
 
@@ -355,7 +355,8 @@ def _default_T(families: list[tuple]) -> int:
         for T, g in d.groupby("T"):
             counts[T] = counts.get(T, 0) + len(g[["L_t", "L_s"]].drop_duplicates())
     best = max(counts.values())
-    return min(T for T, c in counts.items() if c == best)
+    tied = sorted(T for T, c in counts.items() if c == best)
+    return tied[(len(tied) - 1) // 2]  # the middle one: low T saturates at 0, high T at the ceiling
 
 
 def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
