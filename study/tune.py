@@ -161,6 +161,9 @@ def _trainable(config: dict) -> None:
         # Tune insists that every result carries the searcher's metric: NaN until the end
         out = {"step": d["step"], "loss": d["loss"], "run_id": run.run_id, "objective": math.nan}
         if every:
+            # ASHA reads `step` and `score`: a result without a fresh score carries neither
+            # (a NaN score at a rung's step would let the trial pass that rung unjudged)
+            out.update(train_step=out.pop("step"), score=math.nan)
             # the trainer checkpoints every `every` steps (set below): score the newest checkpoint
             info = store.fs.get_file_info(ckpt_path)
             stamp = info.mtime_ns if info.type.name == "File" else None
