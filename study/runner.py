@@ -88,7 +88,8 @@ def _loopback_only() -> None:
 
 def check_address(address: str | None) -> None:
     """None (embedded Ray), auto, HOST:PORT or ray://HOST:PORT; anything else is an error."""
-    if address is None or address == "auto" or re.fullmatch(r"(ray://)?([^\s:/\[\]]+|\[[0-9a-fA-F:.]+\]):\d{1,5}", address):
+    host_port = r"(ray://)?([^\s:/\[\]]+|\[[0-9a-fA-F:.]+\]):\d{1,5}"  # IPv6 hosts in brackets
+    if address is None or address == "auto" or re.fullmatch(host_port, address):
         return
     raise ValueError(f"--address {address!r}: use auto, HOST:PORT or ray://HOST:PORT")
 
