@@ -83,12 +83,14 @@ def matmul_peak(dtype: torch.dtype, budget_s: float = 1.5) -> float:
 
 
 # ---- the R-MDM's real training step --------------------------------------------------------
-def trainer(K: int, L: int, precision: str, B: int = BATCH, **model_kw) -> Trainer:
+def trainer(K: int, L: int, precision: str, B: int | None = None, **model_kw) -> Trainer:
+    B = B or BATCH
     return Trainer(ModelConfig(K=K, L=L, d_model=D, n_heads=HEADS, **model_kw),
                    TrainConfig(steps=1000, batch_size=B, warmup=10, precision=precision), SPEC, batch_fn(B))
 
 
-def train_speed(K: int, L: int, precision: str, reps: int, B: int = BATCH) -> dict:
+def train_speed(K: int, L: int, precision: str, reps: int, B: int | None = None) -> dict:
+    B = B or BATCH
     import warnings
 
     with warnings.catch_warnings():
@@ -115,7 +117,8 @@ class Baseline(nn.Module):
         return self.head(self.norm(self.enc(self.tok(x) + self.pos)))
 
 
-def baseline_speed(precision: str, reps: int, B: int = BATCH) -> dict:
+def baseline_speed(precision: str, reps: int, B: int | None = None) -> dict:
+    B = B or BATCH
     torch.manual_seed(0)
     model = Baseline(4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -158,16 +161,33 @@ def sample_speed(precision: str, reps: int, n_puzzles: int, T: int = 20, L_s: in
 def memory_child(K: int, L: int, ckpt: bool) -> None:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
     tr = trainer(K, L, "float32", checkpoint_loops=ckpt)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = high_water_kib()
     tr.train_step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_mib": (peak - base) / 1024}))
+    print(json.dumps({"peak_mib": (high_water_kib() - base) / 1024}))
+
+
+def high_water_kib() -> int:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: Linux carries ru_maxrss over
+    from the parent across fork+exec, so a child of a big parent would read the parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            return int(f.read().split("VmHWM:")[1].split()[0])
+    except (OSError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def memory(K: int, L: int, ckpt: bool, threads: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", f"{K},{L},{int(ckpt)}"], check=True,
+    out = subprocess.run([sys.executable, __file__, "--memory-child", f"{K},{L},{int(ckpt)}", "--batch", str(BATCH)],
+                         check=True,
                          capture_output=True, text=True, env={**os.environ, "BENCH_THREADS": str(threads)})
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def print_memory(threads: int) -> None:
+    for K, L in [(1, 4)]:  # where it matters: 4 loops of activations vs 1
+        plain, ck = memory(K, L, False, threads), memory(K, L, True, threads)
+        print(f"peak memory of a training step ({K} x {L}) batch {BATCH}: {plain:.0f} MiB, "
+              f"with checkpoint_loops {ck:.0f} MiB")
 
 
 def profile_step(K: int, L: int, precision: str, B: int, rows: int = 15) -> None:
@@ -182,19 +202,25 @@ def profile_step(K: int, L: int, precision: str, B: int, rows: int = 15) -> None
 
 
 def main() -> None:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per config (after one warm-up)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--small-batch", type=int, default=8, help="batch for bf16 vs float32 when bf16 is emulated")
     ap.add_argument("--sample-puzzles", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=256, help="training batch (256 is the reference; smaller: smoke run)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler top ops")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--memory-only", action="store_true", help="only the peak-memory comparison")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    BATCH = a.batch
     if a.memory_child:
         K, L, ck = (int(x) for x in a.memory_child.split(","))
         return memory_child(K, L, bool(ck))
     torch.set_num_threads(a.threads)
+    if a.memory_only:
+        return print_memory(a.threads)
     native = cpu_bf16_native()
     print(f"torch {torch.__version__}, {a.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"native bf16 matmul: {native}")
@@ -239,10 +265,7 @@ def main() -> None:
           f"{smp['puzzles_per_s']:.1f} puzzles/s, {smp['gflops']:.1f} GFLOP/s ({smp['gflops'] / peak32:.2f} of peak)")
 
     if not a.no_memory:
-        for K, L in [(1, 4), (4, 1)]:
-            plain, ck = memory(K, L, False, a.threads), memory(K, L, True, a.threads)
-            print(f"peak memory of a training step ({K} x {L}) batch {BATCH}: {plain:.0f} MiB, "
-                  f"with checkpoint_loops {ck:.0f} MiB")
+        print_memory(a.threads)
 
     if a.profile:
         profile_step(4, 1, "float32", BATCH)
