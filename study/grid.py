@@ -84,8 +84,22 @@ TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", 
             "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-TASK_EVAL_ONLY = {"n_test"}  # task fields that change the evaluation set only, never the trained model
+# task fields that change the evaluation set only, never the trained model
+TASK_EVAL_ONLY = {"n_test", "n_t", "eval_split"}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
+
+
+def inert_train_fields(train: TrainConfig) -> set[str]:
+    """Fields that cannot change the trained weights under this loss and schedule, so two runs
+    differing only in them are one run (and one id): nothing is trained twice."""
+    inert = set()
+    if train.loss != "truncated":
+        inert.add("truncate_k")
+    if train.loss != "weighted":
+        inert.add("loss_weights")
+    if train.schedule == "fixed":
+        inert.add("min_depth")
+    return inert
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,7 @@ class Run:
         return {
             "task": self.task.model_dump(exclude=TASK_EVAL_ONLY),
             "model": self.model.model_dump(),
-            "train": self.train.model_dump(exclude=TRAIN_BOOKKEEPING),
+            "train": self.train.model_dump(exclude=TRAIN_BOOKKEEPING | inert_train_fields(self.train)),
         }
 
     @property

@@ -104,3 +104,17 @@ def test_every_shipped_grid_plans():
     for f in files:
         g = load_grid(f)
         assert g.runs and all(r.costs()["n_params"] > 0 for r in g.runs)
+
+
+def test_fields_inert_under_the_chosen_loss_and_schedule_do_not_split_a_run():
+    """truncate_k means nothing to the `all` loss, min_depth nothing to a fixed schedule: one run, one id."""
+    a = expand(grid(axes={"K": [1]}, train={"steps": 10, "loss": "all"})).runs[0]
+    b = expand(grid(axes={"K": [1]}, train={"steps": 10, "loss": "all", "truncate_k": 1, "min_depth": 1})).runs[0]
+    assert a.run_id == b.run_id
+    m = {"d_model": 32, "n_heads": 4, "L": 3}
+    t1 = expand(grid(model=m, train={"steps": 10, "loss": "truncated", "truncate_k": 1})).runs[0]
+    t2 = expand(grid(model=m, train={"steps": 10, "loss": "truncated", "truncate_k": 2})).runs[0]
+    assert t1.run_id != t2.run_id
+    r1 = expand(grid(model=m, train={"steps": 10, "schedule": "reverse", "min_depth": 1})).runs[0]
+    r2 = expand(grid(model=m, train={"steps": 10, "schedule": "reverse", "min_depth": 2})).runs[0]
+    assert r1.run_id != r2.run_id
