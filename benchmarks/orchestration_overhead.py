@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from study.procs import descendants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = """
 study: {study}
@@ -59,23 +61,6 @@ def write_grid(d: str, study: str, args, steps: int | None = None) -> str:
 
 def study(*a: str) -> list[str]:
     return [sys.executable, "-m", "study.cli", *a]
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def heartbeats(results: str, name: str) -> list[dict]:

@@ -16,7 +16,8 @@ from study.grid import load_grid
 from study.runner import _loopback_only
 from study.store import Store
 
-from tests.test_resume import alive, descendants, kill_all
+from study.procs import descendants
+from tests.test_resume import alive, kill_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = """

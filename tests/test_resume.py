@@ -12,6 +12,7 @@ import time
 
 from study.grid import load_grid
 from study.status import counts, snapshot
+from study.procs import descendants
 from study.store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,25 +30,6 @@ axes:
 
 def study_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "study.cli", *args]
-
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every process below `pid` (read from /proc), to end exactly what a test started."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def alive(pid: int) -> bool:
