@@ -11,7 +11,7 @@ import textwrap
 
 import torch
 
-from model import ModelConfig, SeqSpec, Trainer, TrainConfig
+from model import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -56,7 +56,6 @@ def test_puzzles_blank_the_configured_share(tiny_sudoku):
 
 
 # ---- generator at every size, symmetry classes, splits ------------------------------------
-import math  # noqa: E402
 
 import pytest  # noqa: E402
 from pydantic import ValidationError  # noqa: E402

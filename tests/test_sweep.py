@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pandas as pd
 
 from study.grid import load_grid
 from study.runner import run_grid

@@ -16,8 +16,7 @@ from study.grid import expand
 from study.store import Store
 from study.trial import execute
 from tasks import make_task
-from tasks.text8 import (TEXT8_CHARS, Text8, Text8Config, Text8Error, decode_text, download_text8, encode_text,
-                         load_corpus, normalize, offline_corpus, split_corpus)
+from tasks.text8 import (TEXT8_CHARS, Text8, Text8Config, Text8Error, decode_text, download_text8, load_corpus, normalize, offline_corpus, split_corpus)
 
 
 def test_normalize_is_text8_style():
