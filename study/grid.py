@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from model.config import ModelConfig, TrainConfig
+from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
 from tasks import TASKS, TaskConfig, make_task
 
@@ -151,6 +152,11 @@ class Run:
             "n_params_non_embedding": counts["non_embedding"],
             "flops_per_forward": m.flops_per_forward(),
         }
+
+    def train_flops(self) -> int:
+        """Model FLOPs of the whole training run (the depth schedule included)."""
+        task = make_task(self.task)
+        return train_flops_total(self.model, self.train, len(task.pos_ids()), task.vocab_size)
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,24 @@ def test_fields_inert_under_the_chosen_loss_and_schedule_do_not_split_a_run():
     r1 = expand(grid(model=m, train={"steps": 10, "schedule": "reverse", "min_depth": 1})).runs[0]
     r2 = expand(grid(model=m, train={"steps": 10, "schedule": "reverse", "min_depth": 2})).runs[0]
     assert r1.run_id != r2.run_id
+
+
+def test_longest_training_is_dispatched_first_and_trained_runs_last(tmp_path):
+    from study.runner import longest_first
+    from study.store import Store
+
+    g = expand(grid(axes={"K": [1, 2], "L": [1, 2]}, train={"steps": 10}))
+    store = Store(str(tmp_path), g.study)
+    shapes = lambda runs: [(r.model.K, r.model.L) for r in runs]
+    order = shapes(longest_first(g.runs, store))
+    assert order[0] == (2, 2) and order[-1] == (1, 1), order
+    # FLOPs say (1 x 2) and (2 x 1) cost the same up to the head: both in the middle
+    assert set(order[1:3]) == {(1, 2), (2, 1)}
+    # a run whose final weights exist only evaluates: it goes last, whatever its size
+    big = next(r for r in g.runs if (r.model.K, r.model.L) == (2, 2))
+    store.write_bytes(store.weights_path(big.run_id), b"weights")
+    assert shapes(longest_first(g.runs, store))[-1] == (2, 2)
+    # a schedule that trains at depth 1 for most steps costs less than fixed depth
+    cur = expand(grid(model={"d_model": 32, "n_heads": 4, "L": 4}, train={"steps": 10, "schedule": "curriculum"})).runs[0]
+    fix = expand(grid(model={"d_model": 32, "n_heads": 4, "L": 4}, train={"steps": 10})).runs[0]
+    assert cur.train_flops() < fix.train_flops()
