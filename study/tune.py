@@ -453,7 +453,7 @@ def _write_best(store: Store, grid: Grid, summary: dict) -> None:
     doc = {"kind": BEST_KIND, "study": grid.study, "grid": grid.path, "metric": grid.search.metric.label,
            "mode": grid.search.mode, "storage": DB_NAME, "groups": summary}
     text = ("# Best values per search group, written by `study tune`. Include them in a sweep grid with\n"
-            f"#   defaults_from: {{file: <this file>, group: auto}}   (or group: <name>)\n"
+            "#   defaults_from: {file: <this file>, group: auto}   (or group: <name>)\n"
             + yaml.safe_dump(doc, sort_keys=False))
     store.write_text(store.path(BEST_NAME), text)
 
