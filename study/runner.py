@@ -106,6 +106,9 @@ def check_address(address: str | None) -> None:
     raise ValueError(f"--address {address!r}: use auto, HOST:PORT or ray://HOST:PORT")
 
 
+START_ATTEMPTS = 3  # embedded Ray starts tried before `study run` gives up
+
+
 def init_ray(address: str | None, num_cpus: int | None = None):
     """Join `address` (auto, HOST:PORT, ray://HOST:PORT), or start an embedded Ray on loopback only.
 
@@ -121,7 +124,18 @@ def init_ray(address: str | None, num_cpus: int | None = None):
     if address is None:
         # no RAY_ADDRESS leaking in from the environment: embedded means embedded
         os.environ.pop("RAY_ADDRESS", None)
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+                break
+            except Exception as e:
+                # Ray gives a raylet a hard-coded 30 s to register; a crowded machine can miss it.
+                # Nothing has run yet: shut down what this attempt started and start again.
+                if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
+                    raise
+                ray.shutdown()
+                print(f"ray: the local node timed out during startup (attempt {attempt}/{START_ATTEMPTS}); "
+                      "starting it again", file=sys.stderr)
     else:
         check_address(address)
         ray.init(address=address, **kw)

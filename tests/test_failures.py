@@ -22,16 +22,7 @@ TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}\nmod
 
 @pytest.fixture(scope="module")
 def local_ray():
-    for tries in range(3):
-        try:
-            ray, started = init_ray(None, num_cpus=2)
-            break
-        except Exception as e:  # Ray gives a raylet 30 s to register: not always enough on a crowded 2-core box
-            if "timed out during startup" not in str(e) or tries == 2:
-                raise
-            import ray
-
-            ray.shutdown()
+    ray, started = init_ray(None, num_cpus=2)  # retries a raylet that times out during startup
     yield ray
     if started:
         ray.shutdown()
@@ -112,3 +103,4 @@ def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray):
     hist = store.read("history").sort_values("step")
     assert sorted(hist.step) == sorted({*range(0, 100, 5), 99})
     assert (hist[hist.step < ckpt].attempt == 1).all() and (hist[hist.step >= ckpt].attempt == 2).all()
+
