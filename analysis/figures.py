@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import (DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
+from analysis.tables import (DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, VARIANT_KEYS, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
                              pareto_front, primary_metric, select, text8_table, threshold_crossings)
 
 METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy",
@@ -180,7 +180,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     fig, axes = _grid(len(panels))
     multi_width = len({p[3] for p in panels}) > 1
     for ax, (variant, metric, K, width, g) in zip(axes, panels):
-        extra = _varying(g, ["schedule", "loss"])
+        extra = _varying(g, VARIANT_KEYS)
         colors = _palette(sorted(g["L_t"].unique()))
         for key, gl in g.groupby(["L_t", *extra]):
             row = gl.iloc[0]
@@ -326,7 +326,7 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
     fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2)
     markers = "osD^vP*X"
     for ax, (variant, metric, d) in zip(axes, panels):
-        extra = _varying(d, ["schedule", "loss", "d_model"])
+        extra = _varying(d, VARIANT_KEYS)
         models = sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in d.itertuples()})
         colors = _palette(models)
         ls_values = sorted(d["L_s"].unique())
@@ -421,7 +421,7 @@ def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     fig, axes = _grid(len(panels), cols=3)
     colors = _palette(sorted({(r.K, r.L_t) for *_, g in panels for r in g.itertuples()}))
     for ax, (n, rate, g) in zip(axes, panels):
-        extra = _varying(g, ["schedule", "loss", "d_model"])
+        extra = _varying(g, VARIANT_KEYS)
         for key, gl in g.groupby(["K", "L_t", *extra]):
             row = gl.iloc[0]
             _line(ax, gl, "T", f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}", colors[(row["K"], row["L_t"])])
@@ -484,7 +484,7 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
     fig, axes = _grid(len(variants), w=5.6, h=4.0, cols=3)
     for ax, variant in zip(axes, variants):
         g = h[h["task_variant"] == variant]
-        extra = _varying(g, ["schedule", "loss", "d_model"])
+        extra = _varying(g, VARIANT_KEYS)
         colors = _palette(sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in g.itertuples()}))
         for key, gm in g.groupby(["K", "L_t", *extra]):
             curve = gm.groupby("step")["train_loss"].agg(["mean", "min", "max"]).reset_index()

@@ -11,7 +11,12 @@ from study.store import Store, list_studies
 
 # columns of a run that say which model it is; the seed is not one of them (seeds are aggregated)
 RUN_COLS = ["run_id", "task", "task_variant", "sudoku_n", "mask_rate", "K", "L_t", "schedule", "loss", "d_model",
-            "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status"]
+            "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status"]
+# a run with the same values here as another run of the study trains the same model with the same
+# seed: a retraining (new code, a task config that gained a field, hence a new run id), not a second
+# seed. The newest finished one is analysed; the others are listed in StudyData.superseded.
+REPEAT_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps",
+               "seed"]
 
 
 class MissingData(ValueError):
@@ -30,6 +35,7 @@ class StudyData:
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
     configs: dict[str, dict] = field(default_factory=dict)  # run_id -> configs/<run_id>.json
     store: Store | None = None
+    superseded: pd.DataFrame | None = None  # runs retrained later under another id (REPEAT_KEYS): not analysed
 
 
 def latest_study(results: str) -> str:
@@ -54,7 +60,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
-    runs = enrich_runs(runs)
+    runs, superseded = drop_superseded(enrich_runs(runs))
     evals = store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner")
     history = store.read("history")
     if not history.empty:
@@ -62,7 +68,20 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
-                     configs=_configs(store), store=store)
+                     configs=_configs(store), store=store, superseded=superseded)
+
+
+def drop_superseded(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs to analyse, runs superseded by a newer run of the same model and seed).
+
+    Of runs equal on REPEAT_KEYS the newest finished one is kept (the newest of all if none
+    finished); averaging them as seeds would count one seed twice.
+    """
+    keys = [c for c in REPEAT_KEYS if c in runs.columns]
+    order = runs.assign(_done=runs["status"].eq("done")).sort_values(["_done", "created_at"], kind="stable")
+    keep = order.groupby(keys, dropna=False, sort=False).tail(1).index
+    kept = runs.loc[runs.index.isin(keep)]
+    return kept.reset_index(drop=True), runs.loc[~runs.index.isin(keep)].reset_index(drop=True)
 
 
 def enrich_runs(runs: pd.DataFrame) -> pd.DataFrame:

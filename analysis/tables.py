@@ -12,7 +12,9 @@ import pandas as pd
 from analysis.load import MissingData
 
 # what identifies a trained model apart from its seed; seeds of one model are aggregated
-MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model"]
+MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
+# of those, the ones a figure names in a line's label when they vary within a panel
+VARIANT_KEYS = ["schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
 # what identifies an evaluation point of a model
 POINT_KEYS = ["T", "L_s", "sampler", "split", "metric"]
 # metrics scored 0/1 per example, whose intervals are binomial (Wilson) from the evaluation size

@@ -236,3 +236,28 @@ def test_cli_report_all_writes_html_and_markdown(store_root, tmp_path):
     assert r.exit_code == 2 and "known: iso-param" in r.output
     r = CliRunner().invoke(app, ["report", "--format", "gif", "--results", store_root])
     assert r.exit_code == 2 and "svg, pdf" in r.output
+
+
+def test_a_retrained_run_supersedes_the_older_one_and_other_lrs_are_other_models(tmp_path):
+    """Same model and seed under two run ids (retrained after a code change) is one seed, the newest;
+    a second seed is averaged; another learning rate is another model, never averaged in."""
+    import datetime as dt
+
+    from study.store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    store = Store(str(tmp_path), "rerun")
+    tp = {"n": 9, "mask_rate": 0.3}
+    old = run_row("rerun", "sudoku", tp, 1, 3)
+    new = {**run_row("rerun", "sudoku", tp, 1, 3), "run_id": "retrained",
+           "created_at": dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)}
+    seed1 = run_row("rerun", "sudoku", tp, 1, 3, seed=1)
+    other_lr = {**run_row("rerun", "sudoku", tp, 1, 3), "run_id": "lr3e-3", "lr": 3e-3}
+    for run, v in [(old, 0.10), (new, 0.50), (seed1, 0.70), (other_lr, 0.90)]:
+        _write(store, run, [eval_row(run, 1, 3, "vpr", v)])
+    data = load_study(str(tmp_path), "rerun")
+    assert list(data.superseded["run_id"]) == [old["run_id"]]
+    agg = aggregate(data.evals)
+    by_lr = {r.lr: r for r in agg.itertuples()}
+    assert by_lr[1e-3].n_seeds == 2 and abs(by_lr[1e-3].value - 0.60) < 1e-9  # (0.50 + 0.70) / 2, not 0.10
+    assert by_lr[3e-3].n_seeds == 1 and abs(by_lr[3e-3].value - 0.90) < 1e-9
