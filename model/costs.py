@@ -6,6 +6,7 @@ those of K layers (independent of L); FLOPs are those of K * L layers.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from model.config import ModelConfig, TrainConfig
@@ -45,11 +46,10 @@ def train_flops_per_step(
 
 def train_flops_total(model_cfg: ModelConfig, train_cfg: TrainConfig, seq_len: int, vocab_size: int) -> int:
     """Model FLOPs of a whole run: the depth schedule decides each step's L_t (a pure function of the step)."""
-    return sum(
-        train_flops_per_step(model_cfg, train_cfg, seq_len, vocab_size,
-                             depth_at(s, train_cfg.steps, model_cfg.L, train_cfg), recompute=False)
-        for s in range(train_cfg.steps)
-    )
+    # a step's FLOPs depend on its depth only: count the steps per depth, price each depth once
+    depths = Counter(depth_at(s, train_cfg.steps, model_cfg.L, train_cfg) for s in range(train_cfg.steps))
+    return sum(n * train_flops_per_step(model_cfg, train_cfg, seq_len, vocab_size, d, recompute=False)
+               for d, n in depths.items())
 
 
 def inference_flops_per_sample(model_cfg: ModelConfig, seq_len: int, vocab_size: int, T: int, L_s: int) -> int:
