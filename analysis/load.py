@@ -12,11 +12,12 @@ from study.store import Store, list_studies
 # columns of a run that say which model it is; the seed is not one of them (seeds are aggregated)
 RUN_COLS = ["run_id", "task", "task_variant", "sudoku_n", "mask_rate", "K", "L_t", "schedule", "loss", "d_model",
             "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status"]
+# what identifies a trained model apart from its seed; seeds of one model are aggregated (analysis.tables)
+MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
 # a run with the same values here as another run of the study trains the same model with the same
 # seed: a retraining (new code, a task config that gained a field, hence a new run id), not a second
 # seed. The newest finished one is analysed; the others are listed in StudyData.superseded.
-REPEAT_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps",
-               "seed"]
+REPEAT_KEYS = [*MODEL_KEYS, "seed"]
 
 
 class MissingData(ValueError):

@@ -125,11 +125,11 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
              f"{data.runs['run_id'].nunique()} runs ({html.escape(status)}), {len(data.evals)} evaluation rows. "
              f"Generated {when} from the Parquet store alone (nothing retrained). Rates carry 95% Wilson intervals "
              "from the evaluation size; seeds of one model are averaged, with their spread.")
-    sup = data.superseded if data.superseded is not None else pd.DataFrame()
-    if len(sup):
-        note = (f" {len(sup)} older runs of the same model and seed, retrained later under another id, are left out: "
-                + ", ".join(sorted(sup["run_id"])) + ".")
-        intro += html.escape(note)
+    sup = data.superseded
+    note = "" if sup is None or sup.empty else (
+        f" {len(sup)} older runs of the same model and seed, retrained later under another id, are left out: "
+        + ", ".join(sorted(sup["run_id"])) + ".")
+    intro += html.escape(note)
     h = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.name)} — R-MDM study "
          f"report</title><style>{CSS}</style></head><body>", f"<h1>{html.escape(data.name)}: R-MDM study report</h1>",
          f"<p>{intro}</p>"]
@@ -137,7 +137,7 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
           f"Study **{data.name}** from `{data.dir}`: {data.runs['run_id'].nunique()} runs ({status}), "
           f"{len(data.evals)} evaluation rows. Generated {when} from the Parquet store alone (nothing retrained). "
           "Rates carry 95% Wilson intervals from the evaluation size; seeds of one model are averaged, "
-          "with their spread." + (note if len(sup) else ""), ""]
+          "with their spread." + note, ""]
 
     h.append("<h2>Figures</h2>")
     md += ["## Figures", ""]

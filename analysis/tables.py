@@ -9,10 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.load import MissingData
-
-# what identifies a trained model apart from its seed; seeds of one model are aggregated
-MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
+from analysis.load import MODEL_KEYS, MissingData
 # of those, the ones a figure names in a line's label when they vary within a panel
 VARIANT_KEYS = ["schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
 # what identifies an evaluation point of a model
