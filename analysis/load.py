@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow.fs as pafs
 
-from study.store import Store, list_studies
+from store import Store, list_studies
 
 # columns of a run that say which model it is; the seed is not one of them (seeds are aggregated)
 RUN_COLS = ["run_id", "task", "task_variant", "sudoku_n", "mask_rate", "K", "L_t", "schedule", "loss", "d_model",

@@ -39,7 +39,7 @@ LOOP = """
 import sys, time
 t0 = time.perf_counter()
 from study.grid import load_grid
-from study.store import Store
+from store import Store
 from study.trial import execute
 grid = load_grid(sys.argv[1])
 store = Store(sys.argv[2], grid.study)

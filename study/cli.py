@@ -90,7 +90,7 @@ def status(
     from dataclasses import asdict
 
     from study.status import render, snapshot
-    from study.store import Store
+    from store import Store
 
     g = _grid_or_exit(grid)
     store = Store(results, g.study)

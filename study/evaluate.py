@@ -22,7 +22,7 @@ import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, sample
 from model.elbo import nll_bound
-from study.store import Store, list_studies
+from store import Store, list_studies
 from tasks import TASKS, EvalSet, make_task, wilson
 
 

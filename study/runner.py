@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from study.grid import Grid, Run
 from study.status import LiveView
-from study.store import Store
+from store import Store
 from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from study.grid import Grid
-from study.store import Store
+from store import Store
 
 STALE_S = 60.0  # a heartbeat older than this: the run is not running any more (heartbeats come every 5 s)
 STATES = ("done", "running", "interrupted", "pending", "failed")

@@ -20,7 +20,7 @@ import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
 from study.grid import EvalConfig, EvalPoint, Run, Resources
-from study.store import Store
+from store import Store
 from tasks import TASKS, make_task, wilson
 
 

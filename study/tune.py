@@ -42,7 +42,7 @@ import yaml
 
 from study.grid import Grid, Run
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
-from study.store import Store
+from store import Store
 from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
 
 DB_NAME = "optuna.db"

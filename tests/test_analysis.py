@@ -243,7 +243,7 @@ def test_a_retrained_run_supersedes_the_older_one_and_other_lrs_are_other_models
     a second seed is averaged; another learning rate is another model, never averaged in."""
     import datetime as dt
 
-    from study.store import Store
+    from store import Store
     from test_analysis_data import _write, eval_row, run_row
 
     store = Store(str(tmp_path), "rerun")

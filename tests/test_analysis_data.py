@@ -1,6 +1,6 @@
 """Hand-made results stores for the analysis and report tests (no tests here; imported by them).
 
-Two studies written as real Parquet through study.store.Store.write_rows:
+Two studies written as real Parquet through store.Store.write_rows:
 - "paper": 9x9 Sudoku at 25% and 50% masked, models (K x L) with known VPR at T = 1, 2, 4, 8,
   two seeds of (1 x 3), (1 x L) families evaluated at several sampling depths L_s (cross-depth,
   compute), a random-sampler row that must be ignored, history rows.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from study.store import Store
+from store import Store
 
 N = 100  # examples per evaluation point: values are counts / 100
 TS = [1, 2, 4, 8]

@@ -14,7 +14,7 @@ import pytest
 
 from study.grid import load_grid
 from study.runner import _loopback_only
-from study.store import Store
+from store import Store
 
 from study.procs import descendants
 from tests.test_resume import alive, kill_all

@@ -9,7 +9,7 @@ import yaml
 
 from study.grid import expand, load_grid
 from study.runner import run_grid
-from study.store import Store
+from store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_GRIDS = sorted(f for f in os.listdir(os.path.join(ROOT, "grids", "cpu")) if f.endswith(".yaml"))

@@ -15,7 +15,7 @@ import pytest
 from study.grid import load_grid
 from study.runner import init_ray, run_grid
 from study.status import snapshot
-from study.store import Store
+from store import Store
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}\nmodel: {d_model: 16, n_heads: 2}\n"
 

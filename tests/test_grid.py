@@ -122,7 +122,7 @@ def test_fields_inert_under_the_chosen_loss_and_schedule_do_not_split_a_run():
 
 def test_longest_training_is_dispatched_first_and_trained_runs_last(tmp_path):
     from study.runner import longest_first
-    from study.store import Store
+    from store import Store
 
     g = expand(grid(axes={"K": [1, 2], "L": [1, 2]}, train={"steps": 10}))
     store = Store(str(tmp_path), g.study)

@@ -13,7 +13,7 @@ import time
 from study.grid import load_grid
 from study.status import counts, snapshot
 from study.procs import descendants
-from study.store import Store
+from store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = """

@@ -7,7 +7,7 @@ import threading
 
 import pyarrow.fs as pafs
 
-from study.store import Store
+from store import Store
 
 
 def hist_rows(run_id: str, n: int) -> list[dict]:

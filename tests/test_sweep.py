@@ -8,7 +8,7 @@ import sys
 
 from study.grid import load_grid
 from study.runner import run_grid
-from study.store import Store
+from store import Store
 
 GRID = """
 study: sweep2

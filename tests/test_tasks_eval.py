@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from study.cli import app
 from study.grid import expand
-from study.store import Store
+from store import Store
 from study.trial import execute
 from tasks.sudoku import DIGITS, generate_solutions
 

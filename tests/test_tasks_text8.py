@@ -13,7 +13,7 @@ import torch
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.elbo import nll_bound
 from study.grid import expand
-from study.store import Store
+from store import Store
 from study.trial import execute
 from tasks import make_task
 from tasks.text8 import (TEXT8_CHARS, Text8, Text8Config, Text8Error, decode_text, download_text8, load_corpus, normalize, offline_corpus, split_corpus)

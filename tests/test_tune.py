@@ -15,7 +15,7 @@ import yaml
 from optuna.trial import TrialState
 
 from study.grid import GridError, expand, load_grid
-from study.store import Store
+from store import Store
 from study.tune import storage_url, tune_grid, with_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
