@@ -67,13 +67,21 @@ SAMPLES = pa.schema([
     ("score", pa.float64()), ("scores", pa.string()),
 ])
 SCHEMAS = {"runs": RUNS, "evals": EVALS, "history": HISTORY, "samples": SAMPLES}
-SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+# The one name rule of the store (study names, run ids, eval keys, file names): matched whole
+# (`fullmatch`: `$` would let a trailing newline through), no '..' anywhere.
+SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+NAME_RULE = "1-200 letters, digits, '_', '-', '.', starting with a letter or digit, no '..'"
+
+
+def is_safe_name(name) -> bool:
+    """Whether `name` is a single path component that cannot escape the store."""
+    return isinstance(name, str) and SAFE.fullmatch(name) is not None and ".." not in name
 
 
 def safe_name(name: str, what: str = "name") -> str:
     """A single path component that cannot escape the store ('..', '/', absolute paths)."""
-    if not isinstance(name, str) or not SAFE.match(name) or ".." in name:
-        raise ValueError(f"unsafe {what} {name!r}: use letters, digits, '_', '-', '.' (no '..', no '/')")
+    if not is_safe_name(name):
+        raise ValueError(f"unsafe {what} {name!r}: use {NAME_RULE}")
     return name
 
 
@@ -90,6 +98,9 @@ class Store:
         self.base = base.rstrip("/")
         self.dir = f"{self.base}/{self.study}"
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        # path -> why, for every table file a read of this Store could not parse (damaged,
+        # truncated, foreign): readers skip them and say so; `study run` redoes what they held
+        self.unreadable: dict[str, str] = {}
 
     def path(self, *parts: str) -> str:
         return "/".join([self.dir, *[safe_name(p, "path part") for p in parts]])
@@ -164,25 +175,57 @@ class Store:
             data = self.read_bytes(info.path)
             if data is None:  # deleted since the listing
                 continue
-            tables.append(_conform(pq.read_table(pa.BufferReader(data)), schema))
+            t = self._parse(info.path, data, schema)
+            if t is not None:
+                tables.append(t)
         t = pa.concat_tables(tables) if tables else schema.empty_table()
         if filter_run is not None:
             t = t.filter(pc.equal(t["run_id"], filter_run))
         return t.to_pandas()
 
     # ---- run-level helpers -----------------------------------------------------------------
-    def run_row(self, run_id: str) -> dict | None:
-        data = self.read_bytes(self.path("runs", f"{run_id}.parquet"))
-        if data is None:
+    def _parse(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
+        """A file's table in `schema`, or None (and the file noted in `unreadable`) if it does not parse."""
+        try:
+            t = _conform(pq.read_table(pa.BufferReader(data)), schema)
+        except (pa.ArrowException, ValueError, TypeError, OSError) as e:
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            self.unreadable[path] = f"{len(data)} bytes, not a readable {schema_name(schema)} table: {why}"
             return None
-        rows = _conform(pq.read_table(pa.BufferReader(data)), RUNS).to_pylist()
+        self.unreadable.pop(path, None)
+        return t
+
+    def read_file(self, table: str, *parts: str) -> pa.Table | None:
+        """One table file (None when missing or unreadable; unreadable ones are noted)."""
+        path = self.path(table, *parts)
+        data = self.read_bytes(path)
+        return None if data is None else self._parse(path, data, SCHEMAS[table])
+
+    def readable(self, table: str, *parts: str) -> bool:
+        """False when the file exists but does not parse (a missing file is not damage)."""
+        path = self.path(table, *parts)
+        data = self.read_bytes(path)
+        return data is None or self._parse(path, data, SCHEMAS[table]) is not None
+
+    def run_row(self, run_id: str) -> dict | None:
+        """The run's row; None when missing or unreadable (a damaged row is a run not done)."""
+        t = self.read_file("runs", f"{run_id}.parquet")
+        rows = t.to_pylist() if t is not None else []
         return rows[0] if rows else None
 
     def eval_keys(self, run_id: str) -> set[str]:
+        """Eval points of a run whose evals file (and samples file, if any) parse: the points done."""
         d = f"{self.dir}/evals/{safe_name(run_id)}"
         sel = pafs.FileSelector(d, allow_not_found=True)
-        return {i.base_name[: -len(".parquet")] for i in self.fs.get_file_info(sel)
-                if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")}
+        keys = set()
+        for i in self.fs.get_file_info(sel):
+            if not i.base_name.endswith(".parquet") or not is_safe_name(i.base_name):
+                continue
+            key = i.base_name[: -len(".parquet")]
+            t = self.read_file("evals", run_id, i.base_name)
+            if t is not None and t.num_rows and self.readable("samples", run_id, i.base_name):
+                keys.add(key)
+        return keys
 
     def checkpoint_path(self, run_id: str) -> str:
         return self.path("checkpoints", f"{run_id}.pt")
@@ -228,7 +271,7 @@ class Store:
         yield d
         for name in sorted(set(os.listdir(d)) - before):
             p = os.path.join(d, name)
-            if os.path.isfile(p) and SAFE.match(name) and ".part" not in name and ".tmp" not in name:
+            if os.path.isfile(p) and is_safe_name(name) and ".part" not in name and ".tmp" not in name:
                 with open(p, "rb") as f:
                     self.write_bytes(self.path("data", name), f.read())
 
@@ -250,6 +293,10 @@ class Store:
         return out
 
 
+def schema_name(schema: pa.Schema) -> str:
+    return next((k for k, v in SCHEMAS.items() if v is schema), "Parquet")
+
+
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast a file's table to the current schema; columns added since it was written are null."""
     cols = []
@@ -269,7 +316,7 @@ def list_studies(root: str) -> list[tuple[str, float]]:
         fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
     out = []
     for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
-        if info.type == pafs.FileType.Directory and SAFE.match(info.base_name):
+        if info.type == pafs.FileType.Directory and is_safe_name(info.base_name):
             runs = fs.get_file_info(pafs.FileSelector(f"{info.path}/runs", allow_not_found=True))
             if runs:
                 out.append((info.base_name, max(r.mtime.timestamp() for r in runs if r.mtime)))

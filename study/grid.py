@@ -15,7 +15,6 @@ import itertools
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
+from store import NAME_RULE, is_safe_name
 from tasks import TASKS, TaskConfig, make_task
 
 
@@ -84,7 +84,6 @@ ALIASES = {
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
             "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 # task fields that change the evaluation set only, never the trained model
 TASK_EVAL_ONLY = {"n_test", "n_t", "eval_split"}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
@@ -210,8 +209,8 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     err = _Err(path)
     _check_keys(raw, TOP_KEYS, "", err)
     study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
-    if not isinstance(study, str) or not NAME_RE.match(study):
-        err("study", f"must be a plain name of letters, digits, '_', '-', '.' (got {study!r})")
+    if not is_safe_name(study):  # the store's rule: a name that passes here opens as a Store
+        err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
     retries = raw.get("retries", 2)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         err("retries", f"must be an integer >= 0 (got {retries!r})")
