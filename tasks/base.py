@@ -8,13 +8,31 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 
+SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
+
+
 class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # per split, the fields that shape that split's examples and never the training data; an
+    # evaluation is keyed by them (with the run id), so changing one re-evaluates, never reuses
+    EVAL_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = {"test": (), "val": ()}
+
+    def split_of(self, split: str) -> str:
+        """The split an evaluation of `split` actually reads ('test' or 'val')."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+        return split
+
+    def eval_fields(self, split: str) -> dict[str, Any]:
+        """The evaluation-only fields that decide which examples `split` holds."""
+        return {k: getattr(self, k) for k in self.EVAL_FIELDS[self.split_of(split)]}
 
 
 @dataclass
@@ -65,7 +83,9 @@ class Task(ABC):
         """(x0 (B, N) long, cond (B, N) bool), drawn with `gen` only."""
 
     @abstractmethod
-    def eval_set(self, split: str = "test") -> EvalSet: ...
+    def eval_set(self, split: str = "test") -> EvalSet:
+        """A fixed split: 'test' (what is reported) or 'val' (for selection: drawn from the training
+        distribution, disjoint from test and from the training examples)."""
 
     # ---- scoring ---------------------------------------------------------------------------
     @abstractmethod

@@ -50,6 +50,8 @@ class CountdownConfig(TaskConfig):
     ops: str = Field("+-*/", description="allowed operators, a subset of '+-*/'")
     n_train: int = Field(50_000, ge=1)
     n_test: int = Field(500, ge=1, description="test instances, disjoint from training (operand multiset + target)")
+    n_val: int | None = Field(None, ge=1, description="validation instances, disjoint from train and test like "
+                                                      "the test split; default: n_test")
     data_seed: int = 0
 
     @model_validator(mode="after")
@@ -69,6 +71,13 @@ class CountdownConfig(TaskConfig):
     @property
     def width(self) -> int:
         return len(str(self.max_value))
+
+    # val follows test in the same stream of distinct instances: it depends on n_test too
+    EVAL_FIELDS = {"test": ("n_test",), "val": ("n_test", "n_val")}
+
+    @property
+    def val_size(self) -> int:
+        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- instances ---------------------------------------------------------------------------
@@ -117,15 +126,17 @@ def instance_key(operands: list[int], target: int) -> tuple:
     return (tuple(sorted(operands)), target)
 
 
-def generate_split(cfg: CountdownConfig) -> dict[str, np.ndarray]:
-    """Train and test instances, disjoint by (operand multiset, target); deterministic from the seed.
+def generate_split(cfg: CountdownConfig, val: bool = False) -> dict[str, np.ndarray]:
+    """Train and test instances (and with `val`, validation ones), disjoint by (operand multiset,
+    target); deterministic from the seed. One stream of distinct instances: the first n_train are
+    train, the next n_test test, the next n_val val, so train and test never depend on val.
 
     Returns operands (M, k), targets (M,), steps (M, k-1, 4) with op as its index in OPS, for
-    both splits (`train_*`, `test_*`)."""
+    each split (`train_*`, `test_*`, `val_*`)."""
     rng = random.Random(f"countdown-{cfg.data_seed}-{cfg.n_operands}")
     seen: set[tuple] = set()
     rows: list[tuple] = []
-    want = cfg.n_train + cfg.n_test
+    want = cfg.n_train + cfg.n_test + (cfg.val_size if val else 0)
     misses = 0
     while len(rows) < want:
         ops, tgt, steps = random_instance(cfg, rng)
@@ -134,17 +145,27 @@ def generate_split(cfg: CountdownConfig) -> dict[str, np.ndarray]:
             misses += 1
             if misses > 20 * want + 10_000:
                 raise ValueError(f"only {len(rows)} distinct instances found, {want} asked: the operand/target "
-                                 f"ranges are too small for n_train + n_test")
+                                 f"ranges are too small for n_train + n_test{' + n_val' if val else ''}")
             continue
         seen.add(key)
         rows.append((ops, tgt, steps))
     out = {}
-    for split, part in (("train", rows[:cfg.n_train]), ("test", rows[cfg.n_train:])):
+    a, b = cfg.n_train, cfg.n_train + cfg.n_test
+    parts = [("train", rows[:a]), ("test", rows[a:b])] + ([("val", rows[b:])] if val else [])
+    for split, part in parts:
         out[f"{split}_operands"] = np.array([r[0] for r in part], dtype=np.int64)
         out[f"{split}_targets"] = np.array([r[1] for r in part], dtype=np.int64)
         out[f"{split}_steps"] = np.array([[(a, OPS.index(o), b, c) for a, o, b, c in r[2]] for r in part],
                                          dtype=np.int64).reshape(len(part), cfg.n_operands - 1, 4)
     return out
+
+
+def _save_npz(path: str, **arrays) -> None:
+    """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
 
 
 def format_input(operands: list[int], target: int) -> str:
@@ -214,6 +235,8 @@ class Countdown(Task):
         self.slot = 3 * self.W + 2
         self.train_x0: torch.Tensor | None = None
         self.test: EvalSet | None = None
+        self.val: EvalSet | None = None  # made on first use (tuning, selection): training never waits for it
+        self._data_path: str | None = None
 
     # ---- declarations ----------------------------------------------------------------------
     @property
@@ -281,7 +304,7 @@ class Countdown(Task):
 
     # ---- data ------------------------------------------------------------------------------
     def _data_key(self) -> str:
-        d = self.cfg.model_dump()
+        d = self.cfg.model_dump(exclude={"n_val"})  # train and test never depend on val
         blob = json.dumps({"v": 1, **d}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -295,20 +318,30 @@ class Countdown(Task):
         else:
             data = generate_split(self.cfg)
             if path:
-                os.makedirs(cache_dir, exist_ok=True)
-                tmp = f"{path}.tmp-{os.getpid()}.npz"
-                np.savez_compressed(tmp, **data)
-                os.replace(tmp, path)
-        self.data = data
-
-        def tokens(split: str) -> torch.Tensor:
-            return torch.tensor([self.encode(o, t, s) for o, t, s in zip(
-                data[f"{split}_operands"].tolist(), data[f"{split}_targets"].tolist(), data[f"{split}_steps"].tolist())],
-                dtype=torch.long)
-
-        self.train_x0 = tokens("train")
-        test = tokens("test")
+                _save_npz(path, **data)
+        self._data_path = path
+        self.train_x0 = self._tokens(data, "train")
+        test = self._tokens(data, "test")
         self.test = EvalSet(test, self.cond_mask().expand_as(test).clone())
+
+    def _tokens(self, data: dict[str, np.ndarray], split: str) -> torch.Tensor:
+        return torch.tensor([self.encode(o, t, s) for o, t, s in zip(
+            data[f"{split}_operands"].tolist(), data[f"{split}_targets"].tolist(), data[f"{split}_steps"].tolist())],
+            dtype=torch.long)
+
+    def _make_val(self) -> EvalSet:
+        """The n_val instances after the test ones (made, and cached beside the data, on first use)."""
+        path = f"{self._data_path[:-len('.npz')]}-val{self.cfg.val_size}.npz" if self._data_path else None
+        if path and os.path.exists(path):
+            with np.load(path) as z:
+                data = {k: z[k] for k in z.files}
+        else:
+            full = generate_split(self.cfg, val=True)
+            data = {k: v for k, v in full.items() if k.startswith("val_")}
+            if path:
+                _save_npz(path, **data)
+        val = self._tokens(data, "val")
+        return EvalSet(val, self.cond_mask().expand_as(val).clone())
 
     def train_batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.randint(0, self.train_x0.shape[0], (batch_size,), generator=gen)
@@ -316,9 +349,11 @@ class Countdown(Task):
         return x0, self.cond_mask().expand_as(x0).clone()
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        if split != "test":
-            raise ValueError(f"unknown split {split!r}; countdown has: test")
-        return self.test
+        if self.cfg.split_of(split) == "test":
+            return self.test
+        if self.val is None:
+            self.val = self._make_val()
+        return self.val
 
     # ---- scoring ---------------------------------------------------------------------------
     def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:

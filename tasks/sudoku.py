@@ -15,8 +15,10 @@ Train and test grids are kept in different symmetry classes with `fingerprint`, 
 digit relabeling, transposition, band/stack and row/column-within-band permutations (equal
 fingerprints do not prove equivalence, so the check is conservative: it may drop a test grid
 that was in fact new, never keep one that is not). 4x4 Sudoku has only two classes, so its
-split is disjoint by grid instead (`disjoint: auto`). Symmetry transforms augment the training
-split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
+split is disjoint by grid instead (`disjoint: auto`). The validation split (`eval_set("val")`,
+for selection and tuning) comes from the same generator on its own stream, disjoint from train
+and test in the same way, so the test set does not depend on it. Symmetry transforms augment
+the training split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ class SudokuConfig(TaskConfig):
         0.3, description="share of cells blanked per puzzle: a number in (0, 1], or [low, high] drawn per puzzle")
     n_train: int = Field(2000, ge=1, description="distinct solved training grids (augmented by symmetry)")
     n_test: int = Field(500, ge=1, description="test puzzles (fixed; from grids never seen in training)")
+    n_val: int | None = Field(None, ge=1, description="validation puzzles (disjoint from train and test "
+                                                      "like the test split); default: n_test")
     structural_pos: bool = Field(True, description="embed positions as row + column + box ids; off = one id per cell")
     augment: bool = True
     disjoint: Literal["auto", "class", "grid"] = Field(
@@ -76,6 +80,13 @@ class SudokuConfig(TaskConfig):
     @property
     def split_by(self) -> str:
         return ("grid" if self.n == 4 else "class") if self.disjoint == "auto" else self.disjoint
+
+    # val is drawn disjoint from test, so which grids it holds depends on n_test too
+    EVAL_FIELDS = {"test": ("n_test",), "val": ("n_test", "n_val")}
+
+    @property
+    def val_size(self) -> int:
+        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- solved grids ------------------------------------------------------------------------
@@ -137,12 +148,17 @@ def swap_chain(n: int, batch: int, rng: np.random.Generator, steps: int | None =
 CHAINS_PER_BATCH = {4: 64, 9: 512, 16: 128, 25: 32}
 
 
-def iter_solutions(n: int, seed: int, steps: int | None = None) -> Iterator[np.ndarray]:
-    """Distinct solved grids (n*n,), in an order fixed by (n, seed): batch j of chains draws from its
-    own stream seeded by (seed, n, j), so grid i never depends on how many grids are asked for."""
+TRAIN_TEST_STREAM, VAL_STREAM = 0x5D, 0x5E
+
+
+def iter_solutions(n: int, seed: int, steps: int | None = None, stream: int = TRAIN_TEST_STREAM
+                   ) -> Iterator[np.ndarray]:
+    """Distinct solved grids (n*n,), in an order fixed by (n, seed, stream): batch j of chains draws
+    from its own stream seeded by (seed, n, stream, j), so grid i never depends on how many grids are
+    asked for."""
     seen: set[bytes] = set()
     for j in itertools.count():
-        rng = np.random.default_rng([seed, n, 0x5D, j])
+        rng = np.random.default_rng([seed, n, stream, j])
         for g in swap_chain(n, CHAINS_PER_BATCH[n], rng, steps).reshape(-1, n * n):
             key = g.astype(np.int8).tobytes()
             if key not in seen:
@@ -287,6 +303,27 @@ def split_grids(n: int, n_train: int, n_test: int, seed: int, by: Literal["class
     return train, np.stack(test)
 
 
+def val_grids(n: int, n_val: int, seed: int, train: np.ndarray, test: np.ndarray,
+              by: Literal["class", "grid"] = "class") -> np.ndarray:
+    """Validation solved grids: the same generator as train and test on its own stream (so the test
+    split never depends on it), keeping only grids whose key (symmetry class or grid) is in neither
+    train nor test, nor earlier in val."""
+    if by == "grid" and n == 4 and len(train) + len(test) + n_val > 288:
+        raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test + n_val = "
+                         f"{len(train) + len(test) + n_val} is too many (lower n_val)")
+    key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+    taken = {key(g) for g in train} | {key(g) for g in test}
+    it = iter_solutions(n, seed, stream=VAL_STREAM)
+    val = []
+    while len(val) < n_val:
+        g = next(it)
+        k = key(g)
+        if k not in taken:
+            taken.add(k)
+            val.append(g)
+    return np.stack(val)
+
+
 def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     """Apply one random validity-preserving transform per grid. grids: (B, n*n)."""
     B = grids.shape[0]
@@ -306,6 +343,14 @@ def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.
     relabel = torch.argsort(torch.rand(B, n, generator=gen), dim=1)  # (B, n)
     g = torch.gather(relabel, 1, g.reshape(B, n * n))
     return g.reshape(B, n * n)
+
+
+def _save_npz(path: str, **arrays) -> None:
+    """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
 
 
 # ---- external puzzle files ---------------------------------------------------------------
@@ -428,9 +473,11 @@ class Sudoku(Task):
         self.n = cfg.n
         lo, hi = (cfg.mask_rate, cfg.mask_rate) if isinstance(cfg.mask_rate, float) else cfg.mask_rate
         self.blank_range = (max(1, round(lo * cfg.n * cfg.n)), max(1, round(hi * cfg.n * cfg.n)))
-        self.n_blank = self.blank_range[0]  # the fixed count when mask_rate is a single number
         self.train_grids: torch.Tensor | None = None
         self.test: EvalSet | None = None
+        self.val: EvalSet | None = None  # made on first use (tuning, selection): training never waits for it
+        self._test_grids: np.ndarray | None = None
+        self._data_path: str | None = None  # the cache file train and test came from
 
     @property
     def vocab_size(self) -> int:
@@ -447,6 +494,7 @@ class Sudoku(Task):
 
     # ---- data ------------------------------------------------------------------------------
     DATA_VERSION = 3  # bump when generation changes; a study's older files are still used (see prepare)
+    VAL_MASK_SEED = 104_729  # the test split's givens use data_seed + 7919
 
     def _data_key(self, version: int = DATA_VERSION) -> str:
         c = self.cfg
@@ -455,31 +503,79 @@ class Sudoku(Task):
             d["by"] = c.split_by
         return hashlib.sha256(json.dumps(d).encode()).hexdigest()[:12]
 
+    def _meta(self) -> dict:
+        """What a cached data file holds, recorded inside it (`meta`) and checked on every load."""
+        c = self.cfg
+        return {"version": self.DATA_VERSION, "n": c.n, "n_train": c.n_train, "n_test": c.n_test,
+                "seed": c.data_seed, "split_by": c.split_by}
+
+    def _file_meta(self, z, version: int) -> dict:
+        if "meta" in z.files:
+            return json.loads(str(z["meta"]))
+        # files from before the meta was recorded: their key says everything but the split of v1,
+        # which the MRV-search generator always made by grid
+        return {**self._meta(), "version": version, "split_by": "grid" if version == 1 else self.cfg.split_by}
+
+    @staticmethod
+    def _same_data(have: dict, want: dict) -> bool:
+        return all(have.get(k) == want[k] for k in want if k != "version")
+
     def prepare(self, cache_dir: str | None) -> None:
         if self.train_grids is not None:
             return
+        want = self._meta()
         path = os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key()}.npz") if cache_dir else None
         # a study keeps the data it started with: a file an older generator made for the same config
-        # (v2: the same chain, other batch streams; v1: the MRV search, split by grid only) is used
-        # before new data is made, so runs resumed after an upgrade train on their study's grids
-        found = [p for p in ([path] + [os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key(v)}.npz")
-                                       for v in range(self.DATA_VERSION - 1, 0, -1)] if path else [])
-                 if os.path.exists(p)]
-        if found:
-            with np.load(found[0]) as z:
-                train, test = z["train"], z["test"]
-        else:
+        # (v2: the same chain, other batch streams; v1: the MRV search) is used before new data is made,
+        # so runs resumed after an upgrade train on their study's grids -- but only when it holds the same
+        # split (a v1 file is split by grid: never reused for a class-disjoint config, whose data is made
+        # anew under today's key instead)
+        train = test = None
+        for v in range(self.DATA_VERSION, 0, -1) if path else ():
+            p = path if v == self.DATA_VERSION else os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key(v)}.npz")
+            if not os.path.exists(p):
+                continue
+            with np.load(p) as z:
+                have = self._file_meta(z, v)
+                if self._same_data(have, want) and len(z["train"]) == self.cfg.n_train \
+                        and len(z["test"]) == self.cfg.n_test:
+                    train, test, self._data_path = z["train"], z["test"], p
+                    break
+            if p == path:
+                raise ValueError(f"{p}: cached Sudoku data holds {have}, but the config asks for {want}; "
+                                 f"move the file away to regenerate it")
+        if train is None:
             train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,
                                       self.cfg.split_by)
             if path:
-                os.makedirs(cache_dir, exist_ok=True)
-                tmp = f"{path}.tmp-{os.getpid()}.npz"
-                np.savez_compressed(tmp, train=train, test=test)
-                os.replace(tmp, path)
+                _save_npz(path, train=train, test=test, meta=np.array(json.dumps(want)))
+                self._data_path = path
         self.train_grids = torch.from_numpy(train)
+        self._test_grids = test
         test_x0 = torch.from_numpy(test)
         gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919)
         self.test = EvalSet(test_x0, self._givens(test_x0.shape[0], gen))
+
+    def _make_val(self) -> EvalSet:
+        c = self.cfg
+        path = f"{self._data_path[:-len('.npz')]}-val{c.val_size}.npz" if self._data_path else None
+        want = {"n_val": c.val_size, "split_by": c.split_by, "stream": VAL_STREAM,
+                "of": os.path.basename(self._data_path or "")}
+        if path and os.path.exists(path):
+            with np.load(path) as z:
+                have = json.loads(str(z["meta"]))
+                if have != want:
+                    raise ValueError(f"{path}: cached validation grids hold {have}, but {want} is asked; "
+                                     f"move the file away to regenerate it")
+                grids = z["val"]
+        else:
+            grids = val_grids(self.n, c.val_size, c.data_seed, self.train_grids.numpy(), self._test_grids,
+                              c.split_by)
+            if path:
+                _save_npz(path, val=grids, meta=np.array(json.dumps(want)))
+        x0 = torch.from_numpy(grids)
+        gen = torch.Generator().manual_seed(c.data_seed + self.VAL_MASK_SEED)
+        return EvalSet(x0, self._givens(x0.shape[0], gen))
 
     def _givens(self, B: int, gen: torch.Generator) -> torch.Tensor:
         """(B, N) bool: n_blank cells per puzzle are blank (fixed, or drawn per puzzle in the range)."""
@@ -499,9 +595,11 @@ class Sudoku(Task):
         return x0, self._givens(batch_size, gen)
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        if split != "test":
-            raise ValueError(f"unknown split {split!r}; sudoku has: test")
-        return self.test
+        if self.cfg.split_of(split) == "test":
+            return self.test
+        if self.val is None:
+            self.val = self._make_val()
+        return self.val
 
     # ---- scoring ---------------------------------------------------------------------------
     def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:

@@ -41,9 +41,25 @@ class Text8Config(TaskConfig):
     path: str | None = Field(None, description="a text8 file; none: the offline corpus from Python's own docs")
     seq_len: int = Field(256, ge=8, description="characters per sequence")
     n_test: int = Field(256, ge=1, description="evaluation sequences (consecutive chunks of the split)")
+    n_val: int | None = Field(None, ge=1, description="validation sequences (chunks of the 'valid' slice); "
+                                                      "default: n_test")
     n_t: int = Field(16, ge=1, description="noise levels t of the NLL estimate (fixed, seeded, stratified)")
-    eval_split: Literal["valid", "test"] = "test"
+    eval_split: Literal["valid", "test"] = Field(
+        "test", description="the slice the reported evaluation reads; 'valid' is the validation slice (split 'val')")
     data_seed: int = 0
+
+    # n_t shapes every likelihood estimate; eval_split decides which slice 'test' reads
+    EVAL_FIELDS = {"test": ("n_test", "n_t", "eval_split"), "val": ("n_val", "n_test", "n_t")}
+
+    def split_of(self, split: str) -> str:
+        """'valid' is text8's name for the validation slice; with eval_split: valid, 'test' reads it too."""
+        if split == "valid" or (split == "test" and self.eval_split == "valid"):
+            return "val"
+        return super().split_of(split)
+
+    @property
+    def val_size(self) -> int:
+        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -194,13 +210,12 @@ class Text8(Task):
         return x0, torch.zeros_like(x0, dtype=torch.bool)  # unconditional: nothing given
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        """Consecutive, non-overlapping chunks of the split ('test' means the configured eval_split)."""
-        if split not in ("test", "valid"):
-            raise ValueError(f"unknown split {split!r}; text8 has: test, valid")
-        name = self.cfg.eval_split if split == "test" else split
-        data = self.splits[name]
+        """Consecutive, non-overlapping chunks of the test slice, or of the held-out 'valid' slice for
+        'val' (also what 'test' reads under eval_split: valid)."""
+        which = self.cfg.split_of(split)
+        data = self.splits["valid" if which == "val" else "test"]
         L = self.cfg.seq_len
-        n = min(self.cfg.n_test, len(data) // L)
+        n = min(self.cfg.n_test if split == "test" else self.cfg.val_size, len(data) // L)
         x0 = torch.from_numpy(data[: n * L].astype(np.int64)).view(n, L)
         return EvalSet(x0, torch.zeros_like(x0, dtype=torch.bool))
 

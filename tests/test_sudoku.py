@@ -183,3 +183,57 @@ def test_a_study_keeps_data_an_older_generator_cached(tmp_path):
     task = Sudoku(cfg)
     task.prepare(str(tmp_path))
     assert (task.train_grids.numpy() == grids[:12]).all() and len(list(tmp_path.iterdir())) == 1
+
+
+# ---- validation split ----------------------------------------------------------------------
+def _split_hash(ev: EvalSet) -> str:
+    import hashlib
+
+    return hashlib.sha256(ev.x0.numpy().tobytes() + ev.cond.numpy().tobytes()).hexdigest()[:16]
+
+
+def test_val_split_is_disjoint_from_train_and_test_and_test_is_unchanged(tmp_path):
+    from tasks.sudoku import fingerprint
+
+    for kw, key, test_hash in ((dict(n=9, n_train=60, n_test=20, data_seed=1), "class", "d58caedea3956ab5"),
+                               (dict(n=4, n_train=30, n_test=12), "grid", "4784b503c3937621")):
+        task = Sudoku(SudokuConfig(**kw, n_val=15))
+        task.prepare(str(tmp_path))
+        test, val = task.eval_set("test"), task.eval_set("val")
+        assert _split_hash(test) == test_hash  # the test set made before a val split existed
+        n = kw["n"]
+        k = (lambda g: fingerprint(g.numpy(), n)) if key == "class" else (lambda g: bytes(g.tolist()))
+        tr, te, va = ({k(g) for g in grids} for grids in (task.train_grids, test.x0, val.x0))
+        assert len(va) == len(val) == 15 and not va & tr and not va & te and not te & tr
+        assert all(is_valid_solution(g.numpy(), n) for g in val.x0)
+        assert (val.cond.sum(1) == test.cond.sum(1)[0]).all()  # the same masking as the test puzzles
+        again = Sudoku(SudokuConfig(**kw, n_val=15))  # from the cache: the same val set
+        again.prepare(str(tmp_path))
+        assert _split_hash(again.eval_set("val")) == _split_hash(val)
+
+
+def test_cached_data_of_another_split_is_never_reused(tmp_path):
+    """A v1 cache file (MRV search, split by grid) used to be loaded for a class-disjoint config."""
+    cfg = SudokuConfig(n=9, n_train=20, n_test=5)
+    task = Sudoku(cfg)
+    fake = np.stack([VALID] * 25)  # what an old grid-split file would hold
+    old = tmp_path / f"sudoku9-{task._data_key(1)}.npz"
+    np.savez(old, train=fake[:20], test=fake[20:])
+    task.prepare(str(tmp_path))
+    assert not (task.train_grids.numpy() == VALID).all(axis=1).any()  # regenerated, not the v1 file
+    new = tmp_path / f"sudoku9-{task._data_key()}.npz"
+    with np.load(new) as z:
+        assert '"split_by": "class"' in str(z["meta"]) and '"version": 3' in str(z["meta"])
+    # a grid-split config may still take over its study's v1 file
+    g = Sudoku(SudokuConfig(n=9, n_train=20, n_test=5, disjoint="grid"))
+    np.savez(tmp_path / f"sudoku9-{g._data_key(1)}.npz", train=fake[:20], test=fake[20:])
+    g.prepare(str(tmp_path))
+    assert (g.train_grids.numpy() == VALID).all()
+    # a file under today's key that records another split fails clearly instead of being used
+    c = Sudoku(SudokuConfig(n=9, n_train=20, n_test=5, data_seed=4))
+    np.savez(tmp_path / f"sudoku9-{c._data_key()}.npz", train=fake[:20], test=fake[20:],
+             meta=np.array('{"version": 3, "n": 9, "n_train": 20, "n_test": 5, "seed": 4, "split_by": "grid"}'))
+    import pytest
+
+    with pytest.raises(ValueError, match="split_by"):
+        c.prepare(str(tmp_path))

@@ -161,3 +161,30 @@ def test_tiny_training_beats_chance():
     after = _rates(task, tr.model, ev)
     assert before["well_formed"] < 0.1 and before["ends_on_target"] < 0.05, before
     assert after["well_formed"] > 0.8 and after["ends_on_target"] > 0.15, after
+
+
+def test_val_split_is_disjoint_by_instance_and_test_is_unchanged(tmp_path):
+    import hashlib
+
+    from tasks.countdown import instance_key
+
+    cfg = CountdownConfig(n_operands=3, n_train=200, n_test=30, n_val=25, **EASY)
+    task = Countdown(cfg)
+    task.prepare(str(tmp_path))
+    test, val = task.eval_set("test"), task.eval_set("val")
+    # the test set made before a val split existed
+    assert hashlib.sha256(test.x0.numpy().tobytes() + test.cond.numpy().tobytes()).hexdigest()[:16] \
+        == "15235fa9c916f9fc"
+
+    def keys(x0):
+        return {instance_key(*task.decode_input(r)) for r in x0}
+
+    tr, te, va = keys(task.train_x0), keys(test.x0), keys(val.x0)
+    assert len(va) == len(val) == 25 and not va & tr and not va & te and not te & tr
+    assert (val.cond == task.cond_mask()).all()
+    again = Countdown(cfg)  # from the cache
+    again.prepare(str(tmp_path))
+    assert torch.equal(again.eval_set("val").x0, val.x0)
+    assert Countdown(CountdownConfig(n_operands=3, n_train=200, n_test=30, **EASY)).cfg.val_size == 30
+    with pytest.raises(ValueError, match="allowed: test, val"):
+        task.eval_set("train")

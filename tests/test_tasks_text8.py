@@ -143,3 +143,19 @@ def test_tiny_training_beats_chance_and_writes_likelihood_rows(tmp_path):
     e = task.eval_set()
     chance = float((nll_bound(untrained, e.x0, e.cond, task.t_values()) / 48).mean()) / math.log(2)
     assert chance > 4.6 and m["bpc"] < chance - 0.4, (chance, m["bpc"])
+
+
+def test_val_split_is_the_held_out_valid_slice():
+    task = make_task(Text8Config(seq_len=32, n_test=10, n_val=6))
+    task.prepare(None)
+    test, val = task.eval_set("test"), task.eval_set("val")
+    assert (test.x0.reshape(-1).numpy() == task.splits["test"][:320]).all()  # unchanged
+    assert val.x0.shape == (6, 32) and (val.x0.reshape(-1).numpy() == task.splits["valid"][:192]).all()
+    n_train, n_valid = len(task.splits["train"]), len(task.splits["valid"])
+    whole = np.concatenate([task.splits[s] for s in ("train", "valid", "test")])
+    # three consecutive, non-overlapping slices of the corpus: val is held out from train and test
+    assert (whole[n_train:n_train + n_valid] == task.splits["valid"]).all()
+    assert task.cfg.split_of("test") == "test" and task.cfg.split_of("valid") == "val"
+    # eval_split: valid makes the reported evaluation read the validation slice, and says so
+    v = make_task(Text8Config(seq_len=32, n_test=10, eval_split="valid"))
+    assert v.cfg.split_of("test") == "val"
