@@ -19,7 +19,8 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import (DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, VARIANT_KEYS, aggregate, heatmap_matrix, iso_flop_pairs,  # noqa: E402
+from analysis.tables import (DEFAULT_SPLIT, DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, SHAPE_FIELDS,  # noqa: E402
+                             aggregate, differing, family_key, heatmap_matrix, iso_flop_pairs, one_split,
                              pareto_front, primary_metric, select, text8_table, threshold_crossings)
 
 METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy",
@@ -34,6 +35,7 @@ class Options:
     threshold: float | None = None  # pareto: default 0.95 for VPR, 0.70 for RTR
     T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the middle T of those with most cells)
     pareto_x: str = "T"  # pareto y-axis: "T" (at L_s = L_t) or "forward_passes" (T * L_s, any L_s)
+    split: str = DEFAULT_SPLIT  # the one evaluation split every figure and table reads
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -45,15 +47,24 @@ def _agg(data: StudyData) -> pd.DataFrame:
     return cached
 
 
-def _by_variant(data: StudyData, what: str) -> list[tuple[str, str, pd.DataFrame]]:
-    """(task variant, its primary metric, its aggregated rows of that metric), variants with data only."""
+def _split_rows(data: StudyData, what: str, split: str) -> pd.DataFrame:
+    """The aggregated rows of one split; MissingData naming the splits present when it has none."""
     agg = _agg(data)
     if agg.empty:
         raise MissingData(f"{what} needs evaluations: the study has no evals rows")
+    if not (agg["split"] == split).any():
+        raise MissingData(f"{what}: no evaluations on split {split!r} (splits present: "
+                          f"{', '.join(sorted(map(str, agg['split'].unique())))})")
+    return agg[agg["split"] == split]
+
+
+def _by_variant(data: StudyData, what: str, split: str = DEFAULT_SPLIT) -> list[tuple[str, str, pd.DataFrame]]:
+    """(task variant, its primary metric, its aggregated rows of that metric on `split`), variants with data only."""
+    agg = _split_rows(data, what, split)
     out = []
     for variant, g in agg.groupby("task_variant"):
         metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
-        d = select(g, metric)
+        d = select(g, metric, split=split)
         if not d.empty:
             out.append((variant, metric, d))
     return out
@@ -76,16 +87,22 @@ def _label(K, L) -> str:
     return f"({K} x {L})"
 
 
-def _suffix(row, cols: list[str]) -> str:
-    return "".join(f", {c} {row[c]}" for c in cols)
+def _names(d: pd.DataFrame, shown=SHAPE_FIELDS) -> dict[str, str]:
+    """model_key -> the fields that tell the models of `d` apart beyond `shown` ('' when none)."""
+    return differing(sorted(d["model_key"].unique()), shown)
 
 
-def _varying(d: pd.DataFrame, cols: list[str]) -> list[str]:
-    return [c for c in cols if c in d and d[c].nunique(dropna=False) > 1]
+def _model_label(row, names: dict[str, str]) -> str:
+    """'(1 x 2)', or '(1 x 2) truncate_k=2' when other models shown beside it differ in truncate_k."""
+    extra = names.get(row["model_key"], "")
+    return _label(row["K"], row["L_t"]) + (f" {extra}" if extra else "")
 
 
 def _line(ax, g: pd.DataFrame, x: str, label: str, color, marker: str = "o", ls: str = "-") -> None:
     """Seed-mean metric vs x with its interval as a band; bars of +-1 s.d. across seeds when several."""
+    one_split(g, "a line")
+    if g.duplicated(x).any():
+        raise ValueError(f"a line was given two rows at one {x}: group by model_key first")
     g = g.sort_values(x)
     ax.plot(g[x], g["value"], marker=marker, ls=ls, color=color, label=label)
     ax.fill_between(g[x], g["ci_low"], g["ci_high"], color=color, alpha=0.15, lw=0)
@@ -166,7 +183,7 @@ def _theme() -> None:
 def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """Metric vs T, one line per L (sampled at its training depth), one panel per (task variant, K)."""
     panels, have = [], []
-    for variant, metric, d in _by_variant(data, "iso-param"):
+    for variant, metric, d in _by_variant(data, "iso-param", opts.split):
         d = d[d["L_s"] == d["L_t"]]
         for (K, width), g in d.groupby(["K", "d_model"]):
             have.append(f"{variant} K={K}: L={sorted(g['L_t'].unique())}")
@@ -180,12 +197,12 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     fig, axes = _grid(len(panels))
     multi_width = len({p[3] for p in panels}) > 1
     for ax, (variant, metric, K, width, g) in zip(axes, panels):
-        extra = _varying(g, VARIANT_KEYS)
-        colors = _palette(sorted(g["L_t"].unique()))
-        for key, gl in g.groupby(["L_t", *extra]):
+        names = _names(g)
+        lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["L_t"].iloc[0], names[kg[0]]))
+        colors = _palette([k for k, _ in lines])
+        for key, gl in lines:
             row = gl.iloc[0]
-            _line(ax, gl, "T", f"{_label(K, row['L_t'])}  L_t = L_s = {row['L_t']}{_suffix(row, extra)}",
-                  colors[row["L_t"]])
+            _line(ax, gl, "T", f"{_model_label(row, names)}  L_t = L_s = {row['L_t']}", colors[key])
         _x_axis(ax, g["T"], "denoising steps T")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
@@ -204,16 +221,14 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
         have = sorted({_label(k, l) for k, l in zip(data.runs["K"], data.runs["L_t"])})
         raise MissingData("iso-flop needs a recursive (K x L) model, L > 1, and a single-pass (KL x 1) model of "
                           f"the same task variant and width (models present: {', '.join(have)})")
-    variants = {v: (m, d) for v, m, d in _by_variant(data, "iso-flop")}
+    variants = {v: (m, d) for v, m, d in _by_variant(data, "iso-flop", opts.split)}
     panels = []
     for p in pairs.itertuples(index=False):
         if p.task_variant not in variants:
             continue
         metric, d = variants[p.task_variant]
-        rec = d[(d["K"] == p.K) & (d["L_t"] == p.L) & (d["L_s"] == p.L) & (d["d_model"] == p.d_model)
-                & (d["schedule"] == p.schedule) & (d["loss"] == p.loss)]
-        single = d[(d["K"] == p.KL) & (d["L_t"] == 1) & (d["L_s"] == 1) & (d["d_model"] == p.d_model)]
-        single = single[single["loss"] == single["loss"].iloc[0]] if len(single) else single
+        rec = d[(d["model_key"] == p.key_recursive) & (d["L_s"] == p.L)]
+        single = d[(d["model_key"] == p.key_single) & (d["L_s"] == 1)]
         if len(rec) and len(single):
             panels.append((p, metric, rec, single))
     if not panels:
@@ -226,7 +241,8 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
     c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
     for i, (p, metric, rec, single) in enumerate(panels):
         ax = fig.add_subplot(gs[0, i])
-        _line(ax, rec, "T", f"{_label(p.K, p.L)} recursive, {fmt_params(p.params_recursive)} params", c_rec)
+        _line(ax, rec, "T", f"{_label(p.K, p.L)}{' ' + p.differs if p.differs else ''} recursive, "
+              f"{fmt_params(p.params_recursive)} params", c_rec)
         _line(ax, single, "T", f"{_label(p.KL, 1)} single pass, {fmt_params(p.params_single)} params", c_single,
               marker="s", ls="--")
         _x_axis(ax, pd.concat([rec["T"], single["T"]]), "denoising steps T")
@@ -246,18 +262,22 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
     tab.set_title("parameters (same FLOPs per step)", fontsize=10)
     fig.suptitle(f"{data.name}: iso-FLOP — (K x L) vs (KL x 1) at equal compute{_seed_note(panels[0][2])}")
     fig.tight_layout()
-    return save(fig, out_dir, "iso_flop", opts.fmt) + [save_table(pairs, out_dir, "iso_flop_params")]
+    return save(fig, out_dir, "iso_flop", opts.fmt) + [
+        save_table(pairs.drop(columns=["key_recursive", "key_single"]), out_dir, "iso_flop_params")]
 
 
 def crossings_table(data: StudyData, opts: Options = Options()) -> pd.DataFrame:
     """Threshold crossings of every model of every task variant with a rate metric."""
     frames = []
-    for variant, metric, d in _by_variant(data, "pareto"):
+    for variant, metric, d in _by_variant(data, "pareto", opts.split):
         if metric not in RATE_METRICS:
             continue  # crossings are for success rates (VPR, RTR); text8's likelihood has its own table
         thr = opts.threshold if opts.threshold is not None else DEFAULT_THRESHOLD.get(metric, 0.95)
-        c = threshold_crossings(d, thr, metric, x=opts.pareto_x)
+        c = threshold_crossings(d, thr, metric, x=opts.pareto_x, split=opts.split)
         c["pareto"] = pareto_front(c).to_numpy()
+        names = differing(c["model_key"])
+        c["model"] = [_label(k, l) + (f" {names[key]}" if names[key] else "")
+                      for k, l, key in zip(c["K"], c["L_t"], c["model_key"])]
         frames.append(c.assign(metric=metric, threshold=thr, x=opts.pareto_x))
     if not frames:
         raise MissingData("threshold crossings need a success-rate metric (VPR or RTR); the study has none")
@@ -270,7 +290,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
     table = crossings_table(data, opts)
     reached = table[table["reached"]]
     if reached.empty:
-        best = "; ".join(f"{_label(r.K, r.L_t)} {r.task_variant}: best {r.best:.3f}" for r in table.itertuples())
+        best = "; ".join(f"{r.model} {r.task_variant}: best {r.best:.3f}" for r in table.itertuples())
         raise MissingData(f"no model reaches the threshold ({table['metric'].iloc[0]} >= "
                           f"{table['threshold'].iloc[0]}), so there is no crossing to plot ({best})")
     ylabel = "smallest T reaching the threshold (L_s = L_t)" if opts.pareto_x == "T" else \
@@ -287,7 +307,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
             if len(s):
                 ax.scatter(s["n_params"], s["crossing"], marker=marker, s=60, color=color, label=name, zorder=3)
             for row in s.itertuples():
-                ax.annotate(_label(row.K, row.L_t), (row.n_params, row.crossing), textcoords="offset points",
+                ax.annotate(row.model, (row.n_params, row.crossing), textcoords="offset points",
                             xytext=(5, 4), fontsize=8)
         front = r[r["pareto"]].sort_values("n_params")
         ax.step(front["n_params"], front["crossing"], where="post", color="0.3", ls=":", lw=1.5,
@@ -306,7 +326,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
         never = t[~t["reached"]]
         title = f"{variant}: {metric.upper()} >= {thr:g}"
         if len(never):
-            title += "\nnever reached: " + ", ".join(f"{_label(x.K, x.L_t)} (best {x.best:.2f})"
+            title += "\nnever reached: " + ", ".join(f"{x.model} (best {x.best:.2f})"
                                                      for x in never.itertuples())
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
@@ -314,27 +334,30 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
     note = f"\nnot shown (no model reaches the threshold): {', '.join(unreached)}" if unreached else ""
     fig.suptitle(f"{data.name}: Pareto — parameters vs steps needed to reach the threshold{note}")
     fig.tight_layout()
-    return save(fig, out_dir, "pareto", opts.fmt) + [save_table(table, out_dir, "threshold_crossings")]
+    return save(fig, out_dir, "pareto", opts.fmt) + [
+        save_table(table.drop(columns="model_key"), out_dir, "threshold_crossings")]
 
 
 def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """Metric vs total forward passes T * L_s, one line per model and sampling depth L_s."""
-    panels = [(v, m, d) for v, m, d in _by_variant(data, "compute") if d["forward_passes"].nunique() >= 2]
+    panels = [(v, m, d) for v, m, d in _by_variant(data, "compute", opts.split) if d["forward_passes"].nunique() >= 2]
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
     _theme()
     fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2)
     markers = "osD^vP*X"
     for ax, (variant, metric, d) in zip(axes, panels):
-        extra = _varying(d, VARIANT_KEYS)
-        models = sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in d.itertuples()})
+        names = _names(d)
+        first = d.drop_duplicates("model_key")
+        models = [k for _, k in sorted(zip(zip(first["K"], first["L_t"], first["model_key"].map(names)),
+                                           first["model_key"]))]
         colors = _palette(models)
         ls_values = sorted(d["L_s"].unique())
-        for key, g in d.groupby(["K", "L_t", *extra, "L_s"]):
+        for (key, _), g in d.groupby(["model_key", "L_s"]):
             row = g.iloc[0]
             mk = markers[ls_values.index(row["L_s"]) % len(markers)]
-            _line(ax, g, "forward_passes", f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}, L_s = {row['L_s']}",
-                  colors[key[:-1]], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
+            _line(ax, g, "forward_passes", f"{_model_label(row, names)}, L_s = {row['L_s']}",
+                  colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
         if metric in DEFAULT_THRESHOLD:
             ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
         _x_axis(ax, d["forward_passes"], "forward passes per sample, T x L_s")
@@ -361,10 +384,13 @@ def _default_T(families: list[tuple]) -> int:
 def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """Heatmap of the metric over training depth L_t x sampling depth L_s at one T."""
     families = []
-    for variant, metric, d in _by_variant(data, "cross-depth"):
-        for key, g in d.groupby(["K", "schedule", "loss", "d_model"]):
+    for variant, metric, d in _by_variant(data, "cross-depth", opts.split):
+        d = d.assign(_family=d["model_key"].map(family_key))
+        for _, g in d.groupby("_family"):
             if g.groupby("L_t")["L_s"].nunique().max() >= 2:
-                families.append((variant, metric, key, g))
+                row = g.iloc[0]
+                families.append((variant, metric, (row["K"], row["schedule"], row["loss"], row["d_model"],
+                                                   row["model_key"]), g))
     if not families:
         raise MissingData("cross-depth needs a model evaluated at two or more sampling depths L_s "
                           "(every model here is sampled at one depth only)")
@@ -372,15 +398,20 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
     mats = []
     for variant, metric, key, g in families:
         if (g["T"] == T).any():
-            mats.append((variant, metric, key, heatmap_matrix(g, T, metric)))
+            mats.append((variant, metric, key, heatmap_matrix(g, T, metric, split=opts.split)))
     if not mats:
         have = sorted({int(t) for *_, g in families for t in g["T"].unique()})
         raise MissingData(f"cross-depth has no evaluation at T = {T} (T values present: {have})")
     _theme()
     fig, axes = _grid(len(mats), w=max(4.8, 0.75 * max(m.shape[1] for *_, m in mats) + 2.5),
                       h=max(3.4, 0.6 * max(m.shape[0] for *_, m in mats) + 2.0), cols=2)
-    paths = []
-    for ax, (variant, metric, (K, schedule, loss, width), m) in zip(axes, mats):
+    # what else (beyond K, schedule, loss) tells the families of a variant apart, from one model of each
+    names: dict[str, str] = {}
+    for variant in {v for v, *_ in mats}:
+        names.update(differing([key[-1] for v, _, key, _ in mats if v == variant],
+                               (*SHAPE_FIELDS, "train.schedule", "train.loss")))
+    paths, used = [], set()
+    for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
         rate = metric in ("vpr", "rtr", "exact", "cell_acc")
         sns.heatmap(m, ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0 if rate else None,
                     vmax=1 if rate else None, cbar_kws={"label": METRIC_LABEL.get(metric, metric)},
@@ -392,8 +423,14 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
                 ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xlabel("sampling depth L_s (loops per step)")
         ax.set_ylabel("training depth L_t")
-        ax.set_title(f"{variant}, K = {K}, {schedule} schedule, {loss} loss\nT = {T}; red: L_s = L_t", fontsize=10)
-        paths.append(save_table(m.reset_index(), out_dir, f"cross_depth_K{K}_{schedule}_{loss}_d{width}_T{T}"))
+        extra = f", {names[rep]}" if names[rep] else ""
+        ax.set_title(f"{variant}, K = {K}, {schedule} schedule, {loss} loss{extra}\nT = {T}; red: L_s = L_t",
+                     fontsize=10)
+        name = f"cross_depth_K{K}_{schedule}_{loss}_d{width}_T{T}"
+        name = next(f"{name}_{i}" for i in range(1, len(mats) + 2) if f"{name}_{i}" not in used) \
+            if name in used else name  # two families with one name: number the later ones
+        used.add(name)
+        paths.append(save_table(m.reset_index(), out_dir, name))
     fig.suptitle(f"{data.name}: cross-depth — train at L_t, sample at L_s (T = {T})")
     fig.tight_layout()
     return save(fig, out_dir, "cross_depth", opts.fmt) + paths
@@ -401,13 +438,13 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
 
 def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """Sudoku metric vs T per L, one panel per mask rate (the paper's 25x25 figure)."""
-    agg = _agg(data)
+    agg = _split_rows(data, "mask-rate", opts.split)
     s = agg[agg["task"] == "sudoku"]
     if s.empty:
-        raise MissingData("mask-rate needs Sudoku evaluations (the study has none)")
+        raise MissingData(f"mask-rate needs Sudoku evaluations (the study has none on split {opts.split!r})")
     runs = data.runs[data.runs["task"] == "sudoku"][["run_id", "sudoku_n", "mask_rate", "task_variant"]]
     info = runs.drop_duplicates("task_variant").set_index("task_variant")
-    s = select(s, "vpr")
+    s = select(s, "vpr", split=opts.split)
     s = s[s["L_s"] == s["L_t"]].join(info[["sudoku_n", "mask_rate"]], on="task_variant")
     sizes = {n: sorted(g["mask_rate"].dropna().unique()) for n, g in s.groupby("sudoku_n")}
     sizes = {n: r for n, r in sizes.items() if len(r) >= 2}
@@ -419,12 +456,14 @@ def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     _needs_T(pd.concat([g for *_, g in panels]), "mask-rate")
     _theme()
     fig, axes = _grid(len(panels), cols=3)
-    colors = _palette(sorted({(r.K, r.L_t) for *_, g in panels for r in g.itertuples()}))
+    labels = {}
+    for n, rate, g in panels:  # one label per model; the mask rate is the panel's title
+        names = _names(g, (*SHAPE_FIELDS, "task.mask_rate"))
+        labels.update({k: _model_label(gl.iloc[0], names) for k, gl in g.groupby("model_key")})
+    colors = _palette(sorted(set(labels.values())))
     for ax, (n, rate, g) in zip(axes, panels):
-        extra = _varying(g, VARIANT_KEYS)
-        for key, gl in g.groupby(["K", "L_t", *extra]):
-            row = gl.iloc[0]
-            _line(ax, gl, "T", f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}", colors[(row["K"], row["L_t"])])
+        for key, gl in sorted(g.groupby("model_key"), key=lambda kg: labels[kg[0]]):
+            _line(ax, gl, "T", labels[key], colors[labels[key]])
         _x_axis(ax, g["T"], "denoising steps T")
         _rate_ylim(ax, "vpr")
         ax.set_ylabel(_ylabel("vpr"))
@@ -439,7 +478,7 @@ def _ablation(data: StudyData, out_dir: str, opts: Options, axis: str, name: str
     """Metric vs T, one line per value of `axis` (loss or schedule), one panel per recursive model."""
     other = "schedule" if axis == "loss" else "loss"
     panels, have = [], []
-    for variant, metric, d in _by_variant(data, name):
+    for variant, metric, d in _by_variant(data, name, opts.split):
         d = d[(d["L_t"] > 1) & (d["L_s"] == d["L_t"])]
         for key, g in d.groupby(["K", "L_t", other, "d_model"]):
             have.append(f"{variant} {_label(key[0], key[1])}: {axis} {sorted(g[axis].unique())}")
@@ -451,9 +490,12 @@ def _ablation(data: StudyData, out_dir: str, opts: Options, axis: str, name: str
     _theme()
     fig, axes = _grid(len(panels), cols=3)
     for ax, (variant, metric, (K, L, oth, width), g) in zip(axes, panels):
-        colors = _palette(sorted(g[axis].unique()))
-        for v, gl in g.groupby(axis):
-            _line(ax, gl, "T", f"{axis} = {v}", colors[v])
+        # one line per model: the label names the fields that differ (the axis, and any other, e.g. truncate_k)
+        names = _names(g)
+        lines = sorted(g.groupby("model_key"), key=lambda kg: names[kg[0]])
+        colors = _palette([k for k, _ in lines])
+        for key, gl in lines:
+            _line(ax, gl, "T", names[key] or _model_label(gl.iloc[0], names), colors[key])
         _x_axis(ax, g["T"], "denoising steps T")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
@@ -484,14 +526,14 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
     fig, axes = _grid(len(variants), w=5.6, h=4.0, cols=3)
     for ax, variant in zip(axes, variants):
         g = h[h["task_variant"] == variant]
-        extra = _varying(g, VARIANT_KEYS)
-        colors = _palette(sorted({(r.K, r.L_t, *[getattr(r, c) for c in extra]) for r in g.itertuples()}))
-        for key, gm in g.groupby(["K", "L_t", *extra]):
+        names = _names(g)
+        lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["K"].iloc[0], kg[1]["L_t"].iloc[0], names[kg[0]]))
+        colors = _palette([k for k, _ in lines])
+        for key, gm in lines:
             curve = gm.groupby("step")["train_loss"].agg(["mean", "min", "max"]).reset_index()
             seeds = gm["run_id"].nunique()
-            row = gm.iloc[0]
             ax.plot(curve["step"], curve["mean"], color=colors[key],
-                    label=f"{_label(row['K'], row['L_t'])}{_suffix(row, extra)}" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+                    label=_model_label(gm.iloc[0], names) + (f" ({seeds} seeds)" if seeds > 1 else ""))
             if seeds > 1:
                 ax.fill_between(curve["step"], curve["min"], curve["max"], color=colors[key], alpha=0.15, lw=0)
         ax.set_xlabel("training step")
@@ -507,7 +549,7 @@ def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]
     """The text8 NLL / BPC / perplexity table (with a bar chart of NLL), and training curves of any study."""
     paths, missing = [], []
     try:
-        table = text8_table(_agg(data))
+        table = text8_table(_agg(data), split=opts.split)
     except MissingData as e:
         missing.append(str(e))
     else:

@@ -9,15 +9,23 @@ import pyarrow.fs as pafs
 
 from store import Store, list_studies
 
-# columns of a run that say which model it is; the seed is not one of them (seeds are aggregated)
+# columns of a run that the figures and tables read; model_key (below) is what tells models apart
 RUN_COLS = ["run_id", "task", "task_variant", "sudoku_n", "mask_rate", "K", "L_t", "schedule", "loss", "d_model",
-            "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status"]
-# what identifies a trained model apart from its seed; seeds of one model are aggregated (analysis.tables)
-MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
-# a run with the same values here as another run of the study trains the same model with the same
-# seed: a retraining (new code, a task config that gained a field, hence a new run id), not a second
-# seed. The newest finished one is analysed; the others are listed in StudyData.superseded.
-REPEAT_KEYS = [*MODEL_KEYS, "seed"]
+            "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status",
+            "model_key"]
+# What identifies a model: model_key, the run's whole resolved training configuration (task, model and
+# train sections) minus the seed, so two runs are seeds of one model only when everything else is equal.
+# The readable columns before it are functions of it, kept for grouping and labels.
+MODEL_KEYS = ["task", "task_variant", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps",
+              "model_key"]
+TRAINING_SECTIONS = ("task", "model", "train")
+SEED_FIELD = "train.seed"
+# train fields that cannot change the weights (checkpoint and log cadence); older configs may hold them
+BOOKKEEPING_FIELDS = {"train.checkpoint_every", "train.log_every"}
+# a run without a stored config (or a partial one) is identified by its columns, under the config's names
+COLUMN_FIELDS = {"task": "task.name", "K": "model.K", "L_t": "model.L", "d_model": "model.d_model",
+                 "heads": "model.n_heads", "lr": "train.lr", "batch": "train.batch_size", "steps": "train.steps",
+                 "schedule": "train.schedule", "loss": "train.loss", "seed": SEED_FIELD}
 
 
 class MissingData(ValueError):
@@ -36,7 +44,9 @@ class StudyData:
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
     configs: dict[str, dict] = field(default_factory=dict)  # run_id -> configs/<run_id>.json
     store: Store | None = None
-    superseded: pd.DataFrame | None = None  # runs retrained later under another id (REPEAT_KEYS): not analysed
+    # runs left out: a newer run has the same whole training configuration, seed included (a retraining
+    # under another id); columns run_id, kept (the run analysed instead), reason
+    superseded: pd.DataFrame | None = None
 
 
 def latest_study(results: str) -> str:
@@ -44,12 +54,6 @@ def latest_study(results: str) -> str:
     if not studies:
         raise MissingData(f"no study with results under {results!r}")
     return studies[-1][0]
-
-
-def load(results: str, study: str | None = None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
-    """(study, runs, evals joined with their run's columns)."""
-    d = load_study(results, study)
-    return d.name, d.runs, d.evals
 
 
 def load_study(results: str, study: str | None = None) -> StudyData:
@@ -61,7 +65,8 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
-    runs, superseded = drop_superseded(enrich_runs(runs))
+    configs = _configs(store)
+    runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     evals = store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner")
     history = store.read("history")
     if not history.empty:
@@ -69,20 +74,82 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
-                     configs=_configs(store), store=store, superseded=superseded)
+                     configs=configs, store=store, superseded=superseded)
 
 
 def drop_superseded(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs to analyse, runs superseded by a newer run of the same model and seed).
+    """(runs to analyse, runs left out with the run kept instead and why).
 
-    Of runs equal on REPEAT_KEYS the newest finished one is kept (the newest of all if none
-    finished); averaging them as seeds would count one seed twice.
+    Only runs whose whole training configurations are equal, seed included, supersede each other (a
+    retraining under another id, e.g. after the id's hash changed); of those the newest finished one is
+    kept (the newest of all if none finished): averaging them as seeds would count one seed twice.
+    Runs that differ in any training field are different models or seeds and are all kept.
     """
-    keys = [c for c in REPEAT_KEYS if c in runs.columns]
     order = runs.assign(_done=runs["status"].eq("done")).sort_values(["_done", "created_at"], kind="stable")
-    keep = order.groupby(keys, dropna=False, sort=False).tail(1).index
-    kept = runs.loc[runs.index.isin(keep)]
-    return kept.reset_index(drop=True), runs.loc[~runs.index.isin(keep)].reset_index(drop=True)
+    kept_id = order.groupby("run_key", sort=False)["run_id"].transform("last").reindex(runs.index)
+    dropped = kept_id != runs["run_id"]
+    status = dict(zip(runs["run_id"], runs["status"]))
+    left = runs.loc[dropped, ["run_id", "status", "created_at"]].assign(kept=kept_id[dropped])
+    left["reason"] = [f"same training configuration and seed as {k} ({'finished' if status[k] == 'done' else 'newer'}"
+                      "), analysed instead: a retraining under another id" for k in left["kept"]]
+    return (runs.loc[~dropped].drop(columns="run_key").reset_index(drop=True),
+            left[["run_id", "kept", "status", "created_at", "reason"]].reset_index(drop=True))
+
+
+def training_fields(run: dict, config: dict | None) -> dict:
+    """The run's training configuration as flat dotted fields ("train.truncate_k": 2), seed included.
+
+    From the stored resolved config when it has every training section; else from the run's columns.
+    """
+    if config and all(isinstance(config.get(s), dict) for s in TRAINING_SECTIONS):
+        flat: dict = {}
+        for section in TRAINING_SECTIONS:
+            _flatten(config[section], section, flat)
+        return {k: v for k, v in flat.items() if k not in BOOKKEEPING_FIELDS}
+    flat = {f: _plain(run.get(c)) for c, f in COLUMN_FIELDS.items()}
+    params = run.get("task_params")
+    if isinstance(params, str) and params:
+        _flatten(json.loads(params), "task", flat)
+    return flat
+
+
+def _flatten(d: dict, prefix: str, out: dict) -> None:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            _flatten(v, f"{prefix}.{k}", out)
+        else:
+            out[f"{prefix}.{k}"] = _plain(v)
+
+
+def _plain(v):
+    """JSON-stable value: numpy numbers as Python ones, tuples as lists."""
+    if hasattr(v, "item") and not isinstance(v, (list, tuple, str)):
+        v = v.item()
+    return list(v) if isinstance(v, tuple) else v
+
+
+def model_key(fields: dict) -> str:
+    """Canonical text of a model's identity: its training fields minus the seed (seeds are aggregated)."""
+    return json.dumps({k: v for k, v in fields.items() if k != SEED_FIELD}, sort_keys=True, default=str)
+
+
+def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
+    """Add model_key (identity minus the seed) and run_key (identity with the seed) to each run."""
+    model_keys, run_keys = [], []
+    for run in runs.to_dict("records"):
+        config = None
+        text = run.get("config")
+        if isinstance(text, str) and text:
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError:
+                config = None
+        if not (config and all(isinstance(config.get(s), dict) for s in TRAINING_SECTIONS)):
+            config = configs.get(run["run_id"])
+        fields = training_fields(run, config)
+        model_keys.append(model_key(fields))
+        run_keys.append(json.dumps(fields, sort_keys=True, default=str))
+    return runs.assign(model_key=model_keys, run_key=run_keys)
 
 
 def enrich_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -70,10 +70,12 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
     """(title, explanation, table or the reason it is missing) for every table of the report."""
     out: list[tuple[str, str, pd.DataFrame | str]] = []
     out.append(("Parameter counts", "Every model of the study: parameters (of the K shared layers plus embeddings "
-                "and head), FLOPs of one forward pass (K*L layers), seeds and run status.", param_table(data.runs)))
+                "and head), FLOPs of one forward pass (K*L layers), seeds and run status. A model is its whole "
+                "training configuration but the seed; differs names the other fields that tell models of one "
+                "task apart.", param_table(data.runs)))
     try:
         c = crossings_table(data, opts)
-        c = c[["task_variant", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
+        c = c[["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
                "crossing", "T", "L_s", "value", "best", "pareto"]]
         x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes T*L_s"
         out.append(("Threshold crossings", f"Smallest {x} at which each model's seed-mean metric reaches the "
@@ -81,13 +83,13 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                     "models (fewest parameters and steps).", c))
     except MissingData as e:
         out.append(("Threshold crossings", "", str(e)))
-    pairs = iso_flop_pairs(data.runs)
+    pairs = iso_flop_pairs(data.runs).drop(columns=["key_recursive", "key_single"])
     out.append(("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per "
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
     try:
         out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
-                    text8_table(aggregate(data.evals))))
+                    text8_table(aggregate(data.evals), split=opts.split)))
     except MissingData as e:
         out.append(("Text8", "", str(e)))
     try:
@@ -126,9 +128,10 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
              f"Generated {when} from the Parquet store alone (nothing retrained). Rates carry 95% Wilson intervals "
              "from the evaluation size; seeds of one model are averaged, with their spread.")
     sup = data.superseded
-    note = "" if sup is None or sup.empty else (
-        f" {len(sup)} older runs of the same model and seed, retrained later under another id, are left out: "
-        + ", ".join(sorted(sup["run_id"])) + ".")
+    note = f" Every number is from the {opts.split!r} split."
+    if sup is not None and not sup.empty:
+        note += (f" {len(sup)} runs are left out (a later run has the same whole training configuration and "
+                 "seed): see Left out.")
     intro += html.escape(note)
     h = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.name)} — R-MDM study "
          f"report</title><style>{CSS}</style></head><body>", f"<h1>{html.escape(data.name)}: R-MDM study report</h1>",
@@ -138,6 +141,12 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
           f"{len(data.evals)} evaluation rows. Generated {when} from the Parquet store alone (nothing retrained). "
           "Rates carry 95% Wilson intervals from the evaluation size; seeds of one model are averaged, "
           "with their spread." + note, ""]
+
+    if sup is not None and not sup.empty:
+        left = sup.assign(created_at=sup["created_at"].astype(str))
+        h += ["<h2>Left out</h2>", "<p>Runs not analysed, with the run analysed instead and why.</p>",
+              html_table(left)]
+        md += ["## Left out", "", "Runs not analysed, with the run analysed instead and why.", "", md_table(left), ""]
 
     h.append("<h2>Figures</h2>")
     md += ["## Figures", ""]

@@ -4,14 +4,23 @@ no files, so each is tested on hand-made tables.
 """
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from analysis.load import MODEL_KEYS, MissingData
-# of those, the ones a figure names in a line's label when they vary within a panel
-VARIANT_KEYS = ["schedule", "loss", "d_model", "heads", "lr", "batch", "steps"]
+from stats import mean_ci_from_sd, wilson
+
+# the split every figure and table reads unless told otherwise (never several at once)
+DEFAULT_SPLIT = "test"
+# model fields a (K x L) label already says
+SHAPE_FIELDS = ("model.K", "model.L")
+# fields that only shape the loop (L > 1): an iso-FLOP (KL x 1) partner need not match them
+LOOP_ONLY_FIELDS = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
+                    "model.step_emb", "model.reinject_input"}
 # what identifies an evaluation point of a model
 POINT_KEYS = ["T", "L_s", "sampler", "split", "metric"]
 # metrics scored 0/1 per example, whose intervals are binomial (Wilson) from the evaluation size
@@ -21,15 +30,39 @@ DEFAULT_THRESHOLD = {"vpr": 0.95, "rtr": 0.70}
 LOWER_IS_BETTER = {"nll", "bpc", "ppl", "perplexity", "loss"}
 
 
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial rate k/n (95% for z = 1.96); (nan, nan) when n = 0."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def model_fields(key: str) -> dict:
+    """The training fields of a model (analysis.load.model_key) as a dict."""
+    return json.loads(key)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def differing(keys: Iterable[str], shown: Iterable[str] = SHAPE_FIELDS) -> dict[str, str]:
+    """For models shown together: each model_key -> 'field=value, ...' naming the training fields whose
+    values differ between them (a field one model lacks counts as None), apart from `shown` (what the
+    label already says). '' for every model when nothing else differs. A field is named by its last
+    part (truncate_k) unless two differing fields share it (task.seed, train.seed)."""
+    keys = list(dict.fromkeys(keys))
+    fields = {k: model_fields(k) for k in keys}
+    names = sorted({f for d in fields.values() for f in d} - set(shown))
+    vary = [f for f in names if len({json.dumps(d.get(f), sort_keys=True, default=str) for d in fields.values()}) > 1]
+    short = {f: f.rsplit(".", 1)[-1] for f in vary}
+    clash = {n for n in short.values() if list(short.values()).count(n) > 1}
+    label = {f: f if short[f] in clash else short[f] for f in vary}
+    return {k: ", ".join(f"{label[f]}={_fmt(fields[k].get(f))}" for f in vary) for k in keys}
+
+
+def one_split(d: pd.DataFrame, what: str) -> None:
+    """Refuse rows from more than one split: a figure never averages test and validation numbers."""
+    if "split" in d and d["split"].nunique() > 1:
+        raise ValueError(f"{what} was given rows from several splits ({sorted(d['split'].unique())}); "
+                         "select one split first")
 
 
 def primary_metric(task: str, available) -> str:
@@ -75,8 +108,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         if r.metric in RATE_METRICS and r.n_examples > 0:
             a, b = wilson(r.k, int(r.n_examples))
         elif r.n_seeds > 1:
-            half = 1.96 * r.seed_sd / math.sqrt(r.n_seeds)
-            a, b = r.value - half, r.value + half
+            a, b = mean_ci_from_sd(r.value, r.seed_sd, int(r.n_seeds))
         else:
             a, b = r.ci_low, r.ci_high
         lo.append(a)
@@ -87,8 +119,9 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
 
 
 def select(agg: pd.DataFrame, metric: str | None = None, sampler: str | None = None,
-           split: str | None = None) -> pd.DataFrame:
-    """Rows of one metric, one sampler (default: confidence, else the commonest) and one split (the commonest)."""
+           split: str = DEFAULT_SPLIT) -> pd.DataFrame:
+    """Rows of one metric, one sampler (default: confidence, else the commonest) and one split (default:
+    test; rows of any other split are left out, never averaged in)."""
     d = agg
     if metric is not None:
         d = d[d["metric"] == metric]
@@ -97,12 +130,11 @@ def select(agg: pd.DataFrame, metric: str | None = None, sampler: str | None = N
     if sampler is None:
         sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
     d = d[d["sampler"] == sampler]
-    if split is None:
-        split = "test" if (d["split"] == "test").any() else d["split"].mode().iloc[0]
     return d[d["split"] == split]
 
 
-def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str = "T") -> pd.DataFrame:
+def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str = "T",
+                        split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """Per model: the smallest x (T at L_s = L_t, or forward passes T*L_s over every L_s) whose
     seed-mean metric reaches `threshold` (>=, or <= for lower-is-better metrics); NaN when never.
 
@@ -111,7 +143,7 @@ def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str
     """
     if x not in ("T", "forward_passes"):
         raise ValueError(f"x must be 'T' or 'forward_passes', got {x!r}")
-    d = select(agg, metric)
+    d = select(agg, metric, split=split)
     if x == "T":
         d = d[d["L_s"] == d["L_t"]]
     lower = metric in LOWER_IS_BETTER
@@ -161,38 +193,57 @@ def models(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each recursive (K x L), L > 1, with its single-pass (KL x 1) partner: same task variant and
-    width, K' = K * L. A model without a partner in the table is not listed.
+    """Each recursive (K x L), L > 1, with its single-pass (KL x 1) partner: K' = K * L and every other
+    training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS: loss over loops,
+    depth schedule, step embedding...). A model without a partner in the table is not listed; one with
+    several gets a row per partner. `differs` names the fields that tell the listed recursive models apart.
     """
     m = models(runs)
-    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1].drop_duplicates(["task_variant", "d_model", "K"])
+    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1]
+
+    def core(key: str) -> str:
+        return json.dumps({f: v for f, v in model_fields(key).items()
+                           if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
+
+    single_core = {k: core(k) for k in single["model_key"]}
+    names = differing(rec["model_key"])
     rows = []
     for r in rec.itertuples(index=False):
-        partner = single[(single["task_variant"] == r.task_variant) & (single["d_model"] == r.d_model)
-                         & (single["K"] == r.K * r.L_t)]
-        for s in partner.itertuples(index=False):
+        c = core(r.model_key)
+        for s in single[single["K"] == r.K * r.L_t].itertuples(index=False):
+            if single_core[s.model_key] != c:
+                continue
             rows.append({"task_variant": r.task_variant, "d_model": r.d_model, "K": r.K, "L": r.L_t,
-                         "KL": r.K * r.L_t, "schedule": r.schedule, "loss": r.loss,
+                         "KL": r.K * r.L_t, "schedule": r.schedule, "loss": r.loss, "differs": names[r.model_key],
                          "params_recursive": int(r.n_params), "params_single": int(s.n_params),
                          "param_ratio": s.n_params / r.n_params,
-                         "flops_recursive": int(r.flops_per_forward), "flops_single": int(s.flops_per_forward)})
-    cols = ["task_variant", "d_model", "K", "L", "KL", "schedule", "loss", "params_recursive", "params_single",
-            "param_ratio", "flops_recursive", "flops_single"]
+                         "flops_recursive": int(r.flops_per_forward), "flops_single": int(s.flops_per_forward),
+                         "key_recursive": r.model_key, "key_single": s.model_key})
+    cols = ["task_variant", "d_model", "K", "L", "KL", "schedule", "loss", "differs", "params_recursive",
+            "params_single", "param_ratio", "flops_recursive", "flops_single", "key_recursive", "key_single"]
     return pd.DataFrame(rows, columns=cols).sort_values(["task_variant", "KL", "K"]).reset_index(drop=True)
 
 
-def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str) -> pd.DataFrame:
+def family_key(key: str) -> str:
+    """A model's identity without its depth L: the models of one cross-depth family share it."""
+    return json.dumps({f: v for f, v in model_fields(key).items() if f != "model.L"}, sort_keys=True)
+
+
+def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """Seed-mean metric at denoising steps T, rows = training depth L_t, columns = sampling depth L_s
-    (one model family: pass the rows of one (task variant, K, schedule, loss, width)). Missing cells: NaN.
+    (one model family: rows of models equal in everything but L, see family_key). Missing cells: NaN.
     """
-    d = select(agg, metric)
+    d = select(agg, metric, split=split)
     d = d[d["T"] == T]
     if d.empty:
         raise MissingData(f"no {metric} evaluations at T = {T}")
+    if "model_key" in d and d.duplicated(["L_t", "L_s"]).any():
+        raise ValueError("heatmap_matrix was given several models at one (L_t, L_s): pass one family "
+                         "(family_key), so no cell averages two models")
     return d.pivot_table(index="L_t", columns="L_s", values="value", aggfunc="mean").sort_index().sort_index(axis=1)
 
 
-def text8_table(agg: pd.DataFrame) -> pd.DataFrame:
+def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth.
 
     Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
@@ -202,9 +253,11 @@ def text8_table(agg: pd.DataFrame) -> pd.DataFrame:
     if d.empty or not d["metric"].isin(["nll", "bpc", "bits_per_char"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
     alias = {"bits_per_char": "bpc", "perplexity": "ppl"}
-    d = d.assign(metric=d["metric"].replace(alias))
+    d = select(d.assign(metric=d["metric"].replace(alias)), split=split)
     d = d[d["metric"].isin(["nll", "bpc", "ppl"])]
-    keys = ["task_variant", "K", "L_t", "schedule", "loss", "d_model", "L_s"]
+    if d.empty:
+        raise MissingData(f"text8 table: no text8 nll / bpc evaluations on split {split!r}")
+    keys = ["task_variant", "model_key", "K", "L_t", "schedule", "loss", "d_model", "L_s"]
     if d.groupby(keys)["T"].nunique().max() > 1:
         keys.append("T")
     wide = d.pivot_table(index=keys, columns="metric", values="value", aggfunc="mean")
@@ -219,8 +272,10 @@ def text8_table(agg: pd.DataFrame) -> pd.DataFrame:
         out["ppl"] = np.exp(out["nll"])
     out["n_params"] = params.to_numpy()
     out["seeds"] = seeds.to_numpy()
-    out["model"] = [f"({k} x {l})" for k, l in zip(out["K"], out["L_t"])]
-    return out[["task_variant", "model", *keys[1:], "n_params", "seeds", "nll", "bpc", "ppl"]].sort_values(
+    names = differing(out["model_key"])
+    out["model"] = [f"({k} x {l})" + (f" {names[key]}" if names[key] else "")
+                    for k, l, key in zip(out["K"], out["L_t"], out["model_key"])]
+    return out[["task_variant", "model", *keys[2:], "n_params", "seeds", "nll", "bpc", "ppl"]].sort_values(
         ["task_variant", "nll"]).reset_index(drop=True)
 
 
@@ -231,6 +286,12 @@ def param_table(runs: pd.DataFrame) -> pd.DataFrame:
         lambda s: ", ".join(f"{v} {n}" for v, n in s.value_counts().items()))
     m = models(runs).merge(status, on=keys, how="left")
     m = m.assign(model=[f"({k} x {l})" for k, l in zip(m["K"], m["L_t"])])
-    cols = ["task_variant", "model", "K", "L_t", "d_model", "schedule", "loss", "n_params", "n_params_non_embedding",
-            "flops_per_forward", "seeds", "status"]
+    # what else tells the models of a task variant apart (the table's columns say the rest)
+    shown = (*SHAPE_FIELDS, "model.d_model", "train.schedule", "train.loss")
+    names = {}
+    for _, g in m.groupby("task_variant"):
+        names.update(differing(g["model_key"], shown))
+    m["differs"] = m["model_key"].map(names)
+    cols = ["task_variant", "model", "K", "L_t", "d_model", "schedule", "loss", "differs", "n_params",
+            "n_params_non_embedding", "flops_per_forward", "seeds", "status"]
     return m[cols].sort_values(["task_variant", "n_params", "L_t"]).reset_index(drop=True)

@@ -5,13 +5,14 @@ from these declarations through `study`.
 """
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
+
+from stats import wilson  # noqa: F401  (re-exported: tasks.wilson)
 
 
 SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
@@ -95,14 +96,3 @@ class Task(ABC):
     @abstractmethod
     def render(self, tokens: torch.Tensor, cond: torch.Tensor | None = None) -> str:
         """Human-readable text of one example (masked / non-given cells shown as '.')."""
-
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial rate k/n."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
