@@ -1,5 +1,7 @@
 """The HTML report in a real headless Chromium (Debian's `chromium` + `chromium-driver`, installed by
 .ci/run): it loads with no broken image and no console error, and its screenshot is not blank.
+Without Chromium and chromedriver the browser test FAILS (it never skips): install them with
+`apt-get install -y chromium chromium-driver`.
 Run: .venv/bin/python -m pytest tests/test_report.py -q
 """
 from __future__ import annotations
@@ -49,9 +51,9 @@ def test_report_is_self_contained(report):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("chromium / chromedriver not installed (Debian: apt-get install chromium chromium-driver; "
-                    ".ci/run installs them)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the [test] extra")
+        pytest.fail(f"chromium ({CHROMIUM or 'missing'}) and chromedriver ({CHROMEDRIVER or 'missing'}) are needed: "
+                    "apt-get install -y chromium chromium-driver (.ci/run installs them)", pytrace=False)
+    from selenium import webdriver  # the [test] extra; a missing selenium fails here too
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
@@ -87,3 +89,18 @@ def test_report_renders_in_headless_chromium(report, browser):
     gray = px[..., :3].mean(axis=-1)
     assert gray.std() > 0.05, "screenshot is blank"
     assert (gray < 0.5).mean() > 0.005, "screenshot has almost no dark (text) pixels"
+
+
+def test_browser_test_fails_without_chromium(tmp_path):
+    """CI must not pass quietly when Chromium is missing: with no chromium on PATH the test above fails."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # the venv's bin: no chromium, no chromedriver
+    r = subprocess.run([sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q", "-p", "no:randomly",
+                        "-k", "renders_in_headless_chromium", f"--basetemp={tmp_path / 'inner'}"],
+                       env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "1 error" in r.stdout and "apt-get install -y chromium chromium-driver" in r.stdout, r.stdout[-2000:]
+    assert "skipped" not in r.stdout
