@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig, TrainConfig
 from model.rmdm import RecursiveDenoiser, SeqSpec
-from model.schedules import depth_at, loop_weights, lr_at, step_seed
+from model.schedules import check_loss_weights, depth_at, loop_weights, lr_at, step_seed
 
 BatchFn = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
@@ -102,6 +102,7 @@ class Trainer:
         device: str | torch.device = "cpu",
     ):
         self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
+        check_loss_weights(train_cfg, model_cfg.L)
         self.device = torch.device(device)
         torch.manual_seed(step_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
         self.model = RecursiveDenoiser(model_cfg, spec).to(self.device)

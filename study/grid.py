@@ -46,7 +46,7 @@ class EvalConfig(Strict):
     temperature: float = Field(0.0, ge=0)
     remask: float = Field(0.0, ge=0, lt=1)
     n_examples: int = Field(200, ge=1)
-    split: str = "test"
+    split: Literal["test", "val"] = Field("test", description="'val': the task's validation split (for selection)")
     seed: int = 0
     n_samples_kept: int = Field(50, ge=0, description="examples per eval point written to the samples table")
 
@@ -84,9 +84,19 @@ ALIASES = {
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
             "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
-# task fields that change the evaluation set only, never the trained model
-TASK_EVAL_ONLY = {"n_test", "n_t", "eval_split"}
+# task fields that change the evaluation set only, never the trained model: not in the run id, but
+# in the key of every evaluation they shape (TaskConfig.eval_fields)
+TASK_EVAL_ONLY = {"n_test", "n_val", "n_t", "eval_split"}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
+LOOP_ONLY_TRAIN = ("loss", "loss_weights", "truncate_k", "schedule", "min_depth")
+
+
+def single_loop(train: TrainConfig) -> TrainConfig:
+    """At L = 1 every loss over loops and every depth schedule is the same training (one loop, weight
+    1, depth 1): written as loss 'all', schedule 'fixed' and the loop-only fields at their defaults,
+    so those runs share one id and are trained once."""
+    defaults = {k: TrainConfig.model_fields[k].default for k in LOOP_ONLY_TRAIN}
+    return TrainConfig.model_validate({**train.model_dump(), **defaults})
 
 
 def inert_train_fields(train: TrainConfig) -> set[str]:
@@ -128,16 +138,20 @@ class Run:
         return config_hash(self.training_config)
 
     def eval_points(self) -> list["EvalPoint"]:
+        split = self.task.split_of(self.eval.split)
+        data = tuple(sorted(self.task.eval_fields(self.eval.split).items()))
         pts = []
         for T, ls, smp in itertools.product(self.eval.T, self.eval.L_s, self.eval.sampler):
             pts.append(EvalPoint(T=T, L_s=self.model.L if ls == "train" else ls, sampler=smp,
                                  temperature=self.eval.temperature, remask=self.eval.remask,
-                                 n_examples=self.eval.n_examples, split=self.eval.split, seed=self.eval.seed))
+                                 n_examples=self.eval.n_examples, split=split, seed=self.eval.seed, data=data))
         return sorted(set(pts), key=lambda p: (p.sampler, p.L_s, p.T))
 
     def resolved(self) -> dict:
-        """Everything about this run, as stored beside its results."""
+        """Everything about this run, as stored beside its results (`task_eval`: the task's
+        evaluation-only fields, which the run id leaves out)."""
         return {"run_id": self.run_id, "study": self.study, "group": self.group, **self.training_config,
+                "task_eval": self.task.model_dump(include=TASK_EVAL_ONLY),
                 "eval": self.eval.model_dump(), "resources": self.resources.model_dump(), "retries": self.retries}
 
     def costs(self) -> dict:
@@ -160,18 +174,22 @@ class Run:
 
 @dataclass(frozen=True)
 class EvalPoint:
+    """One evaluation of a trained run. Its key holds everything that changes the result (the run id
+    is beside it in the store), so a changed field is a new evaluation, never a stale one."""
+
     T: int
     L_s: int
     sampler: str
     temperature: float
     remask: float
     n_examples: int
-    split: str
+    split: str  # the split actually read ('test' | 'val'), as stored in the evals rows
     seed: int
+    data: tuple[tuple[str, Any], ...] = ()  # the task's evaluation-only fields that shape this split
 
     @property
     def key(self) -> str:
-        return f"T{self.T}-Ls{self.L_s}-{self.sampler}-{config_hash(self.__dict__)[:8]}"
+        return f"T{self.T}-Ls{self.L_s}-{self.sampler}-{config_hash({**self.__dict__, 'data': dict(self.data)})[:8]}"
 
 
 def config_hash(obj: Any) -> str:
@@ -250,7 +268,7 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
             from study import search as sch
 
             best = sch.load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err, _canon_key)
-        for point in _points(spec, where, err):
+        for point, included in _points(spec, where, err):
             run = _resolve(sections, point, study, retries, name, err)
             source = {}
             if best is not None:  # best values of a search override the sections, never an axis
@@ -260,6 +278,8 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                         err(df_where, f"{k} comes from {best[0].file} (group {gname}) and is also an axis here")
                 run = _resolve(sections, {**values, **point}, study, retries, name, err)
                 source = {k: {"value": v, "file": best[0].file, "group": gname} for k, v in values.items()}
+            if not included and not _constraints_hold(run, spec, where, err):
+                continue  # a constraint on a value that no axis of this point set: checked once resolved
             if search is not None:
                 for k in set(source) & set(search.params):
                     err(f"search.params.{k}", f"{k} is also taken from {best[0].file} by defaults_from")
@@ -353,7 +373,8 @@ def _point(d: Any, where: str, err: _Err) -> dict:
     return {_canon_key(k, where + ".", err): v for k, v in d.items()}
 
 
-def _points(spec: dict, where: str, err: _Err) -> list[dict]:
+def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
+    """(point, listed in `include`?): included points are taken as written, past the constraints."""
     axes = _mapping(spec.get("axes", {}), where + "axes", err)
     lists = []
     for k, vals in axes.items():
@@ -374,9 +395,30 @@ def _points(spec: dict, where: str, err: _Err) -> list[dict]:
     excl = [_point(p, f"{where}exclude[{i}]", err)
             for i, p in enumerate(_as_list(spec.get("exclude", []), where + "exclude", err))]
     points = [p for p in points if not any(all(p.get(k) == v for k, v in e.items()) for e in excl)]
-    points += [_point(p, f"{where}include[{i}]", err)
-               for i, p in enumerate(_as_list(spec.get("include", []), where + "include", err))]
-    return points
+    included = [_point(p, f"{where}include[{i}]", err)
+                for i, p in enumerate(_as_list(spec.get("include", []), where + "include", err))]
+    return [(p, False) for p in points] + [(p, True) for p in included]
+
+
+def _constraints_hold(run: Run, spec: dict, where: str, err: _Err) -> bool:
+    """The constraints on the resolved run: a key no axis sets takes its base (or default) value."""
+    sections = {"task": run.task, "model": run.model, "train": run.train, "eval": run.eval,
+                "resources": run.resources}
+    for i, c in enumerate(spec.get("constraints", [])):
+        cw = f"{where}constraints[{i}]"
+        values = {}
+        for k in c["product"]:
+            ck = _canon_key(k, cw + ".product.", err)
+            sec, fld = ck.split(".", 1)
+            v = sections[sec]
+            for part in fld.split("."):
+                if part not in type(v).model_fields:
+                    err(f"{cw}.product", f"{k}: no such field; {sec} has: {', '.join(sorted(type(v).model_fields))}")
+                v = getattr(v, part)
+            values[ck] = v
+        if not _satisfies(values, c, cw, err):
+            return False
+    return True
 
 
 def _as_list(v: Any, key: str, err: _Err) -> list:
@@ -435,6 +477,8 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
     train = _validate(TrainConfig, s["train"], "train", err)
     ev = _validate(EvalConfig, s["eval"], "eval", err)
     res = _validate(Resources, s["resources"], "resources", err)
+    if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id
+        train = single_loop(train)
     if train.loss == "weighted" and train.loss_weights is not None and len(train.loss_weights) != model.L:
         err("train.loss_weights", f"needs one weight per loop: {model.L} values for L={model.L} "
                                   f"(got {len(train.loss_weights)})")

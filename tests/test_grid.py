@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from study.grid import GridError, expand, load_grid
 
@@ -139,3 +140,91 @@ def test_longest_training_is_dispatched_first_and_trained_runs_last(tmp_path):
     cur = expand(grid(model={"d_model": 32, "n_heads": 4, "L": 4}, train={"steps": 10, "schedule": "curriculum"})).runs[0]
     fix = expand(grid(model={"d_model": 32, "n_heads": 4, "L": 4}, train={"steps": 10})).runs[0]
     assert cur.train_flops() < fix.train_flops()
+
+
+def test_eval_keys_follow_every_field_that_changes_the_evaluation():
+    """n_test, n_val, the split, n_examples, the sampler's settings and seed re-key an evaluation;
+    adding a T keeps the run id and the other points' keys."""
+    def keys(**kw):
+        r = expand(grid(axes={"K": [1]}, **kw)).runs[0]
+        return r.run_id, {(p.T, p.split): p.key for p in r.eval_points()}
+
+    rid, base = keys()
+    assert {s for _, s in base} == {"test"}
+    changes = [{"task": {**BASE["task"], "n_test": 9}}, {"eval": {**BASE["eval"], "split": "val"}},
+               {"eval": {**BASE["eval"], "n_examples": 7}}, {"eval": {**BASE["eval"], "temperature": 0.5}},
+               {"eval": {**BASE["eval"], "seed": 3}}]
+    for change in changes:
+        r2, other = keys(**change)
+        assert r2 == rid, change  # evaluation-only: the trained model is the same
+        assert set(other.values()).isdisjoint(base.values()), change
+    assert {s for _, s in keys(eval={**BASE["eval"], "split": "val"})[1]} == {"val"}
+    # n_val shapes the val split only
+    assert keys(task={**BASE["task"], "n_val": 5})[1] == base
+    assert keys(task={**BASE["task"], "n_val": 5}, eval={**BASE["eval"], "split": "val"})[1] != \
+        keys(eval={**BASE["eval"], "split": "val"})[1]
+    r3, more = keys(eval={**BASE["eval"], "T": [1, 2, 4]})
+    assert r3 == rid and {k: v for k, v in more.items() if k[0] != 4} == base
+    with pytest.raises(GridError, match="eval.split"):
+        expand(grid(eval={"split": "train"}))
+
+
+def test_text8_eval_keys_follow_n_t_and_the_slice_read():
+    t8 = {"name": "text8", "seq_len": 16, "n_test": 4}
+    def pts(**task):
+        r = expand({**BASE, "task": {**t8, **task}}).runs[0]
+        return r.run_id, r.eval_points()
+
+    rid, base = pts()
+    for change in ({"n_t": 8}, {"eval_split": "valid"}):
+        r2, p2 = pts(**change)
+        assert r2 == rid and {p.key for p in p2}.isdisjoint({p.key for p in base}), change
+    assert {p.split for p in pts(eval_split="valid")[1]} == {"val"}  # the split actually read
+
+
+def test_single_loop_runs_of_any_loss_or_schedule_are_one_run():
+    """At L = 1 the loss over loops and the depth schedule cannot change the training."""
+    m = {"d_model": 32, "n_heads": 4, "L": 1}
+    variants = [{"loss": "final"}, {"loss": "truncated", "truncate_k": 1}, {"loss": "weighted", "loss_weights": [2.0]},
+                {"schedule": "reverse", "min_depth": 1}, {"schedule": "stochastic"}, {"schedule": "curriculum"}]
+    plain = expand(grid(model=m)).runs[0]
+    for v in variants:
+        r = expand(grid(model=m, train={"steps": 10, **v})).runs[0]
+        assert r.run_id == plain.run_id, v
+        assert (r.train.loss, r.train.schedule, r.train.loss_weights) == ("all", "fixed", None)  # what plan shows
+    g = expand(grid(model=m, axes={"loss": ["all", "final", "truncated"], "schedule": ["fixed", "reverse"]}))
+    assert len(g.runs) == 1
+    g = expand(grid(model={**m, "L": 3}, axes={"loss": ["all", "final"]}))
+    assert len(g.runs) == 2  # with loops they differ
+
+
+def test_constraints_are_checked_on_resolved_values():
+    """K comes from the base `model:` section, L from an axis: K*L = 6 still filters."""
+    g = expand(grid(model={"d_model": 32, "n_heads": 4, "K": 3}, axes={"L": [1, 2, 3]},
+                    constraints=[{"product": ["K", "L"], "equals": 6}]))
+    assert [(r.model.K, r.model.L) for r in g.runs] == [(3, 2)]
+    g = expand(grid(axes={"L": [1, 2, 3]}, constraints=[{"product": ["K", "L"], "max": 2}]))  # K default 1
+    assert sorted(r.model.L for r in g.runs) == [1, 2]
+    with pytest.raises(GridError, match="no runs"):
+        expand(grid(model={"d_model": 32, "n_heads": 4, "K": 4}, constraints=[{"product": ["K", "L"], "equals": 6}]))
+    with pytest.raises(GridError, match="no such field"):
+        expand(grid(constraints=[{"product": ["model.depth", "L"], "equals": 6}]))
+
+
+def test_loss_weights_of_the_wrong_length_are_rejected_by_grid_and_trainer():
+    from model import ModelConfig, SeqSpec, TrainConfig, Trainer
+    from model.schedules import loop_weights
+
+    m = {"d_model": 32, "n_heads": 4, "L": 3}
+    for w in ([1.0, 2.0], [1.0, 2.0, 3.0, 4.0]):
+        with pytest.raises(GridError, match=r"train.loss_weights.*3 values for L=3"):
+            expand(grid(model=m, train={"steps": 10, "loss": "weighted", "loss_weights": w}))
+    cfg = TrainConfig(steps=2, loss="weighted", loss_weights=[1.0, 2.0])
+    spec = SeqSpec(4, tuple((i,) for i in range(4)), (4,))
+    batch = lambda step, gen: (torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool))  # noqa: E731
+    with pytest.raises(ValueError, match="3 values for L=3"):
+        Trainer(ModelConfig(d_model=16, n_heads=2, L=3), cfg, spec, batch)
+    with pytest.raises(ValueError, match="2 weights for a forward of 3 loops"):
+        loop_weights(3, cfg)
+    assert loop_weights(2, cfg) == [1 / 3, 2 / 3]
+    Trainer(ModelConfig(d_model=16, n_heads=2, L=2), cfg, spec, batch)  # the right length trains
