@@ -26,6 +26,8 @@ class ModelConfig(Strict):
     step_emb: Literal["mlp", "sinusoidal", "none"] = "mlp"
     reinject_input: bool = False  # h = f(h + x_emb + v(l)) instead of h = f(h + v(l))
     checkpoint_loops: bool = False  # activation checkpointing per loop: memory of (K x 1)
+    # attention kernel (same function): fused SDPA, written-out math, or the faster here (model/precision.py)
+    attention: Literal["sdpa", "math", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelConfig":
@@ -49,7 +51,8 @@ class TrainConfig(Strict):
     truncate_k: int = Field(1, ge=1, description="truncated loss: last k loops")
     schedule: Literal["fixed", "stochastic", "curriculum", "reverse"] = "fixed"
     min_depth: int = Field(1, ge=1, description="smallest L_t of the stochastic/curriculum/reverse schedules")
-    precision: Literal["float32", "bf16"] = "float32"
+    # bf16 = autocast; auto = the fastest on this machine, never bf16 on a CPU without bf16 units (model/precision.py)
+    precision: Literal["float32", "bf16", "auto"] = "auto"
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     log_every: int = Field(25, ge=1)
     seed: int = 0

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from model.rmdm import RecursiveDenoiser
-from model.train import autocast
+from model.precision import autocast
 
 
 @torch.no_grad()

@@ -40,16 +40,28 @@ class SeqSpec:
 
 
 class Attention(nn.Module):
-    def __init__(self, d: int, n_heads: int):
+    """Bidirectional multi-head attention with one fused QKV projection.
+
+    `impl` picks the kernel, not the function: `sdpa` is torch's fused scaled_dot_product_attention,
+    `math` writes out softmax(q k^T / sqrt(d_h)) v as plain matmuls, which bf16 autocast turns into
+    bf16 GEMMs (on a CPU with AMX the fused kernel's backward is the slow part at sequence 81).
+    """
+
+    def __init__(self, d: int, n_heads: int, impl: str = "sdpa"):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.impl = n_heads, impl
+        self.scale = (d // n_heads) ** -0.5
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, N, Dh) each
-        y = F.scaled_dot_product_attention(q, k, v)  # bidirectional: no causal mask
+        if self.impl == "math":
+            att = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)  # (B, H, N, N), no causal mask
+            y = att.to(v.dtype) @ v  # softmax runs in float32 under autocast; the product in v's dtype
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)  # bidirectional: no causal mask
         return self.proj(y.transpose(1, 2).reshape(B, N, D))
 
 
@@ -60,7 +72,7 @@ class Layer(nn.Module):
         super().__init__()
         d, hidden = cfg.d_model, int(cfg.mlp_ratio * cfg.d_model)
         self.norm1 = nn.LayerNorm(d)
-        self.attn = Attention(d, cfg.n_heads)
+        self.attn = Attention(d, cfg.n_heads, "math" if cfg.attention == "math" else "sdpa")
         self.norm2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, d))
         self.drop = nn.Dropout(cfg.dropout)
@@ -82,7 +94,7 @@ class StepEmbedding(nn.Module):
     def forward(self, s: float, like: torch.Tensor) -> torch.Tensor | None:
         if self.kind == "none":
             return None
-        s_t = torch.tensor([[s]], dtype=like.dtype, device=like.device)  # (1, 1)
+        s_t = like.new_full((1, 1), s)  # (1, 1); a fill on the device, not a host-to-device copy
         if self.kind == "mlp":
             return self.mlp(s_t)  # (1, D), broadcast over batch and positions
         half = self.d // 2
@@ -119,6 +131,17 @@ class RecursiveDenoiser(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
+
+    def set_attention(self, impl: str) -> None:
+        """Switch every layer's attention kernel (`sdpa` or `math`): same weights, same function."""
+        if impl not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math' (got {impl!r})")
+        for layer in self.block:
+            layer.attn.impl = impl
+
+    @property
+    def attention(self) -> str:
+        return self.block[0].attn.impl
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_emb(x)  # (B, N, D)

@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 
 from model.rmdm import RecursiveDenoiser
-from model.train import autocast
+from model.precision import autocast
 
 
 @torch.no_grad()

@@ -49,6 +49,8 @@ RUNS = pa.schema([
     ("created_at", pa.timestamp("us", tz="UTC")),
     # where it ran: Ray's node id and IP (hostnames repeat across containers; node ids do not)
     ("node_id", pa.string()), ("node_ip", pa.string()),
+    # the attention kernel and precision the run trained with (`auto` resolved on its machine)
+    ("attention", pa.string()), ("precision", pa.string()),
 ])
 EVALS = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),

@@ -78,6 +78,8 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                 log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})")
             else:
                 log(f"training from step 0 on {device} ({costs['n_params']} parameters, attempt {attempt})")
+            log(f"attention {trainer.attention}, precision {trainer.precision} ({trainer.paths['how']}"
+                + (f": step seconds {trainer.paths['times']}" if trainer.paths["times"] else "") + ")")
             beat.update(phase="train")
 
             def on_log(row: dict) -> None:
@@ -103,7 +105,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
         for pt in run.eval_points():
             if pt.key in done:
                 continue
-            evaluate_point(run, pt, trainer.model, task, ev_full, store, run.train.precision)
+            evaluate_point(run, pt, trainer.model, task, ev_full, store, trainer.precision)
             log(f"evaluated {pt.key}")
             if report:
                 report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})
@@ -111,6 +113,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     hist = trainer.state.history
     row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
                   train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None)
+    row.update(attention=trainer.attention, precision=trainer.precision)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
 
