@@ -160,3 +160,22 @@ def test_non_finite_loss_is_found_without_a_sync_per_step_and_names_its_step(tin
     with pytest.raises(FloatingPointError, match="non-finite loss nan at step 2"):
         tr.sync_row(rows[-1])
 
+
+
+def test_the_runs_table_and_the_log_record_the_resolved_paths(tmp_path):
+    """A real tiny run through `study.trial.execute` (real Parquet, no Ray): `auto` is stored resolved."""
+    from store import Store
+    from study.grid import expand
+    from study.trial import execute
+
+    grid = {"study": "paths", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
+            "model": {"d_model": 16, "n_heads": 2, "attention": "math"},
+            "train": {"steps": 3, "batch_size": 8, "warmup": 1}, "eval": {"T": [2], "n_examples": 8}}
+    run = expand(grid, "paths.yaml").runs[0]
+    assert run.train.precision == "auto"  # the default
+    store = Store(str(tmp_path), "paths")
+    execute(run, store, code_version="test")
+    row = store.read("runs").iloc[0]
+    assert (row["attention"], row["precision"]) == ("math", "float32")  # pinned; auto -> rule at this size
+    log = store.read_bytes(store.path("logs", f"{run.run_id}.log")).decode()
+    assert "attention math, precision float32 (rule)" in log
