@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from analysis.figures import FIGURES, Options, crossings_table
 from analysis.load import MissingData, latest_study, load_study
 from analysis.tables import (aggregate, heatmap_matrix, iso_flop_pairs, pareto_front, select, text8_table,
-                             threshold_crossings, wilson)
+                             threshold_crossings)
 from test_analysis_data import CROSS, TEXT8_NLL, write_all
 
 
@@ -39,15 +39,6 @@ def _by_model(df: pd.DataFrame, col: str) -> dict:
     return {(r.K, r.L_t): getattr(r, col) for r in df.itertuples()}
 
 
-def test_wilson_known_counts():
-    # textbook 95% Wilson intervals
-    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
-    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
-    assert wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
-    assert all(math.isnan(x) for x in wilson(0, 0))
-
-
 def test_default_study_is_newest_and_unknown_study_is_named(store_root):
     assert latest_study(store_root) == "ablation"
     with pytest.raises(MissingData, match="nope.*studies with runs: .*paper"):
@@ -62,10 +53,11 @@ def test_seeds_aggregated_with_pooled_wilson_and_spread(paper):
     assert row.value == pytest.approx(0.94)
     assert row.seed_sd == pytest.approx(np.std([0.96, 0.92], ddof=1))
     assert (row.seed_min, row.seed_max) == pytest.approx((0.92, 0.96))
-    assert (row.ci_low, row.ci_high) == pytest.approx(wilson(188, 200))
+    # 95% Wilson of 188 / 200, worked by hand: centre 0.93171, half-width 0.03364
+    assert (row.ci_low, row.ci_high) == pytest.approx((0.8981, 0.9654), abs=1e-4)
     one = agg[(agg.K == 2) & (agg.L_t == 1) & (agg["T"] == 4) & (agg.task_variant == "sudoku 9x9, 25% masked")].iloc[0]
     assert one.n_seeds == 1 and one.seed_sd == 0
-    assert (one.ci_low, one.ci_high) == pytest.approx(wilson(95, 100))
+    assert (one.ci_low, one.ci_high) == pytest.approx((0.8882, 0.9785), abs=1e-4)  # 95 / 100, by hand
     assert set(agg["sampler"]) == {"confidence"}  # the random-sampler row is not mixed in
 
 
@@ -108,7 +100,6 @@ def test_iso_flop_pairs_matched_by_KL(paper):
     got = {(r.task_variant, r.K, r.L, r.KL) for r in pairs.itertuples()}
     # (1 x 5) has no (5 x 1); at 50% masked the (3 x 1) has another width than the (1 x 3)
     assert got == {("sudoku 9x9, 25% masked", 1, 3, 3), ("sudoku 9x9, 25% masked", 2, 3, 6)}
-    assert (pairs["K"] * pairs["L"] == pairs["KL"]).all()
     assert (pairs["flops_recursive"] == pairs["flops_single"]).all()
     row = pairs[pairs.K == 2].iloc[0]
     assert (row.params_recursive, row.params_single) == (250, 650)
@@ -261,3 +252,171 @@ def test_a_retrained_run_supersedes_the_older_one_and_other_lrs_are_other_models
     by_lr = {r.lr: r for r in agg.itertuples()}
     assert by_lr[1e-3].n_seeds == 2 and abs(by_lr[1e-3].value - 0.60) < 1e-9  # (0.50 + 0.70) / 2, not 0.10
     assert by_lr[3e-3].n_seeds == 1 and abs(by_lr[3e-3].value - 0.90) < 1e-9
+
+
+# ---- model identity: the whole training configuration minus the seed -----------------------------
+def _grid_runs(axes: dict, train: dict | None = None):
+    """Runs of a tiny real grid (study.grid), so configs are exactly what `study run` stores."""
+    from study.grid import expand
+
+    raw = {"study": "ident", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.3},
+           "model": {"K": 1, "L": 3, "d_model": 16, "n_heads": 2}, "train": {"steps": 10, **(train or {})},
+           "eval": {"T": [1, 2]}, "axes": axes}
+    return expand(raw).runs
+
+
+def _store_runs(root, runs, values, created=None) -> None:
+    """One runs row per Run (its resolved config in the `config` column and configs/), VPR at T = 1, 2."""
+    import datetime as dt
+    import json
+
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    store = Store(str(root), "ident")
+    for i, (run, vs) in enumerate(zip(runs, values)):
+        row = run_row("ident", "sudoku", run.task.model_dump(), run.model.K, run.model.L, seed=run.train.seed,
+                      d_model=run.model.d_model, loss=run.train.loss, schedule=run.train.schedule)
+        row.update(run_id=run.run_id, config=json.dumps(run.resolved(), sort_keys=True),
+                   created_at=(created or [dt.datetime(2026, 1, 1 + i, tzinfo=dt.timezone.utc)] * len(runs))[i])
+        _write(store, row, [eval_row(row, T, run.model.L, "vpr", v) for T, v in zip((1, 2), vs)])
+        store.write_config(run.run_id, {**run.resolved(), "code_version": "abc123"})
+
+
+def _report(root, tmp_path):
+    from study.cli import app
+
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["report", "--figure", "all", "--results", str(root), "--study", "ident",
+                                 "--out", str(out), "--threshold", "0.5"])
+    assert r.exit_code == 0, r.output
+    return (out / "report.md").read_text(), pd.read_csv(out / "threshold_crossings.csv")
+
+
+@pytest.mark.parametrize("axis,values,labels", [
+    ("train.truncate_k", [2, 3], ["(1 x 3) truncate_k=2", "(1 x 3) truncate_k=3"]),
+    ("train.loss_weights", [[0.2, 0.3, 0.5], [0.5, 0.3, 0.2]],
+     ["(1 x 3) loss_weights=[0.2,0.3,0.5]", "(1 x 3) loss_weights=[0.5,0.3,0.2]"]),
+])
+def test_runs_differing_in_any_training_field_are_two_models(tmp_path, axis, values, labels):
+    """Was: truncate_k / loss_weights were not in a hand-kept key list, so the two runs were taken for a
+    retraining of one model and the older one dropped as superseded."""
+    loss = "truncated" if "truncate" in axis else "weighted"
+    runs = _grid_runs({axis: values}, {"loss": loss})
+    assert len({r.run_id for r in runs}) == 2
+    _store_runs(tmp_path / "res", runs, [(0.4, 0.6), (0.7, 0.9)])
+    data = load_study(str(tmp_path / "res"), "ident")
+    assert data.superseded.empty and len(data.runs) == 2
+    md, crossings = _report(tmp_path / "res", tmp_path)
+    assert "Left out" not in md and "superseded" not in md
+    # each model keeps its own numbers, labelled by the field that differs
+    assert dict(zip(crossings["model"], crossings["best"])) == pytest.approx(dict(zip(labels, [0.6, 0.9])))
+    for label in labels:
+        assert label.split(") ")[1].replace("|", "\\|") in md  # the parameter table's differs column
+
+
+def test_seeds_of_one_model_are_averaged_and_labels_stay_short(tmp_path):
+    runs = _grid_runs({"seed": [0, 1]})
+    _store_runs(tmp_path / "res", runs, [(0.4, 0.6), (0.6, 0.8)])
+    data = load_study(str(tmp_path / "res"), "ident")
+    agg = select(aggregate(data.evals), "vpr")
+    assert data.runs["model_key"].nunique() == 1 and set(agg["n_seeds"]) == {2}
+    assert sorted(agg["value"]) == pytest.approx([0.5, 0.7])
+    _, crossings = _report(tmp_path / "res", tmp_path)
+    assert list(crossings["model"]) == ["(1 x 3)"]  # nothing differs: no field named
+
+
+def test_a_genuine_retraining_is_superseded_and_listed(tmp_path):
+    """Equal whole configuration and seed under another run id (e.g. the id's hash changed): one seed,
+    the newest; the report says which run was left out and why."""
+    import dataclasses
+    import datetime as dt
+
+    (run,) = _grid_runs({"seed": [0]})
+    retrained = dataclasses.replace(run)  # same config; stored under another id below
+    _store_runs(tmp_path / "res", [run], [(0.1, 0.2)],
+                created=[dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)])
+    import json
+
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    row = run_row("ident", "sudoku", retrained.task.model_dump(), 1, 3, d_model=16)
+    row.update(run_id="retrained-under-new-id", config=json.dumps({**run.resolved(), "run_id": "x"}, sort_keys=True),
+               created_at=dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc))
+    _write(Store(str(tmp_path / "res"), "ident"), row, [eval_row(row, T, 3, "vpr", v) for T, v in ((1, 0.5), (2, 0.7))])
+    data = load_study(str(tmp_path / "res"), "ident")
+    assert list(data.superseded["run_id"]) == [run.run_id]
+    assert list(data.superseded["kept"]) == ["retrained-under-new-id"]
+    md, crossings = _report(tmp_path / "res", tmp_path)
+    assert list(crossings["best"]) == pytest.approx([0.7])  # the old run's 0.2 is not averaged in
+    assert "## Left out" in md and run.run_id in md and "same training configuration and seed" in md
+
+
+def test_cross_depth_never_averages_two_models_into_one_cell(tmp_path):
+    """Two (1 x 3) models that differ only in lr, both sampled at L_s = 1 and 3: two heatmaps (was one,
+    each cell the mean of both models)."""
+    runs = _grid_runs({"lr": [1e-3, 3e-3], "L": [1, 3]})
+    import json
+
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    store = Store(str(tmp_path / "res"), "ident")
+    for run in runs:
+        row = run_row("ident", "sudoku", run.task.model_dump(), 1, run.model.L, d_model=16)
+        row.update(run_id=run.run_id, config=json.dumps(run.resolved(), sort_keys=True), lr=run.train.lr)
+        base = 0.2 if run.train.lr == 1e-3 else 0.6
+        _write(store, row, [eval_row(row, 2, ls, "vpr", base + 0.1 * ls) for ls in (1, 3)])
+    data = load_study(str(tmp_path / "res"), "ident")
+    agg = aggregate(data.evals)
+    with pytest.raises(ValueError, match="several models"):
+        heatmap_matrix(agg, 2, "vpr")
+    paths = FIGURES["cross-depth"](data, str(tmp_path / "fig"), Options(T=2))
+    tables = sorted(pd.read_csv(p).set_index("L_t").loc[3].tolist() for p in paths if p.endswith(".csv"))
+    assert np.allclose(tables, [[0.3, 0.5], [0.7, 0.9]])
+
+
+# ---- splits: one per figure, test by default ---------------------------------------------------------
+@pytest.fixture()
+def two_split_store(tmp_path):
+    """One Sudoku model evaluated on test (VPR 0.5, 0.6) and on val (0.9, 0.95); one text8 model with NLL
+    5.0 on test and 4.0 on val."""
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    store = Store(str(tmp_path), "splits")
+    sud = run_row("splits", "sudoku", {"n": 9, "mask_rate": 0.3}, 1, 3)
+    rows = []
+    for split, vs in (("test", (0.5, 0.6)), ("val", (0.9, 0.95))):
+        rows += [{**eval_row(sud, T, 3, "vpr", v), "split": split, "eval_key": f"T{T}-{split}"}
+                 for T, v in zip((1, 2), vs)]
+    _write(store, sud, rows)
+    t8 = run_row("splits", "text8", {"seq_len": 64}, 1, 1)
+    _write(store, t8, [{**eval_row(t8, 1, 1, "nll", v), "split": split, "eval_key": f"nll-{split}"}
+                       for split, v in (("test", 5.0), ("val", 4.0))])
+    return load_study(str(tmp_path), "splits")
+
+
+def test_figures_read_the_test_split_only_and_never_average_splits(two_split_store, tmp_path):
+    data = two_split_store
+    agg = aggregate(data.evals)
+    # text8 table: was the mean of both splits (4.5)
+    assert text8_table(agg)["nll"].tolist() == pytest.approx([5.0])
+    assert text8_table(agg, split="val")["nll"].tolist() == pytest.approx([4.0])
+    c = crossings_table(data, Options(threshold=0.55))
+    assert c["best"].tolist() == pytest.approx([0.6]) and c["crossing"].tolist() == [2]
+    c = crossings_table(data, Options(threshold=0.55, split="val"))
+    assert c["best"].tolist() == pytest.approx([0.95]) and c["crossing"].tolist() == [1]
+    with pytest.raises(MissingData, match=r"split 'train' \(splits present: test, val\)"):
+        FIGURES["iso-param"](data, str(tmp_path / "x"), Options(split="train"))
+    # a line handed rows of two splits refuses rather than drawing their mix
+    import matplotlib.pyplot as plt
+
+    from analysis.figures import _line
+
+    fig, ax = plt.subplots()
+    rows = agg[agg["metric"] == "vpr"]
+    with pytest.raises(ValueError, match="several splits"):
+        _line(ax, rows, "T", "mixed", "k")
+    plt.close(fig)
