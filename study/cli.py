@@ -132,6 +132,8 @@ def report(
                                               help="pareto threshold (default 0.95 for VPR, 0.70 for RTR)"),
     T: Optional[int] = typer.Option(None, "--T", help="cross-depth: denoising steps T of the heatmap"),
     pareto_x: str = typer.Option("T", "--pareto-x", help="pareto: T (at L_s = L_t) or forward_passes (T*L_s)"),
+    split: str = typer.Option("test", "--split", help="the evaluation split every figure and table reads "
+                              "(one per report, never mixed)"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
     from analysis.figures import FIGURES, FORMATS, Options
@@ -153,7 +155,7 @@ def report(
     except (MissingData, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
-    opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x)
+    opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split)
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     drawn: dict = {}
     for n in names:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from study.grid import Grid, Run
 from study.status import LiveView
 from store import Store
-from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
+from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
+                         trial_payload)
 
 
 def code_version() -> str:
@@ -41,12 +42,14 @@ class Plan:
 
 
 def classify(grid: Grid, store: Store, retry_failed: bool = False) -> Plan:
+    """Done, to do, failed. A run whose row, an eval file or its history is unreadable is not done:
+    its trial redoes what the damaged file held (the row, the eval point, the history from the weights)."""
     done, todo, failed = [], [], []
     for run in grid.runs:
         row = store.run_row(run.run_id)
         status = row["status"] if row else None
         missing = {p.key for p in run.eval_points()} - store.eval_keys(run.run_id)
-        if status == "done" and not missing:
+        if status == "done" and not missing and store.readable("history", f"{run.run_id}.parquet"):
             done.append(run)
         elif status == "failed" and not retry_failed:
             failed.append(run)
@@ -73,17 +76,31 @@ def _trainable(config: dict) -> None:
 
     run = run_from_resolved(config["run"])
     store = Store(config["results"], run.study)
-    # each start of this trial (first try or a retry after a crash) appends one line
-    marker = store.path("logs", f"{run.run_id}.attempts")
-    prev = store.read_bytes(marker) or b""
-    attempt = prev.count(b"\n") + 1
-    store.write_bytes(marker, prev + f"start {attempt} pid {os.getpid()} {time.time():.3f}\n".encode())
+    attempt = start_attempt(store, run.run_id, "run")
     try:
-        execute(run, store, config["code_version"], report=tune.report, attempt=attempt)
+        execute(run, store, config["code_version"], report=tune.report, attempt=attempt,
+                nan_at_step=config.get("faults", {}).get(run.run_id))
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
         store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
         raise
+
+
+FAULT_ENV = "RMDM_FAULT_NAN_AT"  # fault injection for tests: "RUN_ID:STEP[,RUN_ID:STEP...]"
+
+
+def injected_faults(spec: str | None = None) -> dict[str, int]:
+    """Runs whose weights are turned to NaN before a given training step (read by the driver from
+    $RMDM_FAULT_NAN_AT, sent to the trials in their config): a deterministic diverging run on any CPU,
+    where a huge lr overflows at a step that depends on the instruction set."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        run_id, sep, step = item.partition(":")
+        if not sep or not step.strip().isdigit():
+            raise ValueError(f"${FAULT_ENV}: {item!r}: use RUN_ID:STEP[,RUN_ID:STEP...]")
+        out[run_id.strip()] = int(step)
+    return out
 
 
 def _loopback_only() -> None:
@@ -153,6 +170,8 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     store = Store(results, grid.study)
     store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
     plan = classify(grid, store, retry_failed)
+    for path, why in sorted(store.unreadable.items()):
+        echo(f"unreadable: {path} ({why}): its run is redone")
     echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {len(plan.todo)} to run, "
          f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
     if not plan.todo:
@@ -184,7 +203,8 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
                     every_s=progress_every_s)
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
-        param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version},
+        param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
+                     "faults": injected_faults()},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
@@ -205,7 +225,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
             run_id = res.config["run"]["run_id"]
             run = by_id[run_id]
             err = format_error(res.error)
-            attempts = (store.read_bytes(store.path("logs", f"{run_id}.attempts")) or b"").count(b"\n")
+            attempts = attempts_so_far(store, run_id)
             store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")
             try:
                 costs = run.costs()

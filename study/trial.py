@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import math
 import os
 import socket
 import sys
@@ -18,10 +17,34 @@ import traceback
 
 import torch
 
-from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
+from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig
+from model.sampler import Sampled, sample_all
 from study.grid import EvalConfig, EvalPoint, Run, Resources
+from model.train import load_state
 from store import Store
-from tasks import TASKS, make_task, wilson
+from stats import mean_ci, wilson
+from tasks import TASKS, make_task
+
+
+def attempts_path(store: Store, run_id: str) -> str:
+    return store.path("logs", f"{run_id}.attempts")
+
+
+def attempts_so_far(store: Store, run_id: str) -> int:
+    """How many times the run's trial has started (by `study run` or `study tune`, retries included)."""
+    return (store.read_bytes(attempts_path(store, run_id)) or b"").count(b"\n")
+
+
+def start_attempt(store: Store, run_id: str, by: str) -> int:
+    """Record one more start of the run's trial in logs/<run_id>.attempts; returns its number (1, 2, ...).
+
+    `by` says which command started it ("run" or "tune"). Every start, first try or a retry
+    after a crash, appends one line, so the count survives the trial's process."""
+    path = attempts_path(store, run_id)
+    prev = store.read_bytes(path) or b""
+    attempt = prev.count(b"\n") + 1
+    store.write_bytes(path, prev + f"start {attempt} {by} pid {os.getpid()} {time.time():.3f}\n".encode())
+    return attempt
 
 
 def run_from_resolved(d: dict) -> Run:
@@ -50,8 +73,12 @@ def pick_device(resources: Resources) -> torch.device:
     return torch.device("cpu")
 
 
-def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1) -> dict:
-    """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row."""
+def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
+            nan_at_step: int | None = None) -> dict:
+    """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
+
+    `nan_at_step` is fault injection for tests (see study.runner.FAULT_ENV): the weights turn to NaN
+    just before that training step, so its loss is NaN on every CPU, in every attempt that reaches it."""
     run_id = run.run_id
     device = pick_device(run.resources)
     if device.type == "cpu":
@@ -64,16 +91,26 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
     costs = run.costs()
 
-    trainer = Trainer(run.model, run.train, spec, lambda step, g: task.train_batch(run.train.batch_size, g), device)
+    def batch(step: int, g: torch.Generator):
+        if step == nan_at_step:
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.fill_(float("nan"))
+        return task.train_batch(run.train.batch_size, g)
+
+    trainer = Trainer(run.model, run.train, spec, batch, device)
     weights = store.read_bytes(store.weights_path(run_id))
     with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
         if weights is not None:
-            trainer.load_state_dict(torch.load(io.BytesIO(weights), map_location=device, weights_only=False))
+            trainer.load_state_dict(load_state(io.BytesIO(weights), device, store.weights_path(run_id)))
             log(f"final weights found (step {trainer.state.step}): evaluating only")
+            if not store.readable("history", f"{run_id}.parquet"):  # damaged: the weights carry the curve
+                store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
+                log("history file was unreadable: rewritten from the final weights")
         else:
             ckpt = store.read_bytes(store.checkpoint_path(run_id))
             if ckpt is not None:
-                trainer.load_state_dict(torch.load(io.BytesIO(ckpt), map_location=device, weights_only=False))
+                trainer.load_state_dict(load_state(io.BytesIO(ckpt), device, store.checkpoint_path(run_id)))
                 beat.update(checkpoint=trainer.state.step)
                 log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})")
             else:
@@ -125,29 +162,16 @@ def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_f
 
         return evaluate_likelihood(run, pt, model, task, ev_full, store, precision)
     ev = ev_full.head(pt.n_examples)
-    device = next(model.parameters()).device
     t0 = time.perf_counter()
-    outs = []
-    bs = 256
-    for i in range(0, len(ev), bs):
-        x, c = ev.x0[i:i + bs].to(device), ev.cond[i:i + bs].to(device)
-        outs.append(sample(model, x, c, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
-                           remask=pt.remask, seed=pt.seed + i, precision=precision).cpu())
-    out = torch.cat(outs)
+    got = sample_all(model, ev.x0, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
+                     remask=pt.remask, seed=pt.seed, precision=precision)
+    out = got.x
     secs = time.perf_counter() - t0
     scores = task.score(out, ev)
     n = len(scores)
-    fwd = model.flops_per_forward(pt.L_s)
-    rows = []
-    for m in task.metric_names:
-        vals = [s[m] for s in scores]
-        value = sum(vals) / n
-        binary = all(v in (0.0, 1.0) for v in vals)
-        lo, hi = wilson(sum(vals), n) if binary else _mean_ci(vals)
-        rows.append({"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
-                     "split": pt.split, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi,
-                     "forward_passes": pt.T * pt.L_s, "eval_flops": pt.T * fwd * n, "eval_seconds": secs,
-                     "created_at": now()})
+    base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
+            "split": pt.split, "eval_seconds": secs, "created_at": now(), **sampling_cost(model, got)}
+    rows = metric_rows(scores, task.metric_names, base)
     keep = min(run.eval.n_samples_kept, n)
     samples = [{"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "example": i,
                 "input": task.render(ev.x0[i], ev.cond[i]), "output": task.render(out[i]),
@@ -159,13 +183,24 @@ def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_f
     return rows
 
 
-def _mean_ci(vals: list[float]) -> tuple[float, float]:
-    n = len(vals)
-    m = sum(vals) / n
-    if n < 2:
-        return (m, m)
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
-    return (m - 1.96 * sd / math.sqrt(n), m + 1.96 * sd / math.sqrt(n))
+def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
+    """forward_passes and eval_flops of a sampling eval, from the steps the sampler actually ran
+    (it stops once nothing is masked, so a T above the number of blanks costs less than T * L_s)."""
+    return {"forward_passes": got.forward_passes, "eval_flops": got.model_calls * model.flops_per_forward(got.loops)}
+
+
+def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
+    """One evals row per metric: the mean of the per-example scores and its 95% interval
+    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
+    n = len(scores)
+    rows = []
+    for m in metrics:
+        vals = [s[m] for s in scores]
+        value = sum(vals) / n
+        binary = all(v in (0.0, 1.0) for v in vals)
+        lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]
+        rows.append({**base, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi})
+    return rows
 
 
 def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,

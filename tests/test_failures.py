@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from study.grid import load_grid
-from study.runner import init_ray, run_grid
+from study.runner import FAULT_ENV, init_ray, injected_faults, run_grid
 from study.status import snapshot
 from store import Store
 
@@ -32,15 +32,17 @@ def read_log(store: Store, run_id: str, kind: str = "log") -> str:
     return (store.read_bytes(store.path("logs", f"{run_id}.{kind}")) or b"").decode()
 
 
-def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_path, local_ray):
-    # lr 1e4 gives a NaN loss at step 2, after the checkpoint at step 2: deterministic, so every retry fails
+def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_path, local_ray, monkeypatch):
+    # the bad run's weights turn to NaN before step 2, after the checkpoint at step 2 (fault injection:
+    # a huge lr overflows at a step that depends on the CPU's instruction set), so every retry fails
     gpath = tmp_path / "fail.yaml"
     gpath.write_text("study: fail\n" + TASK + "train: {steps: 30, batch_size: 8, warmup: 50, checkpoint_every: 2, "
                      "log_every: 5}\neval: {T: [1], L_s: [train], n_examples: 16}\nretries: 1\n"
-                     "axes:\n  lr: [0.003, 10000.0]\n")
+                     "axes:\n  seed: [0, 1]\n")
     results = str(tmp_path / "results")
     grid = load_grid(str(gpath))
-    good, bad = sorted(grid.runs, key=lambda r: r.train.lr)
+    good, bad = sorted(grid.runs, key=lambda r: r.train.seed)
+    monkeypatch.setenv(FAULT_ENV, f"{bad.run_id}:2")
     store = Store(results, "fail")
     lines: list[str] = []
 
@@ -68,6 +70,12 @@ def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_
     assert read_log(store, bad.run_id, "attempts").count("start") == 4
     runs = store.read("runs")
     assert len(runs) == 2 and runs.set_index("run_id").loc[bad.run_id, "attempts"] == 4
+
+
+def test_fault_spec_is_parsed_strictly():
+    assert injected_faults("abc:2, def:10") == {"abc": 2, "def": 10} and injected_faults("") == {}
+    with pytest.raises(ValueError, match="RUN_ID:STEP"):
+        injected_faults("abc")
 
 
 def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray):
