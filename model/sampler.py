@@ -1,7 +1,14 @@
-"""Iterative unmasking: T denoising steps, L_s loops of the shared block per step."""
+"""Iterative unmasking: T denoising steps, L_s loops of the shared block per step.
+
+Cost accounting, one meaning everywhere: a *forward pass* is one pass of an example through
+the shared K-layer block, so a denoising step at L_s loops costs L_s forward passes. The
+sampler stops as soon as nothing is masked, so it may run fewer than T steps (a 4x4 Sudoku
+with 6 blanks asked for T = 10 runs 6); `Sampled` says how many it ran, and the stored
+`forward_passes` / `eval_flops` are computed from that, never from T * L_s.
+"""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -9,8 +16,32 @@ from model.rmdm import RecursiveDenoiser
 from model.precision import autocast
 
 
+class Sampled(NamedTuple):
+    """What the sampler produced and what it cost.
+
+    x: (B, N) the completed sequences.
+    steps: (B,) denoising steps run on each example's batch (<= T).
+    loops: L_s, block loops per step.
+    """
+
+    x: torch.Tensor
+    steps: torch.Tensor
+    loops: int
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes (block passes, see the module docstring) per example: the most any
+        example's batch ran. Equal for every example when all have the same number of blanks."""
+        return int(self.steps.max()) * self.loops if len(self.steps) else 0
+
+    @property
+    def model_calls(self) -> int:
+        """Model calls summed over examples (each of L_s loops): eval FLOPs = this x flops_per_forward(L_s)."""
+        return int(self.steps.sum())
+
+
 @torch.no_grad()
-def sample(
+def sample_steps(
     model: RecursiveDenoiser,
     x: torch.Tensor,
     cond: torch.Tensor,
@@ -21,8 +52,8 @@ def sample(
     remask: float = 0.0,
     seed: int = 0,
     precision: str = "float32",
-) -> torch.Tensor:
-    """Fill every non-conditioning position of `x` in exactly T steps.
+) -> Sampled:
+    """Fill every non-conditioning position of `x` in at most T steps (one batch).
 
     x: (B, N) tokens, values at ~cond positions are ignored (treated as masked).
     cond: (B, N) bool, the givens; they are never changed.
@@ -30,7 +61,7 @@ def sample(
     confident ones (`confidence`) or a seeded random choice (`random`). `temperature` 0
     takes the argmax; above 0 samples from the softmax. `remask` > 0 re-masks that share of
     the lowest-confidence tokens decoded in earlier steps (never givens), as long as steps
-    remain to fill them again.
+    remain to fill them again. Stops early once nothing is masked (fewer blanks than T).
     """
     if T < 1 or L_s < 1:
         raise ValueError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
@@ -40,11 +71,13 @@ def sample(
     x = torch.where(cond, x, torch.full_like(x, mask_id))
     conf_kept = torch.full(x.shape, float("inf"), device=x.device)  # confidence of decoded tokens
     B = x.shape[0]
+    steps = 0
     for i in range(T):
         masked = x == mask_id  # (B, N)
         remaining = masked.sum(1)  # (B,)
-        if int(remaining.max()) == 0:
+        if B == 0 or int(remaining.max()) == 0:
             break
+        steps += 1
         with autocast(x.device, precision):
             logits = model(x, n_loops=L_s, all_logits=False)[-1].float()  # (B, N, V)
         probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1) if temperature > 0 else torch.softmax(logits, -1)
@@ -77,8 +110,28 @@ def sample(
             re = decoded & (rank < n_re.unsqueeze(1))
             x = torch.where(re, torch.full_like(x, mask_id), x)
             conf_kept = torch.where(re, torch.full_like(conf_kept, float("inf")), conf_kept)
-    return x
+    return Sampled(x, torch.full((B,), steps, dtype=torch.long), L_s)
 
 
-def forward_passes(T: int, L_s: int) -> int:
-    return T * L_s
+def sample(model: RecursiveDenoiser, x: torch.Tensor, cond: torch.Tensor, T: int, L_s: int, **kw) -> torch.Tensor:
+    """The completed (B, N) sequences of `sample_steps` (same arguments), without the cost."""
+    return sample_steps(model, x, cond, T, L_s, **kw).x
+
+
+def sample_all(model: RecursiveDenoiser, x: torch.Tensor, cond: torch.Tensor, T: int, L_s: int,
+               batch_size: int = 256, seed: int = 0, **kw) -> Sampled:
+    """`sample_steps` over any number of examples, `batch_size` at a time on the model's device.
+
+    Batch i (starting at example i) is seeded `seed + i`, so an example's output does not
+    depend on how many examples follow it. Returns x on the CPU.
+    """
+    device = next(model.parameters()).device
+    xs, steps = [], []
+    for i in range(0, len(x), batch_size):
+        out = sample_steps(model, x[i:i + batch_size].to(device), cond[i:i + batch_size].to(device), T, L_s,
+                           seed=seed + i, **kw)
+        xs.append(out.x.cpu())
+        steps.append(out.steps)
+    if not xs:
+        return Sampled(x.clone(), torch.zeros(0, dtype=torch.long), L_s)
+    return Sampled(torch.cat(xs), torch.cat(steps), L_s)

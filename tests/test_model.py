@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
+from model.sampler import sample_all, sample_steps
 
 SPEC = SeqSpec(vocab_size=4, pos_ids=tuple((i,) for i in range(16)), pos_sizes=(16,))
 
@@ -93,3 +94,25 @@ def test_sampler_reveals_ceil_remaining_over_steps_left():
     sample(m, x, cond, T=3, L_s=1)
     # 16 masked -> reveal ceil(16/3)=6 -> 10 left -> ceil(10/2)=5 -> 5 left -> 5
     assert seen == [16, 10, 5]
+
+
+@pytest.mark.parametrize("T", [2, 40])
+def test_sampler_reports_the_steps_it_ran(T):
+    """The cost the sampler reports is the block calls a hook counts, not T * L_s: at T = 40
+    with at most 16 blanks it stops early."""
+    m = make(K=2, L=1)
+    rows = []  # batch rows through the block's first layer, one entry per loop of a model call
+    m.block[0].register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    x = torch.randint(0, 4, (5, 16), generator=torch.Generator().manual_seed(1))
+    cond = torch.rand(5, 16, generator=torch.Generator().manual_seed(2)) < 0.5
+    got = sample_steps(m, x, cond, T=T, L_s=3)
+    assert got.forward_passes == len(rows) and (got.steps * got.loops == len(rows)).all()
+    assert got.model_calls * got.loops == sum(rows)
+    if T == 40:
+        assert got.forward_passes < T * 3
+    # in batches of 2: each batch stops on its own; per-example steps say so
+    rows.clear()
+    cond[:2] = True  # the first batch has nothing to fill: no model call at all
+    got = sample_all(m, x, cond, T=T, L_s=3, batch_size=2)
+    assert got.steps[:2].tolist() == [0, 0] and got.model_calls * 3 == sum(rows)
+    assert got.forward_passes == max(int(s) for s in got.steps) * 3

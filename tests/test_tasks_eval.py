@@ -10,7 +10,10 @@ from typer.testing import CliRunner
 from study.cli import app
 from study.grid import expand
 from store import Store
-from study.trial import execute
+import study.puzzles as puzzles
+from study.puzzles import load_run_model
+from study.trial import evaluate_point, execute
+from tasks import make_task
 from tasks.sudoku import DIGITS, generate_solutions
 
 GRID = {
@@ -100,3 +103,45 @@ def test_eval_errors(trained, tmp_path):
     assert r.exit_code == 2 and f"{bad}:2: expected 16 cells" in r.output
     r = CliRunner().invoke(app, ["eval", "feedbeef0000", "--puzzles", str(bad), "--results", root])
     assert r.exit_code == 2 and "no final weights of run 'feedbeef0000'" in r.output
+
+
+def test_stored_compute_is_the_block_calls_that_ran(trained, tmp_path, monkeypatch):
+    """forward_passes / eval_flops in the store count what the sampler ran, checked with a hook on
+    the block: at T = 20 a 4x4 grid has at most 15 blanks, so fewer than T steps run (the old
+    rows said T * L_s = 20). The puzzle-file command stores the same accounting."""
+    root, run_id, store = trained
+    run = expand({**GRID, "eval": {**GRID["eval"], "T": [20]}}, "ev4.yaml").runs[0]
+    _, _, model = load_run_model(store, run_id)
+    task = make_task(run.task)
+    rows = []  # examples through the block, one entry per loop of a model call
+    hook = model.block[0].register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    (pt,) = run.eval_points()
+    with store.task_data() as data_dir:
+        task.prepare(data_dir)
+    ev = task.eval_set(pt.split)
+    evaluate_point(run, pt, model, task, ev, store)
+    got = store.read("evals", run_id)
+    got = got[got.eval_key == pt.key].iloc[0]
+    n = int(got.n_examples)
+    assert n == 40 and set(rows) == {n}  # one batch: every call carries all 40 puzzles
+    assert got.forward_passes == len(rows) < 20  # block passes per example, at L_s = 1
+    assert got.eval_flops == sum(rows) * model.flops_per_forward(pt.L_s)
+
+    rows.clear()
+    quiz, _ = _puzzles(2, 10, ".")  # 6 blanks each
+    src = tmp_path / "six.txt"
+    src.write_text("\n".join(quiz) + "\n")
+    hook.remove()
+    orig = puzzles.load_run_model
+
+    def hooked(*a, **k):  # the real loader; the hook only counts
+        cfg, task, m = orig(*a, **k)
+        m.block[0].register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+        return cfg, task, m
+
+    monkeypatch.setattr(puzzles, "load_run_model", hooked)
+    s = puzzles.evaluate_puzzles(run_id, str(src), results=root, T=20, L_s=2, device="cpu")
+    ext = store.read("evals", run_id)
+    ext = ext[ext.eval_key == s["eval_key"]].iloc[0]
+    assert len(rows) == 6 * 2 and ext.forward_passes == 12 and ext["T"] == 20
+    assert ext.eval_flops == 6 * 10 * model.flops_per_forward(2)
