@@ -410,6 +410,12 @@ def test_figures_read_the_test_split_only_and_never_average_splits(two_split_sto
     assert c["best"].tolist() == pytest.approx([0.95]) and c["crossing"].tolist() == [1]
     with pytest.raises(MissingData, match=r"split 'train' \(splits present: test, val\)"):
         FIGURES["iso-param"](data, str(tmp_path / "x"), Options(split="train"))
+    from study.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--figure", "pareto", "--results", os.path.dirname(data.dir), "--study",
+                                 "splits", "--split", "val", "--threshold", "0.55", "--out", str(tmp_path / "cli")])
+    assert r.exit_code == 0, r.output
+    assert pd.read_csv(tmp_path / "cli" / "threshold_crossings.csv")["best"].tolist() == pytest.approx([0.95])
     # a line handed rows of two splits refuses rather than drawing their mix
     import matplotlib.pyplot as plt
 
