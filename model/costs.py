@@ -1,4 +1,5 @@
-"""Compute accounting of (K x L) models: training FLOPs, inference FLOPs, iso-FLOP / iso-parameter partners.
+"""Compute accounting of (K x L) models: training FLOPs and inference FLOPs (iso-FLOP pairing of a study's
+models lives in analysis.tables.iso_flop_pairs).
 
 Conventions (as `rmdm.flops_per_forward`): matmul FLOPs only, 2 per multiply-add; a backward
 pass costs twice its forward, so a training step costs 3x the forward it runs. Parameters are
@@ -7,7 +8,6 @@ those of K layers (independent of L); FLOPs are those of K * L layers.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from model.config import ModelConfig, TrainConfig
 from model.rmdm import flops_per_forward
@@ -57,28 +57,3 @@ def inference_flops_per_sample(model_cfg: ModelConfig, seq_len: int, vocab_size:
     if T < 1 or L_s < 1:
         raise ValueError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
     return T * flops_per_forward(model_cfg, seq_len, vocab_size, L_s, heads=1)
-
-
-@dataclass(frozen=True)
-class Partners:
-    """A recursive (K x L) model and its two single-pass baselines."""
-
-    model: tuple[int, int]  # (K, L)
-    iso_flop: tuple[int, int]  # (K*L, 1): same compute per forward, L times the block parameters
-    iso_param: tuple[int, int]  # (K, 1): same parameters, 1/L of the compute
-
-
-def partners(K: int, L: int) -> Partners:
-    if K < 1 or L < 1:
-        raise ValueError(f"K and L must be >= 1 (got K={K}, L={L})")
-    return Partners(model=(K, L), iso_flop=(K * L, 1), iso_param=(K, 1))
-
-
-def partner_table(shapes: list[tuple[int, int]]) -> list[Partners]:
-    """Partners of every recursive shape (L > 1) in `shapes`, each listed once, in input order."""
-    seen, out = set(), []
-    for K, L in shapes:
-        if L > 1 and (K, L) not in seen:
-            seen.add((K, L))
-            out.append(partners(K, L))
-    return out

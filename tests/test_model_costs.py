@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, TrainConfig, flops_per_forward
-from model.costs import (heads_run, inference_flops_per_sample, partner_table, partners, train_flops_per_step,
+from model.costs import (heads_run, inference_flops_per_sample, train_flops_per_step,
                          train_flops_total)
 from model.schedules import depth_at
 
@@ -64,20 +64,15 @@ def test_inference_flops_are_T_times_L_s_forwards_and_independent_of_L_t():
         inference_flops_per_sample(mc(), N, V, T=0, L_s=1)
 
 
-def test_partners_pair_iso_flop_and_iso_param_baselines():
-    p = partners(6, 5)
-    assert p.iso_flop == (30, 1) and p.iso_param == (6, 1)
+def test_iso_flop_and_iso_param_baselines_of_a_recursive_model():
+    # (6 x 5) against its iso-FLOP (30 x 1) and iso-parameter (6 x 1) baselines
     with torch.device("meta"):
-        rec, flop, par = (RecursiveDenoiser(mc(K=k, L=l), SPEC) for k, l in (p.model, p.iso_flop, p.iso_param))
+        rec, flop, par = (RecursiveDenoiser(mc(K=k, L=l), SPEC) for k, l in ((6, 5), (30, 1), (6, 1)))
     # iso-FLOP: same per-forward compute; iso-param: same parameters
     assert rec.flops_per_forward() == flop.flops_per_forward()
     assert rec.param_counts() == par.param_counts()
     assert flop.param_counts()["block"] == 5 * rec.param_counts()["block"]
     assert par.flops_per_forward() < rec.flops_per_forward()
-    table = partner_table([(6, 5), (30, 1), (3, 5), (6, 5), (2, 2)])
-    assert [t.model for t in table] == [(6, 5), (3, 5), (2, 2)]  # single-pass shapes are baselines, not rows
-    with pytest.raises(ValueError):
-        partners(0, 2)
 
 
 def test_parameters_count_K_layers_whatever_L_and_options():
