@@ -21,6 +21,12 @@ distributions below are sampled on top of each group's configuration::
       resources: {cpu: 1, gpu: 0.25}               # per trial (default: the grid's `resources`)
       seed: 0
       points: [{lr: 3.0e-3}]                       # tried first (warm start), optional
+      split: val                                   # what trials are scored on (default val; see below)
+
+Trials are scored -- the objective, ASHA's intermediate scores, val_loss -- on the task's
+validation split, drawn from the training distribution and disjoint from the test split
+that sweeps report: selecting on test would make the reported numbers optimistic. Every
+eval row a trial writes says `split: val`. `split: test` exists only to repeat an old search.
 
 `study tune` writes `<results>/<study>/best.yaml` (format below); a sweep grid takes the
 winners by reference, at the top level or per group::
@@ -41,18 +47,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from study.grid import Strict
 
 BEST_KIND = "rmdm-study/best-values"
 LOSS_METRICS = ("final_loss", "val_loss")
 DISTS = ("choice", "int", "loguniform", "uniform")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SearchMetric(_Strict):
+class SearchMetric(Strict):
     """What a trial is scored by: a task metric at one eval point, or a loss."""
 
     name: str
@@ -68,7 +72,7 @@ class SearchMetric(_Strict):
                 + ("" if self.sampler == "confidence" else f",{self.sampler}"))
 
 
-class Pruning(_Strict):
+class Pruning(Strict):
     """ASHA over training steps: trials report `metric` every `log_every` steps (training loss)
     or every `every` steps (the search metric, from an intermediate evaluation)."""
 
@@ -114,6 +118,7 @@ class Search:
     resources: Any  # study.grid.Resources | None
     seed: int
     points: tuple[dict, ...]
+    split: str = "val"  # the split trials are scored on
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,9 @@ class SearchGroup:
     run: Any  # study.grid.Run
 
 
-SEARCH_KEYS = {"params", "n_trials", "metric", "mode", "pruning", "max_concurrent", "resources", "seed", "points"}
+SEARCH_KEYS = {"params", "n_trials", "metric", "mode", "pruning", "max_concurrent", "resources", "seed", "points",
+               "split"}
+SEARCH_SPLITS = ("val", "test")
 DIST_KEYS = {"loguniform": {"dist", "low", "high"}, "uniform": {"dist", "low", "high", "step"},
              "int": {"dist", "low", "high", "step", "log"}, "choice": {"dist", "values"}}
 
@@ -170,6 +177,9 @@ def parse_search(raw: Any, err, canon_key, validate, resources_cls) -> Search:
     if not isinstance(seed, int) or isinstance(seed, bool):
         err("search.seed", f"must be an integer (got {seed!r})")
     res = validate(resources_cls, raw["resources"], "search.resources", err) if raw.get("resources") else None
+    split = raw.get("split", "val")
+    if split not in SEARCH_SPLITS:
+        err("search.split", f"must be one of {', '.join(SEARCH_SPLITS)} (got {split!r}); val is the default")
 
     params_raw = raw["params"]
     if not isinstance(params_raw, dict) or not params_raw:
@@ -254,7 +264,7 @@ def parse_search(raw: Any, err, canon_key, validate, resources_cls) -> Search:
                 err(f"search.points[{i}].{k}", f"{v!r} is outside the distribution {params[k].describe()}")
         points.append(cp)
     return Search(params=params, n_trials=n_trials, metric=metric, mode=mode, pruning=pruning, max_concurrent=mc,
-                  resources=res, seed=seed, points=tuple(points))
+                  resources=res, seed=seed, points=tuple(points), split=split)
 
 
 def _inside(d: Dist, v: Any) -> bool:

@@ -43,7 +43,7 @@ import yaml
 from study.grid import Grid, Run
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
 from store import Store
-from study.trial import execute, format_error, run_from_resolved, run_row, trial_payload
+from study.trial import execute, format_error, run_from_resolved, run_row, start_attempt, trial_payload
 
 DB_NAME = "optuna.db"
 BEST_NAME = "best.yaml"
@@ -65,6 +65,15 @@ def with_values(run: Run, values: dict) -> Run:
         (model if sec == "model" else train)[fld] = v
     return dataclasses.replace(run, model=type(run.model).model_validate(model),
                                train=type(run.train).model_validate(train))
+
+
+def tuning_run(run: Run, search: Search) -> Run:
+    """A search group's base run as its trials run it: evaluated on the search's split (val unless
+    the grid says otherwise), with the search's per-trial resources. Neither changes the run id."""
+    run = dataclasses.replace(run, eval=run.eval.model_copy(update={"split": search.split}))
+    if search.resources is not None:
+        run = dataclasses.replace(run, resources=search.resources)
+    return run
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -102,17 +111,19 @@ def _task(cfg, data_dir: str | None):
 
 
 def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str | None = None) -> float:
-    """Score weights without writing anything: the search metric on the eval split.
+    """Score weights without writing anything: the search metric on the run's eval split (in a
+    search, the validation split: see `tuning_run`).
 
     val_loss is the masked-diffusion ELBO of the final loop (what a sampler at L_s = L_t
-    uses), on the eval split with noise fixed by the eval seed. Task metrics sample as
+    uses), on that split with noise fixed by the eval seed. Task metrics sample as
     `evaluate_point` does. Used for intermediate evaluations (pruning on the objective) and
     for val_loss at the end. The global torch RNG is left as it was: the training around an
     intermediate evaluation must not change because of it.
     """
     import torch
 
-    from model import RecursiveDenoiser, SeqSpec, sample
+    from model import RecursiveDenoiser, SeqSpec
+    from model.sampler import sample_all
     from model.train import diffusion_loss
 
     with torch.random.fork_rng(devices=[]):
@@ -135,9 +146,9 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
                 return total / n
             pt = _metric_point(run, metric)
             ev = ev_full.head(pt.n_examples)
-            outs = [sample(model, ev.x0[i:i + 256], ev.cond[i:i + 256], T=pt.T, L_s=pt.L_s, unmask=pt.sampler,
-                           temperature=pt.temperature, remask=pt.remask, seed=pt.seed + i) for i in range(0, len(ev), 256)]
-            scores = task.score(torch.cat(outs), ev)
+            got = sample_all(model, ev.x0, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler,
+                             temperature=pt.temperature, remask=pt.remask, seed=pt.seed)
+            scores = task.score(got.x, ev)
             return sum(s[metric.name] for s in scores) / len(scores)
 
 
@@ -175,10 +186,7 @@ def _trainable(config: dict) -> None:
 
     if every:  # checkpoint_every is bookkeeping: it leaves the run id as it is
         run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": every}))
-    marker = store.path("logs", f"{run.run_id}.attempts")
-    prev = store.read_bytes(marker) or b""
-    attempt = prev.count(b"\n") + 1
-    store.write_bytes(marker, prev + f"start {attempt} (tune)\n".encode())
+    attempt = start_attempt(store, run.run_id, "tune")
     row = execute(run, store, config["code_version"], report=report, attempt=attempt)
     value = objective_from_store(run, metric, store, row)
     final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
@@ -269,9 +277,10 @@ def _open_study(search: Search, group: SearchGroup, storage, grid: Grid):
         raise TuneError(f"{DB_NAME}: study {group.name!r} was created to {study.direction.name.lower()}, the grid "
                         f"now asks to {direction}: use another study name or delete the study")
     attrs = {"rmdm_study": grid.study, "group_point": group.point, "metric": search.metric.label,
-             "mode": search.mode, "n_trials": search.n_trials, "params": sorted(search.params)}
-    old = study.user_attrs
-    for k in ("metric", "params"):
+             "mode": search.mode, "n_trials": search.n_trials, "params": sorted(search.params), "split": search.split}
+    # a study stored before searches recorded their split was scored on test: never mixed with val
+    old = {**({"split": "test"} if study.user_attrs else {}), **study.user_attrs}
+    for k in ("metric", "params", "split"):
         if k in old and old[k] != attrs[k]:
             raise TuneError(f"{DB_NAME}: study {group.name!r} searched {k} {old[k]!r}, the grid now says "
                             f"{attrs[k]!r}: use another study name or delete the study")
@@ -372,9 +381,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
     from ray.tune.search import ConcurrencyLimiter
 
     search = grid.search
-    base = group.run
-    if search.resources is not None:
-        base = dataclasses.replace(base, resources=search.resources)
+    base = tuning_run(group.run, search)
     res = base.resources
     bundle = {"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}
     stopped: set = set()
@@ -451,16 +458,11 @@ def _plain(v):
 
 def _write_best(store: Store, grid: Grid, summary: dict) -> None:
     doc = {"kind": BEST_KIND, "study": grid.study, "grid": grid.path, "metric": grid.search.metric.label,
-           "mode": grid.search.mode, "storage": DB_NAME, "groups": summary}
+           "mode": grid.search.mode, "split": grid.search.split, "storage": DB_NAME, "groups": summary}
     text = ("# Best values per search group, written by `study tune`. Include them in a sweep grid with\n"
             "#   defaults_from: {file: <this file>, group: auto}   (or group: <name>)\n"
             + yaml.safe_dump(doc, sort_keys=False))
     store.write_text(store.path(BEST_NAME), text)
-
-
-def read_best(store: Store) -> dict | None:
-    data = store.read_bytes(store.path(BEST_NAME))
-    return yaml.safe_load(data) if data else None
 
 
 def describe_search(grid: Grid) -> list[str]:
@@ -469,7 +471,7 @@ def describe_search(grid: Grid) -> list[str]:
     lines = [f"search: {len(grid.search_groups)} group(s) x {s.n_trials} trials, {s.mode}imize {s.metric.label}"
              + (f", ASHA on {s.pruning.metric} (grace {s.pruning.grace_period} steps, "
                 f"reduction {s.pruning.reduction_factor:g})" if s.pruning else "")
-             + f", {s.max_concurrent} at a time"]
+             + f", {s.max_concurrent} at a time, scored on the {s.split} split"]
     for k, d in s.params.items():
         lines.append(f"  {k} ~ {d.describe()}")
     for g in grid.search_groups:

@@ -248,3 +248,77 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
         assert after[t.number].state == TrialState.COMPLETE
         log = open(store.path("logs", f"{t.user_attrs['run_id']}.log")).read()
         assert log.count("training from step 0") == 1 and "final weights found" not in log
+
+
+AUDIT = '''
+"""Loaded at startup by every Python process of the test's `study tune` (driver and Ray workers):
+once `tasks` is imported, every task's eval_set appends the split it is asked for to a log."""
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+
+class _AuditTasks(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "tasks":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(mod):
+            run(mod)
+            for _, cls in mod.TASKS.values():
+                real = cls.eval_set
+
+                def eval_set(self, split="test", _real=real):
+                    with open(os.environ["RMDM_SPLIT_LOG"], "a") as f:
+                        f.write(f"{os.getpid()} {type(self).__name__} {split}\\n")
+                    return _real(self, split)
+
+                cls.eval_set = eval_set
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("RMDM_SPLIT_LOG"):
+    sys.meta_path.insert(0, _AuditTasks())
+'''
+
+
+def test_study_tune_never_reads_the_test_split(tmp_path):
+    """A tiny copy of grids/tune_sudoku_lr.yaml (4x4, one group, ASHA on the objective, so trials
+    are also scored mid-training) run by the real `study tune`: every eval_set call of the real
+    Sudoku task, in the driver and in the Ray workers, asks for 'val', and every evals row says val."""
+    with open(os.path.join(ROOT, "grids", "tune_sudoku_lr.yaml")) as f:
+        raw = yaml.safe_load(f)
+    raw.pop("axes")
+    raw.update(study="tlr", model={"d_model": 16, "n_heads": 2})
+    raw["task"].update(n=4, n_train=30, n_test=16, n_val=16)
+    raw["train"].update(steps=12, batch_size=8, warmup=2, checkpoint_every=6, log_every=4)
+    raw["eval"].update(n_examples=16)
+    raw["search"].update(n_trials=2, max_concurrent=1, points=[{"lr": 3.0e-3}],
+                         pruning={"scheduler": "asha", "metric": "objective", "every": 6, "grace_period": 6},
+                         params={"lr": raw["search"]["params"]["lr"]})
+    gpath = write(tmp_path / "tlr.yaml", raw)
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(AUDIT)
+    log = tmp_path / "splits.log"
+    env = {**os.environ, "PYTHONPATH": f"{audit}{os.pathsep}{ROOT}", "RMDM_SPLIT_LOG": str(log)}
+    results = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(results),
+                        "--num-cpus", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    asked = [ln.split() for ln in log.read_text().splitlines()]
+    assert asked and {split for _, _, split in asked} == {"val"}, asked
+    assert len({pid for pid, _, _ in asked}) >= 1 and {name for _, name, _ in asked} == {"Sudoku"}
+    evals = Store(str(results), "tlr").read("evals")
+    assert len(evals) and set(evals["split"]) == {"val"}
+    done = [t for t in trials(str(results), "tlr", "tlr") if t.state == TrialState.COMPLETE]
+    for t in done:  # the objective is the val row of the trial's run
+        row = evals[(evals.run_id == t.user_attrs["run_id"]) & (evals.metric == "vpr")]
+        assert t.value == pytest.approx(float(row.value.iloc[0]))
+    assert "split: val" in (results / "tlr" / "best.yaml").read_text()
