@@ -243,7 +243,8 @@ class Store:
         if self.local:
             d = self.path("data")
         else:
-            key = hashlib.sha256(self.dir.encode()).hexdigest()[:16]
+            # keyed by the whole root (endpoint included): one bucket path on two servers is two stores
+            key = hashlib.sha256(f"{self.root}\n{self.dir}".encode()).hexdigest()[:16]
             d = os.path.join(tempfile.gettempdir(), "rmdm-study-data", key)
         os.makedirs(d, exist_ok=True)
         return d
@@ -252,15 +253,18 @@ class Store:
     def task_data(self):
         """Yield a local directory for `Task.prepare`; on a remote store it mirrors `data/`.
 
-        Files of the store's `data/` missing locally are fetched first; files the task wrote
-        are uploaded afterwards, so every node generates a dataset at most once per study.
+        Files of the store's `data/` missing locally are fetched first; afterwards every local
+        file the store lacks is uploaded (written by the task now, or cached by an earlier study
+        that a deleted store held), so every node generates a dataset at most once per study.
         """
         d = self.data_dir()
         if self.local:
             yield d
             return
         remote = f"{self.dir}/data"
+        stored = set()
         for info in self.fs.get_file_info(pafs.FileSelector(remote, allow_not_found=True)):
+            stored.add(info.base_name)
             local = os.path.join(d, info.base_name)
             if info.type == pafs.FileType.File and info.base_name[0] != "." and not os.path.exists(local):
                 data = self.read_bytes(info.path)
@@ -269,9 +273,8 @@ class Store:
                     with open(tmp, "wb") as f:
                         f.write(data)
                     os.replace(tmp, local)
-        before = set(os.listdir(d))
         yield d
-        for name in sorted(set(os.listdir(d)) - before):
+        for name in sorted(set(os.listdir(d)) - stored):
             p = os.path.join(d, name)
             if os.path.isfile(p) and is_safe_name(name) and ".part" not in name and ".tmp" not in name:
                 with open(p, "rb") as f:
