@@ -111,7 +111,7 @@ def _line(ax, g: pd.DataFrame, x: str, label: str, color, marker: str = "o", ls:
 
 
 def _x_axis(ax, values, label: str) -> None:
-    values = sorted({int(v) for v in values})
+    values = sorted({int(round(v)) for v in values})
     if len(values) > 1 and values[-1] / max(values[0], 1) >= 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(values, [str(v) for v in values])
@@ -294,7 +294,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
         raise MissingData(f"no model reaches the threshold ({table['metric'].iloc[0]} >= "
                           f"{table['threshold'].iloc[0]}), so there is no crossing to plot ({best})")
     ylabel = "smallest T reaching the threshold (L_s = L_t)" if opts.pareto_x == "T" else \
-        "fewest forward passes T x L_s reaching the threshold"
+        "fewest forward passes (steps run x L_s) reaching the threshold"
     variants = list(dict.fromkeys(reached["task_variant"]))
     _theme()
     fig, axes = _grid(len(variants), w=5.2, h=4.2, cols=3)
@@ -339,7 +339,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
 
 
 def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
-    """Metric vs total forward passes T * L_s, one line per model and sampling depth L_s."""
+    """Metric vs forward passes per sample (denoising steps run x L_s), one line per model and sampling depth L_s."""
     panels = [(v, m, d) for v, m, d in _by_variant(data, "compute", opts.split) if d["forward_passes"].nunique() >= 2]
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
@@ -360,7 +360,7 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
                   colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
         if metric in DEFAULT_THRESHOLD:
             ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
-        _x_axis(ax, d["forward_passes"], "forward passes per sample, T x L_s")
+        _x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
         ax.set_title(variant)

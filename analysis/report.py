@@ -77,7 +77,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
         c = crossings_table(data, opts)
         c = c[["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
                "crossing", "T", "L_s", "value", "best", "pareto"]]
-        x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes T*L_s"
+        x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes (steps run x L_s)"
         out.append(("Threshold crossings", f"Smallest {x} at which each model's seed-mean metric reaches the "
                     "threshold (— : never reached; best is the best value seen); pareto marks the non-dominated "
                     "models (fewest parameters and steps).", c))

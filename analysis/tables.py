@@ -94,14 +94,14 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
-        forward_passes=("forward_passes", "first"))
+        forward_passes=("forward_passes", "mean"))
     runs["k"] = np.where(runs["metric"].isin(RATE_METRICS), (runs["value"] * runs["n_examples"]).round(), np.nan)
     g = runs.groupby(keys, as_index=False, dropna=False).agg(
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
         seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
-        forward_passes=("forward_passes", "first"))
+        forward_passes=("forward_passes", "mean"))
     g["seed_sd"] = g["seed_sd"].fillna(0.0)
     lo, hi = [], []
     for r in g.itertuples(index=False):
@@ -114,7 +114,9 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         lo.append(a)
         hi.append(b)
     g["ci_low"], g["ci_high"] = lo, hi
-    g["forward_passes"] = g["T"] * g["L_s"]
+    # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
+    # rows written before that was recorded
+    g["forward_passes"] = g["forward_passes"].fillna(g["T"] * g["L_s"])
     return g
 
 

@@ -426,3 +426,16 @@ def test_figures_read_the_test_split_only_and_never_average_splits(two_split_sto
     with pytest.raises(ValueError, match="several splits"):
         _line(ax, rows, "T", "mixed", "k")
     plt.close(fig)
+
+
+def test_forward_passes_are_the_stored_ones_not_T_times_L_s(tmp_path):
+    """A sampler that stops early (28 free cells, T = 40) stores 28 x L_s block passes; the analysis
+    keeps that number (was recomputed as T * L_s = 80)."""
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    run = run_row("fp", "sudoku", {"n": 9, "mask_rate": 0.3}, 1, 2)
+    _write(Store(str(tmp_path), "fp"), run, [{**eval_row(run, 40, 2, "vpr", 0.5), "forward_passes": 56},
+                                             eval_row(run, 10, 2, "vpr", 0.4)])
+    agg = aggregate(load_study(str(tmp_path), "fp").evals)
+    assert dict(zip(agg["T"], agg["forward_passes"])) == {40: 56, 10: 20}
