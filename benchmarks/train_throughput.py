@@ -1,23 +1,28 @@
 """Training and sampling speed of the R-MDM against this machine's own limits, measured in one run.
 
-    nice -n 15 .venv/bin/python benchmarks/train_throughput.py            # ~2-3 minutes on 2 idle cores
+    nice -n 15 .venv/bin/python benchmarks/train_throughput.py            # ~3-5 minutes on 2 idle cores
     .venv/bin/python benchmarks/train_throughput.py --profile             # + torch.profiler top ops
+    .venv/bin/python benchmarks/train_throughput.py --batch 16 --reps 1 --no-memory   # smoke run
 
 Reference config: d_model 256, 8 heads, sequence 81 (9x9 Sudoku, vocabulary 9), batch 256;
 shapes (4 x 1), (1 x 4), (2 x 2); loss `all`, AdamW, grad clipping: the real `Trainer.train_step`.
-Prints tokens/s and achieved GFLOP/s (model FLOPs, `model.costs.train_flops_per_step`), the
-float32 and bf16 matrix-multiply peak measured in this same run, a baseline built from
-`torch.nn.TransformerEncoderLayer` at the (4 x 1) shape, sampling puzzles/s at T=20, L_s=3, and
-peak memory with and without `checkpoint_loops`. Every figure is a ratio against something
-measured in this run, because the machine is shared and its speed varies from minute to minute.
-Each timing is the best of its repeats (as the peak is): noise only ever slows a run down.
+Every attention kernel x precision path (`sdpa` / `math` x float32 / bf16 autocast; bf16 only where
+the CPU has bf16 units) is timed at the (4 x 1) shape, and so is the path `auto` picks
+(model/precision.py), which gives `auto_vs_best`. Also printed: the CPU model and flags, tokens/s
+and achieved GFLOP/s (model FLOPs, `model.costs.train_flops_per_step`), the float32 and bf16
+matrix-multiply peak measured in this same run, a baseline built from
+`torch.nn.TransformerEncoderLayer` at the (4 x 1) shape, the real Sudoku task's batch generation
+against a training step, sampling puzzles/s (batched across puzzles) and its FLOP rate against
+training's, and peak memory with and without `checkpoint_loops`. Every figure is a ratio against
+something measured in this run, because the machine is shared and its speed varies from minute
+to minute. Each timing is the best of its repeats (as the peak is): noise only ever slows a run down.
 
 Where the CPU has no bf16 matrix units (AVX2 only), bf16 matmuls are emulated and a full-batch
-bf16 step would take minutes; bf16 and float32 are then both timed at a small batch and the
-ratio is printed for that batch (said so in the output).
+bf16 step would take minutes; bf16 is then not timed (auto never picks it) and bf16_vs_fp32 is nan.
 
 The last line is machine-readable:
-    fp32_vs_peak=<r> bf16_vs_fp32=<r> vs_baseline=<r> sample_puzzles_per_s=<n>
+    fp32_vs_peak=<r> bf16_vs_fp32=<r> vs_baseline=<r> auto_vs_best=<r> data_vs_step=<r>
+    sample_vs_train=<r> sample_puzzles_per_s=<n>
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ sys.path.insert(0, ROOT)
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample  # noqa: E402
 from model.costs import inference_flops_per_sample, train_flops_per_step  # noqa: E402
-from model.train import cpu_bf16_native  # noqa: E402
+from model.precision import ATTENTIONS, cpu_bf16_native, machine_summary  # noqa: E402
 
 D, HEADS, N, V, BATCH = 256, 8, 81, 9, 256
 SHAPES = [(4, 1), (1, 4), (2, 2)]
@@ -83,23 +88,48 @@ def matmul_peak(dtype: torch.dtype, budget_s: float = 1.5) -> float:
 
 
 # ---- the R-MDM's real training step --------------------------------------------------------
-def trainer(K: int, L: int, precision: str, B: int | None = None, **model_kw) -> Trainer:
+def trainer(K: int, L: int, precision: str, B: int | None = None, attention: str = "sdpa", **model_kw) -> Trainer:
     B = B or BATCH
-    return Trainer(ModelConfig(K=K, L=L, d_model=D, n_heads=HEADS, **model_kw),
+    return Trainer(ModelConfig(K=K, L=L, d_model=D, n_heads=HEADS, attention=attention, **model_kw),
                    TrainConfig(steps=1000, batch_size=B, warmup=10, precision=precision), SPEC, batch_fn(B))
 
 
-def train_speed(K: int, L: int, precision: str, reps: int, B: int | None = None) -> dict:
+def train_speed(K: int, L: int, precision: str, reps: int, B: int | None = None, attention: str = "sdpa") -> dict:
     B = B or BATCH
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the bf16-on-AVX2 warning: this benchmark says it itself
-        tr = trainer(K, L, precision, B)
+        tr = trainer(K, L, precision, B, attention)
     t = best_time(tr.train_step, reps)
     flops = train_flops_per_step(tr.model_cfg, tr.cfg, N, V)
-    return {"shape": f"({K} x {L})", "precision": precision, "batch": B, "step_s": t,
+    return {"shape": f"({K} x {L})", "attention": tr.attention, "precision": tr.precision, "batch": B, "step_s": t,
             "tokens_per_s": B * N / t, "gflops": flops / t / 1e9}
+
+
+def auto_choice(K: int, L: int, B: int) -> dict:
+    """What `attention: auto, precision: auto` resolves to for this shape (measured, or from the cache)."""
+    t = time.perf_counter()
+    tr = Trainer(ModelConfig(K=K, L=L, d_model=D, n_heads=HEADS, attention="auto"),
+                 TrainConfig(steps=1000, batch_size=B, warmup=10, precision="auto"), SPEC, batch_fn(B))
+    return {**tr.paths, "choose_s": time.perf_counter() - t}
+
+
+# ---- data: the real Sudoku task's batches ------------------------------------------------------
+def data_time(B: int, reps: int = 5) -> float:
+    """Seconds of one training batch of the real 9x9 Sudoku task (sampled grids, symmetry
+    augmentation, givens), as `study` hands it to the trainer."""
+    from tasks.sudoku import Sudoku, SudokuConfig
+
+    task = Sudoku(SudokuConfig(n=9, mask_rate=0.5, n_train=2000, n_test=10, structural_pos=True))
+    task.prepare(None)
+    step = [0]
+
+    def one():
+        step[0] += 1
+        task.train_batch(B, torch.Generator().manual_seed(step[0]))
+
+    return best_time(one, reps)
 
 
 # ---- baseline: a straightforward nn.TransformerEncoder at the (4 x 1) shape ---------------------
@@ -146,9 +176,9 @@ def baseline_speed(precision: str, reps: int, B: int | None = None) -> dict:
 
 
 # ---- sampling ----------------------------------------------------------------------------------
-def sample_speed(precision: str, reps: int, n_puzzles: int, T: int = 20, L_s: int = 3) -> dict:
+def sample_speed(precision: str, reps: int, n_puzzles: int, T: int = 20, L_s: int = 3, attention: str = "sdpa") -> dict:
     torch.manual_seed(0)
-    model = RecursiveDenoiser(ModelConfig(K=1, L=4, d_model=D, n_heads=HEADS), SPEC)
+    model = RecursiveDenoiser(ModelConfig(K=1, L=4, d_model=D, n_heads=HEADS, attention=attention), SPEC)
     g = torch.Generator().manual_seed(0)
     x, cond = torch.randint(0, V, (n_puzzles, N), generator=g), torch.rand(n_puzzles, N, generator=g) < 0.3
     t = best_time(lambda: sample(model, x, cond, T=T, L_s=L_s, precision=precision), reps, warmup=0)
@@ -206,7 +236,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per config (after one warm-up)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--small-batch", type=int, default=8, help="batch for bf16 vs float32 when bf16 is emulated")
     ap.add_argument("--sample-puzzles", type=int, default=64)
     ap.add_argument("--batch", type=int, default=256, help="training batch (256 is the reference; smaller: smoke run)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler top ops")
@@ -222,56 +251,73 @@ def main() -> None:
     if a.memory_only:
         return print_memory(a.threads)
     native = cpu_bf16_native()
-    print(f"torch {torch.__version__}, {a.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"native bf16 matmul: {native}")
+    print(f"machine: {machine_summary()}")
+    print(f"{a.threads} threads, batch {BATCH}" + ("" if BATCH == 256 else " (not the reference 256: a smoke run)"))
+    print("targets this machine can show: fp32_vs_peak >= 0.60, vs_baseline >= 1.25, auto_vs_best >= 0.95, "
+          "data_vs_step <= 0.05, sample_vs_train >= 0.67" + (", bf16_vs_fp32 (>= 3 where AMX)" if native else
+                                                            "; not bf16 (no bf16 units: emulated, auto never picks it)"))
 
     peak32 = matmul_peak(torch.float32)
-    peak16 = matmul_peak(torch.bfloat16)
+    peak16 = matmul_peak(torch.bfloat16) if native else float("nan")
     print(f"matmul peak: float32 {peak32:.1f} GFLOP/s, bf16 {peak16:.1f} GFLOP/s ({peak16 / peak32:.2f}x)")
 
-    rows = [train_speed(K, L, "float32", a.reps) for K, L in SHAPES]
-    base32 = baseline_speed("float32", a.reps)
-    if native:
-        rows16 = [train_speed(K, L, "bf16", a.reps) for K, L in SHAPES]
-        base16 = baseline_speed("bf16", a.reps)
-        pair32, pair16 = rows[0], rows16[0]
-    else:  # emulated bf16: a full batch would take minutes a step; compare both at a small batch
-        rows16, base16 = [], None
-        pair32 = train_speed(4, 1, "float32", a.reps, B=a.small_batch)
-        pair16 = train_speed(4, 1, "bf16", 1, B=a.small_batch)
+    # every path at the (4 x 1) shape, then the other shapes on float32 sdpa
+    precs = ["float32", "bf16"] if native else ["float32"]
+    paths = [train_speed(4, 1, p, a.reps, attention=att) for p in precs for att in ATTENTIONS]
+    rows = paths + [train_speed(K, L, "float32", a.reps) for K, L in SHAPES[1:]]
+    auto = auto_choice(4, 1, BATCH)
+    best = min(paths, key=lambda r: r["step_s"])
+    auto_row = next(r for r in paths if (r["attention"], r["precision"]) == (auto["attention"], auto["precision"]))
+    print(f"\nauto picks attention {auto['attention']}, precision {auto['precision']} ({auto['how']}, "
+          f"{auto['choose_s']:.1f} s)" + (f"; its measured step seconds {auto['times']}" if auto["times"] else ""))
+    base = [baseline_speed(p, a.reps) for p in precs]
     peak32 = max(peak32, matmul_peak(torch.float32))  # again after the long runs: the best the machine gave
+    step_data = data_time(BATCH)
 
-    print("\nshape              precision  batch  step_s  tokens/s  GFLOP/s  vs fp32 peak")
-    for r in rows + rows16 + [pair32, pair16]:
-        print(f"{r['shape']:<18} {r['precision']:<10} {r['batch']:>5} {r['step_s']:7.2f} {r['tokens_per_s']:9.0f} "
-              f"{r['gflops']:8.1f}  {r['gflops'] / peak32:5.2f}")
-    for b in (base32, base16):
-        if b:
-            print(f"{b['shape']:<18} {b['precision']:<10} {b['batch']:>5} {b['step_s']:7.2f} {b['tokens_per_s']:9.0f}")
+    print("\nshape              attention precision  batch  step_s  tokens/s  GFLOP/s  vs fp32 peak")
+    for r in rows:
+        print(f"{r['shape']:<18} {r['attention']:<9} {r['precision']:<10} {r['batch']:>5} {r['step_s']:7.2f} "
+              f"{r['tokens_per_s']:9.0f} {r['gflops']:8.1f}  {r['gflops'] / peak32:5.2f}")
+    for b in base:
+        print(f"{b['shape']:<18} {'sdpa':<9} {b['precision']:<10} {b['batch']:>5} {b['step_s']:7.2f} "
+              f"{b['tokens_per_s']:9.0f}")
 
-    fp32_vs_peak = max(r["gflops"] for r in rows) / peak32
-    bf16_vs_fp32 = pair16["tokens_per_s"] / pair32["tokens_per_s"]
-    ours = max([rows[0]] + rows16[:1], key=lambda r: r["tokens_per_s"])
-    theirs = max([b for b in (base32, base16) if b], key=lambda r: r["tokens_per_s"])
-    vs_baseline = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    fp32 = [r for r in rows if r["precision"] == "float32"]
+    fp32_vs_peak = max(r["gflops"] for r in fp32) / peak32
+    best32 = min((r for r in paths if r["precision"] == "float32"), key=lambda r: r["step_s"])
+    bf16 = [r for r in paths if r["precision"] == "bf16"]
+    bf16_vs_fp32 = best32["step_s"] / min(r["step_s"] for r in bf16) if bf16 else float("nan")
+    theirs = min(base, key=lambda r: r["step_s"])
+    vs_baseline = theirs["step_s"] / auto_row["step_s"]
+    auto_vs_best = best["step_s"] / auto_row["step_s"]
+    data_vs_step = step_data / best["step_s"]
     print(f"\nfloat32 training: best {fp32_vs_peak:.2f} of the float32 matmul peak (target >= 0.60)")
-    print(f"bf16 / float32 tokens/s at ({pair16['shape']}) batch {pair16['batch']}: {bf16_vs_fp32:.2f}x "
-          f"(target >= 2.0; bf16 matmul peak is {peak16 / peak32:.2f}x float32 here)")
-    print(f"(4 x 1) {ours['precision']} vs nn.TransformerEncoderLayer baseline {theirs['precision']}: "
-          f"{vs_baseline:.2f}x tokens/s (target >= 1.25)")
+    if bf16:
+        print(f"bf16 / float32 step speed at (4 x 1): {bf16_vs_fp32:.2f}x (target >= 3 where AMX; "
+              f"bf16 matmul peak is {peak16 / peak32:.2f}x float32 here)")
+    print(f"auto ({auto_row['attention']}, {auto_row['precision']}) vs the best path measured here "
+          f"({best['attention']}, {best['precision']}): {auto_vs_best:.2f} (target >= 0.95)")
+    print(f"(4 x 1) auto vs nn.TransformerEncoderLayer baseline ({theirs['precision']}): "
+          f"{vs_baseline:.2f}x (target >= 1.25)")
+    print(f"data: a Sudoku batch of {BATCH} takes {step_data * 1e3:.1f} ms, {data_vs_step:.3f} of the best step "
+          f"(target <= 0.05)")
 
-    smp = sample_speed("bf16" if native else "float32", 1, a.sample_puzzles)
+    smp = sample_speed(auto_row["precision"], 1, a.sample_puzzles, attention=auto_row["attention"])
+    sample_vs_train = smp["gflops"] / auto_row["gflops"]
     print(f"sampling {smp['model']} T={smp['T']} L_s={smp['L_s']} batch {smp['puzzles']}: "
-          f"{smp['puzzles_per_s']:.1f} puzzles/s, {smp['gflops']:.1f} GFLOP/s ({smp['gflops'] / peak32:.2f} of peak)")
+          f"{smp['puzzles_per_s']:.1f} puzzles/s, {smp['gflops']:.1f} GFLOP/s, {sample_vs_train:.2f} of training's "
+          f"(target >= 0.67: within 1.5x)")
 
     if not a.no_memory:
         print_memory(a.threads)
 
     if a.profile:
         profile_step(4, 1, "float32", BATCH)
-        profile_step(4, 1, "bf16", a.small_batch)
+        if native:
+            profile_step(4, 1, "bf16", BATCH)
 
     print(f"fp32_vs_peak={fp32_vs_peak:.3f} bf16_vs_fp32={bf16_vs_fp32:.3f} vs_baseline={vs_baseline:.3f} "
+          f"auto_vs_best={auto_vs_best:.3f} data_vs_step={data_vs_step:.3f} sample_vs_train={sample_vs_train:.3f} "
           f"sample_puzzles_per_s={smp['puzzles_per_s']:.2f}")
 
 
