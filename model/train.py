@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -191,7 +192,36 @@ class Trainer:
         save_atomic(self.state_dict(), path)
 
     def load(self, path: str) -> None:
-        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+        self.load_state_dict(load_state(path, self.device))
+
+
+class CheckpointError(ValueError):
+    """A weights or checkpoint file that is refused (it would run code) or unreadable (damaged)."""
+
+
+def load_state(src, map_location="cpu", name: str | None = None) -> dict:
+    """A `state_dict()` file (a path or a file object), loaded with `weights_only=True`.
+
+    A checkpoint holds only tensors, lists, dicts, numbers and strings. Anything else in the
+    pickle (a `__reduce__` that calls a function: how a crafted file runs code on whoever
+    loads it) is refused before it runs; so is a file that is not a checkpoint at all.
+    """
+    name = name or (src if isinstance(src, (str, os.PathLike)) else "checkpoint")
+    try:
+        sd = torch.load(src, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's own message goes on to suggest weights_only=False: keep only what it found
+        lines = [ln.strip() for ln in str(e).splitlines()
+                 if ln.strip() and not ln.startswith(("Weights only load failed", "Please file", "Check the doc"))]
+        why = lines[0][:160] if lines else "not a torch checkpoint"
+        raise CheckpointError(f"{name}: refused: holds objects other than tensors, numbers, strings, lists "
+                              f"and dicts (a crafted or foreign file?): {why}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{name}: not a readable checkpoint (truncated or damaged?): {first}") from None
+    if not isinstance(sd, dict) or "model" not in sd:
+        raise CheckpointError(f"{name}: not a checkpoint of this project (no 'model' entry)")
+    return sd
 
 
 def save_atomic(obj, path: str) -> None:

@@ -98,6 +98,8 @@ def status(
     if json_out:
         for st in statuses:
             typer.echo(json.dumps(asdict(st)))
+        for path, why in sorted(store.unreadable.items()):  # the text view lists them itself
+            typer.echo(f"unreadable, skipped: {path} ({why})", err=True)
     else:
         typer.echo(render(g, store, statuses))
 
@@ -155,6 +157,8 @@ def report(
     except (MissingData, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
+    for path, why in sorted(data.store.unreadable.items()):
+        typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
     opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split)
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     drawn: dict = {}
@@ -173,6 +177,33 @@ def report(
             typer.echo(p)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
+
+
+@app.command()
+def verify(
+    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    results: str = RESULTS,
+):
+    """Re-score every stored sample and check the store's invariants; exit 1 on any disagreement."""
+    from store import Store, is_safe_name, list_studies
+    from study.verify import verify_study
+
+    if study is None:
+        studies = list_studies(results)
+        if not studies:
+            typer.echo(f"error: no study with results under {results!r}", err=True)
+            raise typer.Exit(2)
+        study = studies[-1][0]
+    if not is_safe_name(study):
+        typer.echo(f"error: --study {study!r} is not a study name", err=True)
+        raise typer.Exit(2)
+    store = Store(results, study)
+    if not store.exists(store.dir):
+        typer.echo(f"error: no study {study!r} under {results!r}", err=True)
+        raise typer.Exit(2)
+    verdict = verify_study(store)
+    typer.echo(verdict.render())
+    raise typer.Exit(0 if verdict.ok else 1)
 
 
 @app.command("eval")

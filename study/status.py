@@ -53,7 +53,8 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
                  and _maybe_alive(hb))
         rate = step / hb["train_seconds"] if hb.get("train_seconds") and step else None
         status = row["status"] if row else None
-        if status == "done" and n_eval == len(keys):
+        # an unreadable history is a run `study run` redoes (as classify does): not done
+        if status == "done" and n_eval == len(keys) and store.readable("history", f"{rid}.parquet"):
             state, step = "done", steps
         elif status == "failed" and not fresh:
             state = "failed"
@@ -122,6 +123,8 @@ def render(grid: Grid, store: Store, statuses: list[RunStatus]) -> str:
     """The `study status` text: one summary line, then one line per run not done."""
     lines = [f"study {grid.study} ({store.dir}): " + summary_line(counts(statuses), len(statuses),
                                                                     eta_seconds(statuses))]
+    for path, why in sorted(store.unreadable.items()):
+        lines.append(f"  unreadable, skipped: {path} ({why})")
     for s in statuses:
         if s.state == "done":
             continue

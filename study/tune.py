@@ -42,6 +42,7 @@ import yaml
 
 from study.grid import Grid, Run
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
+from model.train import load_state
 from store import Store
 from study.trial import execute, format_error, run_from_resolved, run_row, start_attempt, trial_payload
 
@@ -90,10 +91,8 @@ def objective_from_store(run: Run, metric: SearchMetric, store: Store, row: dict
     if metric.name == "final_loss":
         return row.get("final_loss")
     if metric.name == "val_loss":
-        import torch
-
-        sd = torch.load(io.BytesIO(store.read_bytes(store.weights_path(run.run_id))), map_location="cpu",
-                        weights_only=False)
+        sd = load_state(io.BytesIO(store.read_bytes(store.weights_path(run.run_id))), "cpu",
+                        store.weights_path(run.run_id))
         return score_state(run, metric, sd["model"], store.data_dir())
     ev = store.read("evals", filter_run=run.run_id)
     key = _metric_point(run, metric).key
@@ -180,7 +179,7 @@ def _trainable(config: dict) -> None:
             stamp = info.mtime_ns if info.type.name == "File" else None
             if stamp is not None and stamp != seen["ckpt"]:
                 seen["ckpt"] = stamp
-                sd = torch.load(io.BytesIO(store.read_bytes(ckpt_path)), map_location="cpu", weights_only=False)
+                sd = load_state(io.BytesIO(store.read_bytes(ckpt_path)), "cpu", ckpt_path)
                 out.update(step=sd["step"], score=score_state(run, metric, sd["model"], store.data_dir()))
         tune.report(out)
 
