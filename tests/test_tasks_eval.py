@@ -1,6 +1,7 @@
 """`study eval RUN_ID --puzzles FILE`: a real tiny 4x4 Sudoku run trained through
 `study.trial.execute` (real Parquet), then external puzzle files solved from its stored
-weights. Run: pytest tests/test_tasks_eval.py"""
+weights; and the compute every evals row records (forward_passes, eval_flops), counted with a
+hook on the block. Run: pytest tests/test_tasks_eval.py"""
 from __future__ import annotations
 
 import numpy as np
@@ -145,3 +146,33 @@ def test_stored_compute_is_the_block_calls_that_ran(trained, tmp_path, monkeypat
     ext = ext[ext.eval_key == s["eval_key"]].iloc[0]
     assert len(rows) == 6 * 2 and ext.forward_passes == 12 and ext["T"] == 20
     assert ext.eval_flops == 6 * 10 * model.flops_per_forward(2)
+
+
+def test_likelihood_rows_count_block_passes_per_example(tmp_path):
+    """Text8: forward_passes means block passes per example in every row. The NLL bound calls
+    the model once per noise level (n_t = 8) at L_s = 2 loops; the generated samples at T = 60
+    on 48 free characters stop after 48 steps. Checked with a hook on the block."""
+    from model import RecursiveDenoiser, SeqSpec
+
+    raw = {"study": "t8", "task": {"name": "text8", "seq_len": 48, "n_test": 24, "n_t": 8},
+           "model": {"d_model": 16, "n_heads": 2, "L": 2},
+           "eval": {"T": [60], "n_examples": 24, "n_samples_kept": 4}}
+    run = expand(raw, "t8.yaml").runs[0]
+    store = Store(str(tmp_path), "t8")
+    task = make_task(run.task)
+    with store.task_data() as data_dir:
+        task.prepare(data_dir)
+    model = RecursiveDenoiser(run.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
+    batches = []  # examples through the block, one entry per loop of a model call
+    model.block[0].register_forward_hook(lambda mod, inp, out: batches.append(inp[0].shape[0]))
+    (pt,) = run.eval_points()
+    evaluate_point(run, pt, model, task, task.eval_set(pt.split), store)
+    ev = store.read("evals").set_index("metric")
+    nll_calls = [b for b in batches if b == 24]  # the bound: all 24 sequences at once
+    gen_calls = [b for b in batches if b == 4]  # the 4 generated samples
+    assert len(nll_calls) + len(gen_calls) == len(batches)
+    for m in ("nll", "bpc", "ppl"):
+        assert ev.loc[m, "forward_passes"] == len(nll_calls) == 8 * 2
+        assert ev.loc[m, "eval_flops"] == sum(nll_calls) * model.flops_per_forward(2) // 2
+    assert ev.loc["known_words", "forward_passes"] == len(gen_calls) == 48 * 2
+    assert ev.loc["known_words", "eval_flops"] == sum(gen_calls) * model.flops_per_forward(2) // 2

@@ -156,6 +156,7 @@ def test_asha_stops_the_trial_with_the_bad_loss(tmp_path, ray_local, pruning, ba
     ({"pruning": {"metric": "loss", "grace_period": 50}}, "search.pruning.grace_period", "below train.steps"),
     ({"pruning": {"metric": "objective", "grace_period": 4}}, "search.pruning.every", "needs `every`"),
     ({"points": [{"lr": 5.0}]}, "search.points[0].train.lr", "outside"),
+    ({"split": "train"}, "search.split", "val, test"),
 ])
 def test_malformed_search_sections_fail_naming_file_and_key(change, key, hint):
     raw = search_grid(**change)
