@@ -2,23 +2,106 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
 from study.grid import GridError, load_grid
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+class _Commands(TyperGroup):
+    """Every command: an exception nobody turned into a message becomes one line, never a traceback
+    (`study --debug COMMAND ...` or RMDM_DEBUG=1 shows the traceback). Files and values a user gives
+    (OSError, ValueError) exit 2 like every other user mistake; anything else is a bug: exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
+                raise
+            user = isinstance(e, (OSError, ValueError))
+            what = _one_line(e) if user else f"internal error ({type(e).__name__}: {_one_line(e)})"
+            typer.echo(f"error: {what}; rerun as `study --debug ...` for the traceback", err=True)
+            raise typer.Exit(2 if user else 1) from None
+
+
+def _one_line(e: BaseException, limit: int = 500) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    else:
+        text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
 RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of an error")):
+    """`study`: plan, run, inspect and report R-MDM scaling studies."""
+
+
+def _fail(msg: str, code: int = 2):
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
 
 
 def _grid_or_exit(path: str):
     try:
         return load_grid(path)
     except GridError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        _fail(str(e))
+
+
+def _results_or_exit(results: str, create: bool = False) -> None:
+    """A local --results is a directory (created by `run` and `tune` when missing)."""
+    if "://" in results:
+        return
+    if os.path.exists(results) and not os.path.isdir(results):
+        _fail(f"--results {results}: is a file, not a results directory")
+    if create:
+        try:
+            os.makedirs(results, exist_ok=True)
+        except OSError as e:
+            _fail(f"--results {results}: cannot create the results directory ({e.strerror or e})")
+
+
+def _writable_dir_or_exit(path: str, option: str) -> None:
+    """Create directory `path` if needed and check that a file can be written there, before any work."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        _fail(f"{option} {path}: is a file, not a directory")
+    except OSError as e:
+        _fail(f"{option} {path}: cannot create the directory ({e.strerror or e})")
+    _probe(path, option, path)
+
+
+def _writable_file_or_exit(path: str, option: str) -> None:
+    """`path` can be written (its directory exists and takes files; `path` is no directory)."""
+    if os.path.isdir(path):
+        _fail(f"{option} {path}: is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _fail(f"{option} {path}: no such directory {parent}")
+    _probe(parent, option, path)
+
+
+def _probe(directory: str, option: str, shown: str) -> None:
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".study-write-probe-"):
+            pass
+    except OSError as e:
+        _fail(f"{option} {shown}: cannot write there ({e.strerror or e})")
 
 
 @app.command()
@@ -71,6 +154,7 @@ def run(
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
         raise typer.Exit(2)
+    _results_or_exit(results, create=True)
     try:
         check_address(address)
     except ValueError as e:
@@ -93,6 +177,7 @@ def status(
     from store import Store
 
     g = _grid_or_exit(grid)
+    _results_or_exit(results)
     store = Store(results, g.study)
     statuses = snapshot(g, store)
     if json_out:
@@ -115,6 +200,7 @@ def tune(
     from study.tune import TuneError, tune_grid
 
     g = _grid_or_exit(grid)
+    _results_or_exit(results, create=True)
     try:
         code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo)
     except TuneError as e:
@@ -132,7 +218,7 @@ def report(
     fmt: str = typer.Option("svg", "--format", help="second format beside PNG: svg or pdf"),
     threshold: Optional[float] = typer.Option(None, "--threshold",
                                               help="pareto threshold (default 0.95 for VPR, 0.70 for RTR)"),
-    T: Optional[int] = typer.Option(None, "--T", help="cross-depth: denoising steps T of the heatmap"),
+    T: Optional[int] = typer.Option(None, "--T", min=1, help="cross-depth: denoising steps T of the heatmap"),
     pareto_x: str = typer.Option("T", "--pareto-x", help="pareto: T (at L_s = L_t) or forward_passes (T*L_s)"),
     split: str = typer.Option("test", "--split", help="the evaluation split every figure and table reads "
                               "(one per report, never mixed)"),
@@ -152,6 +238,7 @@ def report(
     if pareto_x not in ("T", "forward_passes"):
         typer.echo(f"error: unknown --pareto-x {pareto_x!r}; allowed: T, forward_passes", err=True)
         raise typer.Exit(2)
+    _results_or_exit(results)
     try:
         data = load_study(results, study)
     except (MissingData, ValueError) as e:
@@ -161,6 +248,8 @@ def report(
         typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
     opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split)
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
+    if out is not None or data.store.local:
+        _writable_dir_or_exit(out_dir, "--out")  # before drawing anything
     drawn: dict = {}
     for n in names:
         try:
@@ -210,16 +299,22 @@ def verify(
 def eval_cmd(
     run_id: str,
     puzzles: str = typer.Option(..., "--puzzles", help="81-char lines ('.' or '0' blanks) or CSV quizzes,solutions"),
-    T: Optional[int] = typer.Option(None, "--T", help="denoising steps (default: the run's largest eval T)"),
-    L_s: Optional[int] = typer.Option(None, "--L-s", help="loops per step (default: the run's training depth)"),
+    T: Optional[int] = typer.Option(None, "--T", min=1, help="denoising steps (default: the run's largest eval T)"),
+    L_s: Optional[int] = typer.Option(None, "--L-s", min=1,
+                                      help="loops per step (default: the run's training depth)"),
     out: Optional[str] = typer.Option(None, "--out", help="write the completed grids here, input order and format"),
     study: Optional[str] = typer.Option(None, "--study", help="study holding the run (default: found by run id)"),
     results: str = RESULTS,
 ):
     """Solve an external puzzle file with a trained run; write evals and samples rows; report VPR."""
-    from study.evaluate import EvalError, evaluate_puzzles
+    from study.puzzles import EvalError, evaluate_puzzles
     from tasks.sudoku import PuzzleFileError
 
+    _results_or_exit(results)
+    if os.path.isdir(puzzles):
+        _fail(f"--puzzles {puzzles}: is a directory; give a puzzle file")
+    if out is not None:
+        _writable_file_or_exit(out, "--out")  # before any row is written to the store
     try:
         s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out)
     except (EvalError, PuzzleFileError) as e:

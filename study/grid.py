@@ -15,6 +15,8 @@ import itertools
 import json
 import math
 import os
+import reprlib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,6 +70,8 @@ class EvalConfig(Strict):
 class Resources(Strict):
     cpu: float = Field(1, gt=0)
     gpu: float = Field(0, ge=0, description="fractions allowed: several small trials share a GPU")
+    # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
+    allow_cpu_fallback: bool = False
 
 
 SECTIONS: dict[str, type[BaseModel] | None] = {
@@ -209,15 +213,42 @@ class Grid:
 
 
 # ---- loading -----------------------------------------------------------------------------
+class _GridLoader(yaml.SafeLoader):
+    """`yaml.safe_load` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *defaults`: keys given here override merged ones, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader reports it itself
+                if first != key_node.start_mark.line + 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {_short(key)} (first at line {first}, again at line "
+                                    f"{key_node.start_mark.line + 1}): give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_grid(path: str) -> Grid:
     """Read, validate and expand a grid file. Raises GridError naming file and key."""
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=_GridLoader)  # a SafeLoader: plain data only, nothing is constructed
     except FileNotFoundError:
         raise GridError(f"{path}: no such grid file") from None
+    except IsADirectoryError:
+        raise GridError(f"{path}: is a directory, not a grid file (give the path of a .yaml file)") from None
+    except UnicodeDecodeError as e:
+        raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
+    except OSError as e:
+        raise GridError(f"{path}: cannot read the grid file ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        raise GridError(f"{path}: not valid YAML: {e}") from None
+        raise GridError(_cut(f"{path}: not valid YAML: {e}")) from None
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
     return expand(raw, path)
@@ -231,7 +262,7 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
     retries = raw.get("retries", 2)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        err("retries", f"must be an integer >= 0 (got {retries!r})")
+        err("retries", f"must be an integer >= 0 (got {_short(retries)})")
     base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
     groups = raw.get("groups")
     if groups is None:
@@ -322,7 +353,7 @@ def _check_search_point(search, sections: dict, point: dict, study: str, retries
             try:
                 _resolve(sections, {**point, k: v}, study, retries, group, err)
             except GridError as e:
-                err(f"search.params.{k}", f"the value {v!r} gives an invalid run: {e}")
+                err(f"search.params.{k}", f"the value {_short(v)} gives an invalid run: {e}")
 
 
 class _Err:
@@ -330,7 +361,52 @@ class _Err:
         self.path = path
 
     def __call__(self, key: str, msg: str):
-        raise GridError(f"{self.path}: key '{key}': {msg}")
+        raise GridError(_cut(f"{self.path}: key '{_cut(key, 200)}': {msg}"))
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 120, 120
+
+
+def _short(v: Any, limit: int = 300) -> str:
+    """repr of a grid value for a message, a few hundred characters at most: a YAML alias bomb
+    expands to megabytes, and reprlib never builds the whole repr."""
+    return _cut(_REPR.repr(v), limit)
+
+
+def _cut(text: str, limit: int = 1000) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 40]}... ({len(text):,} characters in all)"
+
+
+def _bool_for_number(cls: type[BaseModel], d: dict, key: str, err: _Err) -> None:
+    """pydantic reads `K: true` as K = 1: refuse a boolean wherever the field does not take booleans."""
+    for name, v in d.items():
+        f = cls.model_fields.get(name)
+        if f is None:
+            continue
+        vals = v if isinstance(v, list) else [v]
+        if any(isinstance(x, bool) for x in vals) and not _takes_bool(f.annotation):
+            err(f"{key}.{name}", f"a number is meant here, not a boolean (got {_short(v)})")
+        sub = _model_type(f.annotation)
+        if sub is not None and isinstance(v, dict):
+            _bool_for_number(sub, v, f"{key}.{name}", err)
+
+
+def _leaves(ann: Any) -> list:
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is Literal:
+        return [type(a) for a in args]
+    return [x for a in args for x in _leaves(a)] if args else [ann]
+
+
+def _takes_bool(ann: Any) -> bool:
+    return any(t in (bool, Any, object) for t in _leaves(ann))
+
+
+def _model_type(ann: Any):
+    return next((t for t in _leaves(ann) if isinstance(t, type) and issubclass(t, BaseModel)), None)
 
 
 def _mapping(v: Any, key: str, err: _Err) -> dict:
@@ -380,7 +456,7 @@ def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
     for k, vals in axes.items():
         ck = _canon_key(k, where + "axes.", err)
         if not isinstance(vals, list) or not vals:
-            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {vals!r})")
+            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {_short(vals)})")
         lists.append([{ck: v} for v in vals])
     couple = spec.get("couple", [])
     if not isinstance(couple, list):
@@ -447,11 +523,13 @@ def _satisfies(point: dict, c: Any, where: str, err: _Err) -> bool:
 def _task_config(d: dict, key: str, err: _Err) -> TaskConfig:
     name = d.get("name")
     if name not in TASKS:
-        err(f"{key}.name", f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        err(f"{key}.name", f"unknown task {_short(name)}; known tasks: {', '.join(sorted(TASKS))}")
     return _validate(TASKS[name][0], d, key, err)
 
 
 def _validate(cls: type[BaseModel], d: dict, key: str, err: _Err):
+    if isinstance(d, dict):
+        _bool_for_number(cls, d, key, err)
     try:
         return cls.model_validate(d)
     except ValidationError as e:
@@ -460,7 +538,7 @@ def _validate(cls: type[BaseModel], d: dict, key: str, err: _Err):
         full = f"{key}.{loc}" if loc else key
         if first["type"] == "extra_forbidden":
             err(full, f"unknown key; allowed: {', '.join(sorted(cls.model_fields))}")
-        err(full, f"{first['msg']} (got {first.get('input')!r})")
+        err(full, f"{first['msg']} (got {_short(first.get('input'))})")
 
 
 def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: _Err) -> Run:

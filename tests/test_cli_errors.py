@@ -1,0 +1,195 @@
+"""Every user mistake is one line of message and exit code 2, never a traceback: the real CLI
+(typer's CliRunner on `study.cli.app`), real files, a real tiny trained 4x4 Sudoku run for `eval`.
+Run: pytest tests/test_cli_errors.py"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from store import Store
+from study.cli import app
+from study.grid import expand
+from study.trial import execute
+
+TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmodel: {d_model: 16, n_heads: 2}\n"
+SOL = "1234341221434321"  # a valid 4x4 grid
+QUIZ = "1.3.3.1.2.4.4.2."
+
+
+def cli(*args: str):
+    r = CliRunner().invoke(app, list(args))
+    # exceptions CliRunner caught would have been a traceback for the user
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def fails(code: int, *args: str, words: tuple[str, ...]) -> str:
+    r = cli(*args)
+    assert r.exit_code == code, (r.exit_code, r.output)
+    for w in words:
+        assert w in r.output, (w, r.output)
+    return r.output
+
+
+@pytest.fixture
+def grid(tmp_path) -> str:
+    p = tmp_path / "g.yaml"
+    p.write_text("study: g\n" + TASK + "train: {steps: 2, batch_size: 4}\neval: {T: [1], n_examples: 4}\n")
+    return str(p)
+
+
+# ---- grid files --------------------------------------------------------------------------
+def test_binary_grid_file(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(bytes(range(256)) * 4)
+    fails(2, "plan", str(p), words=(str(p), "not a YAML text file"))
+
+
+def test_grid_path_is_a_directory(tmp_path):
+    fails(2, "plan", str(tmp_path), words=(str(tmp_path), "is a directory"))
+
+
+def test_duplicate_key_is_refused_naming_key_and_lines(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("study: dup\n" + TASK + "train:\n  steps: 5\n  lr: 0.01\n  steps: 50\n")
+    fails(2, "plan", str(p), words=("duplicate key 'steps'", "line 5", "line 7"))
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    p = tmp_path / "merge.yaml"
+    p.write_text("study: merge\n" + TASK + "base: &b {steps: 5, lr: 0.01}\n".replace("base", "description")
+                 + "train: {<<: *b, steps: 7}\n")
+    assert cli("plan", str(p)).exit_code == 0
+
+
+@pytest.mark.parametrize("body, key", [
+    ("axes:\n  K: [true]\n", "model.K"),
+    ("train: {lr: true}\n", "train.lr"),
+    ("eval: {T: [1, false]}\n", "eval.T"),
+    ("resources: {cpu: true}\n", "resources.cpu"),
+    ("couple:\n  - [{K: 1, L: true}]\n", "model.L"),
+])
+def test_booleans_are_not_numbers(tmp_path, body, key):
+    p = tmp_path / "b.yaml"
+    p.write_text("study: b\n" + TASK + body)
+    fails(2, "plan", str(p), words=(key, "boolean"))
+
+
+def test_booleans_stay_allowed_where_meant(tmp_path):
+    p = tmp_path / "ok.yaml"
+    p.write_text("study: ok\n" + TASK.replace("n_heads: 2}", "n_heads: 2, reinject_input: true}"))
+    assert cli("plan", str(p)).exit_code == 0
+
+
+def test_alias_bomb_value_is_cut_in_the_message(tmp_path):
+    lines = ["description:", '  - &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"  - &{chr(97 + i)} [" + ",".join(["*" + chr(96 + i)] * 9) + "]" for i in range(1, 8)]
+    p = tmp_path / "bomb.yaml"
+    p.write_text("\n".join(lines) + "\n" + TASK.replace("d_model: 16", "d_model: *h"))  # 9**8 leaves
+    out = fails(2, "plan", str(p), words=("model.d_model",))
+    assert len(out) < 1500
+
+
+# ---- results and output paths ------------------------------------------------------------
+@pytest.mark.parametrize("cmd", ["run", "status"])
+def test_results_pointing_to_a_file(tmp_path, grid, cmd):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    fails(2, cmd, grid, "--results", str(f), words=("--results", str(f), "is a file"))
+
+
+def test_report_results_pointing_to_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    fails(2, "report", "--results", str(f), words=("--results", "is a file"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    grid = {"study": "cli4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
+            "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
+            "eval": {"T": [1], "n_examples": 8}}
+    run = expand(grid, "cli4.yaml").runs[0]
+    execute(run, Store(str(root), "cli4"), code_version="test")
+    return str(root), run.run_id
+
+
+def test_report_out_unwritable(trained, tmp_path):
+    root, _ = trained
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a directory below a file cannot exist (root or not)
+    fails(2, "report", "--results", root, "--out", str(blocker / "figs"), words=("--out", "cannot create"))
+
+
+def _external_evals(root: str, run_id: str) -> int:
+    evals = Store(root, "cli4").read("evals", run_id)
+    return int(evals["split"].str.startswith("external:").sum())
+
+
+def test_eval_puzzles_is_a_directory(trained, tmp_path):
+    root, run_id = trained
+    fails(2, "eval", run_id, "--puzzles", str(tmp_path), "--results", root, words=("--puzzles", "is a directory"))
+
+
+def test_eval_out_unwritable_writes_nothing_to_the_store(trained, tmp_path):
+    root, run_id = trained
+    src = tmp_path / "p.txt"
+    src.write_text(QUIZ + "\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    before = _external_evals(root, run_id)
+    fails(2, "eval", run_id, "--puzzles", str(src), "--results", root, "--out", str(blocker / "out.txt"),
+          words=("--out", "no such directory"))
+    fails(2, "eval", run_id, "--puzzles", str(src), "--results", root, "--out", str(tmp_path),
+          words=("--out", "is a directory"))
+    assert _external_evals(root, run_id) == before  # checked before any row was written
+
+
+@pytest.mark.parametrize("opt", ["--T", "--L-s"])
+def test_eval_zero_steps_or_loops_are_refused(trained, tmp_path, opt):
+    root, run_id = trained
+    src = tmp_path / "p.txt"
+    src.write_text(QUIZ + "\n")
+    fails(2, "eval", run_id, "--puzzles", str(src), "--results", root, opt, "0",
+          words=(f"Invalid value for '{opt}'", "greater than or equal to 1"))
+
+
+@pytest.mark.parametrize("text, words", [
+    (f"{QUIZ}\n1123{QUIZ[4:]}\n", (":2:", "contradict", "digit 1 is given twice in row 1")),
+    (f"quiz,solution\n{QUIZ},{SOL}\n", (":1:", "CSV header", "'quiz,solution'")),
+    (f"{QUIZ},{SOL}\n", (":1:", "header")),
+])
+def test_eval_bad_puzzle_files(trained, tmp_path, text, words):
+    root, run_id = trained
+    src = tmp_path / "bad.txt"
+    src.write_text(text)
+    fails(2, "eval", run_id, "--puzzles", str(src), "--results", root, words=(str(src), *words))
+
+
+def test_eval_utf8_bom_is_no_cell(trained, tmp_path):
+    root, run_id = trained
+    src = tmp_path / "bom.csv"
+    src.write_bytes(b"\xef\xbb\xbf" + f"quizzes,solutions\n{QUIZ},{SOL}\n".encode())
+    out = tmp_path / "solved.csv"
+    r = cli("eval", run_id, "--puzzles", str(src), "--results", root, "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_text().splitlines()[0] == "quizzes,solutions"
+
+
+def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
+    import study.grid
+
+    def boom(path):
+        raise RuntimeError("something broke")
+
+    monkeypatch.setattr(study.grid, "load_grid", boom)
+    monkeypatch.setattr("study.cli.load_grid", boom)
+    r = cli("plan", "x.yaml")
+    assert r.exit_code == 1 and "internal error (RuntimeError: something broke)" in r.output
+    r = CliRunner().invoke(app, ["--debug", "plan", "x.yaml"])
+    assert isinstance(r.exception, RuntimeError)  # --debug lets the traceback through
+    assert os.environ.get("RMDM_DEBUG") is None
