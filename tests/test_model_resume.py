@@ -56,7 +56,7 @@ def test_resume_in_a_new_process_gives_the_same_weights(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     subprocess.run([sys.executable, str(script), str(tmp_path / "half.pt"), str(tmp_path / "resumed.pt")],
                    check=True, env=env, cwd=ROOT, timeout=600)  # generous: a shared, loaded CPU
-    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=True)
 
     assert resumed["step"] == straight.state.step == 12
     assert [h["L_t"] for h in resumed["history"]] == [h["L_t"] for h in straight.state.history]
@@ -67,7 +67,7 @@ def test_resume_in_a_new_process_gives_the_same_weights(tmp_path):
     for a, b in zip(resumed["opt"]["state"].values(), straight.opt.state_dict()["state"].values()):
         torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], atol=1e-9, rtol=1e-6)
     # and the comparison can fail: the half-trained weights are far from the final ones
-    assert not torch.allclose(torch.load(tmp_path / "half.pt", weights_only=False)["model"]["head.weight"],
+    assert not torch.allclose(torch.load(tmp_path / "half.pt", weights_only=True)["model"]["head.weight"],
                               straight.model.state_dict()["head.weight"], atol=1e-4)
 
 

@@ -1,0 +1,144 @@
+"""A hostile store: crafted weights/checkpoints never run code; study names never escape the store.
+
+Run: pytest tests/test_security.py -q   (tiny real trainings in-process, two `study` subprocesses)
+"""
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model import Trainer
+from model.train import CheckpointError
+from store import Store, is_safe_name
+from study.grid import GridError, expand, load_grid
+from study.trial import execute
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = """
+study: sec
+task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}
+model: {d_model: 16, n_heads: 2}
+train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
+eval: {T: [2], L_s: [train], n_examples: 8}
+axes:
+  seed: [0, 1]
+"""
+PUZZLES = "12.43.12.14343.1\n.2343412214.4321\n"  # 4x4, '.' blanks; solution 1234/3412/2143/4321
+
+
+class Crafted:
+    """Unpickling it writes a marker file: what a crafted weights file would do to its loader."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.write_text, (pathlib.Path(self.marker), "code ran"))
+
+
+def crafted_bytes(marker) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": Crafted(str(marker)), "step": 0}, buf)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    (tmp_path / "sec.yaml").write_text(GRID)
+    grid = load_grid(str(tmp_path / "sec.yaml"))
+    return tmp_path, grid, Store(str(tmp_path / "results"), grid.study)
+
+
+def study(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_crafted_weights_are_refused_by_study_eval_and_genuine_ones_load(study_dir):
+    tmp, grid, store = study_dir
+    run = grid.runs[0]
+    execute(run, store, "test")
+    (tmp / "p.txt").write_text(PUZZLES)
+    ok = study("eval", run.run_id, "--puzzles", str(tmp / "p.txt"), "--results", str(tmp / "results"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # genuine weights load with weights_only=True
+
+    marker = tmp / "marker"
+    store.write_bytes(store.weights_path(run.run_id), crafted_bytes(marker))
+    r = study("eval", run.run_id, "--puzzles", str(tmp / "p.txt"), "--results", str(tmp / "results"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refused" in r.stderr and f"weights/{run.run_id}.pt" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not marker.exists()
+
+
+def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_dir):
+    tmp, grid, store = study_dir
+    bad, good = grid.runs
+    marker = tmp / "marker"
+    store.write_bytes(store.checkpoint_path(bad.run_id), crafted_bytes(marker))
+    with pytest.raises(CheckpointError, match="refused") as e:
+        execute(bad, store, "test")
+    assert f"checkpoints/{bad.run_id}.pt" in str(e.value)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="refused"):  # the weights path too
+        store.write_bytes(store.weights_path(bad.run_id), crafted_bytes(marker))
+        execute(bad, store, "test")
+    assert not marker.exists()
+
+    # a genuine checkpoint at step 10 of 20: the run resumes from it and finishes
+    from study.trial import _to_bytes
+    from tasks import make_task
+
+    task = make_task(good.task)
+    task.prepare(store.data_dir())
+    from model import SeqSpec
+
+    spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
+    tr = Trainer(good.model, good.train, spec, lambda step, g: task.train_batch(good.train.batch_size, g))
+    tr.train(until=10)
+    store.write_bytes(store.checkpoint_path(good.run_id), _to_bytes(tr.state_dict()))
+    row = execute(good, store, "test")
+    assert row["status"] == "done"
+    log = store.read_bytes(store.path("logs", f"{good.run_id}.log")).decode()
+    assert "resuming from checkpoint at step 10" in log
+    assert sorted(store.read("history", filter_run=good.run_id).step) == [0, 5, 10, 15, 19]
+
+
+def test_trainer_load_refuses_a_crafted_file(tmp_path):
+    marker = tmp_path / "marker"
+    (tmp_path / "evil.pt").write_bytes(crafted_bytes(marker))
+    from model.train import load_state
+
+    with pytest.raises(CheckpointError, match="refused"):
+        load_state(str(tmp_path / "evil.pt"))
+    (tmp_path / "cut.pt").write_bytes(crafted_bytes(marker)[:50])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_state(str(tmp_path / "cut.pt"))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["name\n", "a..b", "../x", "a/b", ".hidden", "x" * 201, 7])
+def test_one_name_rule_for_store_and_grid(tmp_path, name):
+    """`^...$` let "name\n" through (a directory with a newline); "a..b" passed plan, failed status."""
+    assert not is_safe_name(name)
+    with pytest.raises(ValueError):
+        Store(str(tmp_path), name)
+    with pytest.raises(GridError, match="study"):
+        expand({"study": name, "task": {"name": "sudoku", "n": 4}}, "g.yaml")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_grid_named_by_its_file_follows_the_rule_in_plan(tmp_path):
+    (tmp_path / "a..b.yaml").write_text("task: {name: sudoku, n: 4}\n")
+    r = study("plan", str(tmp_path / "a..b.yaml"))
+    assert r.returncode == 2 and "study" in r.stderr and "a..b" in r.stderr and "Traceback" not in r.stderr
+    r = study("status", str(tmp_path / "a..b.yaml"), "--results", str(tmp_path / "results"))
+    assert r.returncode == 2 and "a..b" in r.stderr and "Traceback" not in r.stderr
+    assert is_safe_name("a.b-c_1") and is_safe_name("x" * 200)
