@@ -28,6 +28,10 @@ COLUMN_FIELDS = {"task": "task.name", "K": "model.K", "L_t": "model.L", "d_model
                  "schedule": "train.schedule", "loss": "train.loss", "seed": SEED_FIELD}
 
 
+# one evaluation point of one run: the analysis holds one evals row per point (dedupe_evals)
+EVAL_POINT = ["run_id", "T", "L_s", "sampler", "split", "metric"]
+
+
 class MissingData(ValueError):
     """The store lacks what a figure needs; the message says what."""
 
@@ -47,6 +51,9 @@ class StudyData:
     # runs left out: a newer run has the same whole training configuration, seed included (a retraining
     # under another id); columns run_id, kept (the run analysed instead), reason
     superseded: pd.DataFrame | None = None
+    # evaluation rows left out (dedupe_evals): an older or smaller evaluation of a point another row holds;
+    # columns EVAL_POINT, eval_key, n_examples, created_at, kept (the eval_key analysed instead), reason
+    left_out_evals: pd.DataFrame | None = None
 
 
 def latest_study(results: str) -> str:
@@ -67,14 +74,54 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
     configs = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
-    evals = store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner")
+    evals, left_evals = dedupe_evals(store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner"))
     history = store.read("history")
     if not history.empty:
         history = history.rename(columns={"L_t": "depth", "loss": "train_loss"}).merge(runs[RUN_COLS], on="run_id", how="inner")
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
-                     configs=configs, store=store, superseded=superseded)
+                     configs=configs, store=store, superseded=superseded, left_out_evals=left_evals)
+
+
+def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one evals row per EVAL_POINT, the rows left out with the eval_key kept instead and why).
+
+    A store can hold one point of one run under several eval keys: the key names every field that
+    changes an evaluation, so a key scheme that grew (or a grid that changed n_examples, temperature...)
+    evaluates the point again under a new key, and the old file stays. Those rows are never averaged
+    (that would count one model's evaluation twice, or mix two evaluations of different sizes):
+    - rows with equal n_examples: the newest (created_at) is kept, the older listed as
+      "an older evaluation of the same point";
+    - rows with different n_examples are distinct evaluations: the one with the most examples is kept
+      (the tightest interval; the newest of those), the others listed as "fewer examples".
+    Fields the evals table does not hold (temperature, sampler seed) cannot tell rows apart: the rule
+    above applies to them too.
+    """
+    cols = ["run_id", "eval_key", "T", "L_s", "sampler", "split", "metric", "n_examples", "created_at", "kept",
+            "reason"]
+    if evals.empty:
+        return evals, pd.DataFrame(columns=cols)
+    order = evals.sort_values(["n_examples", "created_at"], kind="stable", na_position="first")
+    last = order.groupby(EVAL_POINT, sort=False, dropna=False).tail(1).index
+    kept = evals.loc[evals.index.isin(last)]
+    left = evals.loc[~evals.index.isin(last)]
+    def point(r: dict) -> tuple:
+        return tuple(None if pd.isna(r[k]) else r[k] for k in EVAL_POINT)
+
+    winner = {point(r): r for r in kept.to_dict("records")}
+    rows = []
+    for r in left.to_dict("records"):
+        w = winner[point(r)]
+        if r["n_examples"] == w["n_examples"]:
+            why = (f"an older evaluation of the same point (T, L_s, sampler, split, metric, {r['n_examples']} "
+                   f"examples): {w['eval_key']} of {w['created_at']} is newer, analysed instead")
+        else:
+            why = (f"fewer examples ({r['n_examples']}) than {w['eval_key']} ({w['n_examples']}) at the same point "
+                   "(T, L_s, sampler, split, metric): two evaluations of different sizes are never averaged; "
+                   "the larger is analysed")
+        rows.append({**{c: r.get(c) for c in cols[:-2]}, "kept": w["eval_key"], "reason": why})
+    return kept.reset_index(drop=True), pd.DataFrame(rows, columns=cols)
 
 
 def drop_superseded(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -128,10 +128,14 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
              f"Generated {when} from the Parquet store alone (nothing retrained). Rates carry 95% Wilson intervals "
              "from the evaluation size; seeds of one model are averaged, with their spread.")
     sup = data.superseded
+    ev_left = data.left_out_evals
     note = f" Every number is from the {opts.split!r} split."
     if sup is not None and not sup.empty:
         note += (f" {len(sup)} runs are left out (a later run has the same whole training configuration and "
                  "seed): see Left out.")
+    if ev_left is not None and not ev_left.empty:
+        note += (f" {len(ev_left)} evaluation rows are left out (an older or smaller evaluation of a point "
+                 "another row holds, never averaged in): see Left out.")
     intro += html.escape(note)
     h = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.name)} — R-MDM study "
          f"report</title><style>{CSS}</style></head><body>", f"<h1>{html.escape(data.name)}: R-MDM study report</h1>",
@@ -147,6 +151,16 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
         h += ["<h2>Left out</h2>", "<p>Runs not analysed, with the run analysed instead and why.</p>",
               html_table(left)]
         md += ["## Left out", "", "Runs not analysed, with the run analysed instead and why.", "", md_table(left), ""]
+    if ev_left is not None and not ev_left.empty:
+        left = ev_left.assign(created_at=ev_left["created_at"].astype(str))
+        what = ("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, metric); "
+                "of rows with equal n_examples the newest is kept, of different sizes the largest. kept names "
+                "the eval_key analysed instead.")
+        if sup is None or sup.empty:
+            h.append("<h2>Left out</h2>")
+            md += ["## Left out", ""]
+        h += [f"<p>{html.escape(what)}</p>", html_table(left)]
+        md += [what, "", md_table(left), ""]
 
     h.append("<h2>Figures</h2>")
     md += ["## Figures", ""]

@@ -78,7 +78,8 @@ def primary_metric(task: str, available) -> str:
 
 
 def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, eval point, metric), seeds aggregated.
+    """One row per (model, eval point, metric), seeds aggregated; each run holds one row per point
+    (analysis.load.dedupe_evals), else ValueError: two evaluations of one run are never averaged.
 
     value: mean over seeds. n_seeds, seed_sd (sample s.d. across seeds; 0 for one seed), seed_min,
     seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: for rate
@@ -89,7 +90,13 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[])
     keys = [c for c in MODEL_KEYS + POINT_KEYS if c in evals.columns]
     per_run = keys + ["run_id"]
-    # one value per run and point first (a point evaluated twice would otherwise count as two seeds)
+    twice = evals[evals.duplicated(["run_id", *POINT_KEYS], keep=False)]
+    if len(twice):
+        r = twice.iloc[0]
+        raise ValueError(f"run {r['run_id']} has {int((twice['run_id'] == r['run_id']).sum())} evals rows at one "
+                         f"point (T={r['T']}, L_s={r['L_s']}, {r['sampler']}, {r['split']}, {r['metric']}); "
+                         "keep one per point first (analysis.load.dedupe_evals, as load_study does)")
+    # one value per run and point first (rows are unique per run and point: this only collapses the keys)
     runs = evals.groupby(per_run, as_index=False, dropna=False).agg(
         value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),

@@ -439,3 +439,47 @@ def test_forward_passes_are_the_stored_ones_not_T_times_L_s(tmp_path):
                                              eval_row(run, 10, 2, "vpr", 0.4)])
     agg = aggregate(load_study(str(tmp_path), "fp").evals)
     assert dict(zip(agg["T"], agg["forward_passes"])) == {40: 56, 10: 20}
+
+
+# ---- evaluations: one row per run and point ----------------------------------------------------------
+def test_an_older_or_smaller_evaluation_of_a_point_is_left_out_and_listed(tmp_path):
+    """A store written before eval keys held every evaluation field holds, for one run, the old-key and
+    the new-key rows of one point (was: averaged into one value). The newest of equal size is kept; of
+    different sizes the largest, never their mean; the report lists the others and why."""
+    import datetime as dt
+
+    from store import Store
+    from test_analysis_data import _write, eval_row, run_row
+
+    jan, feb = (dt.datetime(2026, m, 1, tzinfo=dt.timezone.utc) for m in (1, 2))
+    run = run_row("dup", "sudoku", {"n": 9, "mask_rate": 0.3}, 1, 3)
+    rows = [
+        {**eval_row(run, 1, 3, "vpr", 0.10), "eval_key": "T1-Ls3-confidence", "created_at": jan},  # old key
+        {**eval_row(run, 1, 3, "vpr", 0.50), "eval_key": "T1-Ls3-confidence-0a1b2c3d", "created_at": feb},
+        {**eval_row(run, 2, 3, "vpr", 0.30), "eval_key": "T2-Ls3-confidence", "n_examples": 200, "created_at": jan},
+        {**eval_row(run, 2, 3, "vpr", 0.90), "eval_key": "T2-Ls3-confidence-4e5f6a7b", "n_examples": 50,
+         "created_at": feb},
+    ]
+    _write(Store(str(tmp_path), "dup"), run, rows)
+    data = load_study(str(tmp_path), "dup")
+    agg = aggregate(data.evals)
+    assert dict(zip(agg["T"], agg["value"])) == pytest.approx({1: 0.50, 2: 0.30})
+    assert dict(zip(agg["T"], agg["n_examples"])) == {1: 100, 2: 200}
+    left = data.left_out_evals.set_index("eval_key")
+    assert sorted(left.index) == ["T1-Ls3-confidence", "T2-Ls3-confidence-4e5f6a7b"]
+    assert left.loc["T1-Ls3-confidence", "kept"] == "T1-Ls3-confidence-0a1b2c3d"
+    assert "an older evaluation of the same point" in left.loc["T1-Ls3-confidence", "reason"]
+    assert "fewer examples (50)" in left.loc["T2-Ls3-confidence-4e5f6a7b", "reason"]
+    # two rows of one point handed to aggregate directly: refused, not averaged
+    with pytest.raises(ValueError, match="evals rows at one point"):
+        aggregate(pd.concat([data.evals, data.evals]))
+    from study.cli import app
+
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["report", "--figure", "all", "--results", str(tmp_path), "--study", "dup",
+                                 "--out", str(out), "--threshold", "0.2"])
+    assert r.exit_code == 0, r.output
+    md = (out / "report.md").read_text()
+    assert "## Left out" in md and "2 evaluation rows are left out" in md
+    assert "T1-Ls3-confidence " in md.replace("|", " ") and "an older evaluation of the same point" in md
+    assert pd.read_csv(out / "threshold_crossings.csv")["best"].tolist() == pytest.approx([0.5])
