@@ -56,11 +56,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, N, Dh) each
+        qkv = self.qkv(x).view(B, N, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (3, B, H, N, Dh)
         if self.impl == "math":
+            # one copy into head-major layout; the batched matmuls below then need no copies of their own
+            q, k, v = qkv.contiguous().unbind(0)  # (B, H, N, Dh) each
             att = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)  # (B, H, N, N), no causal mask
             y = att.to(v.dtype) @ v  # softmax runs in float32 under autocast; the product in v's dtype
         else:
+            q, k, v = qkv.unbind(0)  # strided views: the fused kernel reads them as they are
             y = F.scaled_dot_product_attention(q, k, v)  # bidirectional: no causal mask
         return self.proj(y.transpose(1, 2).reshape(B, N, D))
 
