@@ -10,6 +10,7 @@ import traceback
 from dataclasses import dataclass
 
 from study.grid import Grid, Run
+from study.nodeloss import unwatch_all, watcher
 from study.status import LiveView
 from store import Store
 from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
@@ -143,7 +144,9 @@ def init_ray(address: str | None, num_cpus: int | None = None):
         os.environ.pop("RAY_ADDRESS", None)
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+                # "local": a new Ray, never a `ray start` cluster that ray.init(address=None) would join
+                # (it reads /tmp/ray/ray_current_cluster) and that refuses num_cpus
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
                 break
             except Exception as e:
                 # Ray gives a raylet a hard-coded 30 s to register; a crowded machine can miss it.
@@ -155,8 +158,68 @@ def init_ray(address: str | None, num_cpus: int | None = None):
                       "starting it again", file=sys.stderr)
     else:
         check_address(address)
-        ray.init(address=address, **kw)
+        reachable(address)
+        try:
+            ray.init(address=address, **kw)
+        except (ConnectionError, TimeoutError) as e:
+            raise ClusterError(f"--address {address}: could not join the Ray cluster ({_first_line(e)})") from None
     return ray, True
+
+
+class ClusterError(ValueError):
+    """The cluster cannot be reached, or cannot ever place what the grid asks for."""
+
+
+REACH_TIMEOUT_S = 10.0  # TCP connect to --address; Ray's own join retries for minutes
+
+
+def reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) address accepts TCP connections, checked within `timeout_s`."""
+    import socket
+
+    if address == "auto":
+        return  # Ray finds the local cluster's address itself (and says so when there is none)
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ClusterError(f"--address {address}: cannot reach the Ray cluster ({why} after at most "
+                           f"{timeout_s:g}s); is it started (`ray start --head`) and is the port open?") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def node_resources(ray) -> list[dict]:
+    """Resources of each alive node of the cluster."""
+    return [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def unplaceable(runs: list[Run], nodes: list[dict]) -> list[str]:
+    """One message per distinct request that no node of the cluster can ever hold (a trial's CPUs and
+    GPUs are one placement-group bundle: they must fit on a single node)."""
+    msgs, seen = [], set()
+    cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+    gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+    for run in runs:
+        ask = (run.resources.cpu, run.resources.gpu)
+        if ask in seen:
+            continue
+        seen.add(ask)
+        if any(n.get("CPU", 0) >= ask[0] and n.get("GPU", 0) >= ask[1] for n in nodes):
+            continue
+        short = [f"resources.{k} = {v:g} (the largest node has {have:g})"
+                 for k, v, have in (("cpu", ask[0], cpus), ("gpu", ask[1], gpus)) if v > have]
+        if not short:
+            short = [f"resources.cpu = {ask[0]:g} and resources.gpu = {ask[1]:g} together (no single node has both)"]
+        n_runs = sum((r.resources.cpu, r.resources.gpu) == ask for r in runs)
+        msgs.append(f"{n_runs} run(s) ask {', '.join(short)}; the cluster has {len(nodes)} node(s) with "
+                    f"{sum(n.get('CPU', 0) for n in nodes):g} CPUs and {sum(n.get('GPU', 0) for n in nodes):g} "
+                    f"GPUs in all: they could never start")
+    return msgs
 
 
 def _storage(store: Store) -> tuple[str, object]:
@@ -177,11 +240,23 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     if not plan.todo:
         return 1 if plan.failed else 0
 
+    faults = injected_faults()
     t0 = time.time()
-    ray, started = init_ray(address, num_cpus)
+    try:
+        ray, started = init_ray(address, num_cpus)
+    except ClusterError as e:
+        echo(f"error: {e}")
+        return 2
     echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
          f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
+    never = unplaceable(plan.todo, node_resources(ray))
+    if never:  # Tune would leave them pending forever, without a word
+        for msg in never:
+            echo(f"error: {grid.path}: {msg}; lower `resources` in the grid or add nodes (nothing was run)")
+        if started:
+            ray.shutdown()
+        return 2
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
@@ -204,7 +279,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     "faults": injected_faults()},
+                     "faults": faults},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
@@ -214,7 +289,8 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
             storage_filesystem=storage_fs,
             failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
             verbose=0,
-            callbacks=[_TuneEvents(view)],
+            # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
+            callbacks=[_TuneEvents(view), watcher(store)],
         ),
     )
     try:
@@ -243,6 +319,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
         return 1 if (final.failed or final.todo) else 0
     finally:
         view.close()
+        unwatch_all()
         if started:
             ray.shutdown()
 
@@ -250,7 +327,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
 def _last_node(store: Store, run_id: str) -> dict:
     """Node and device of a run's last heartbeat (for failed rows, written by the driver)."""
     hb = store.read_progress().get(run_id, {})
-    return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device")}
+    return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device", "gpu_ids")}
 
 
 class _TuneEvents:

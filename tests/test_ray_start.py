@@ -32,3 +32,79 @@ def test_embedded_ray_start_that_times_out_is_tried_again(monkeypatch, capsys):
     with pytest.raises(ValueError):
         init_ray(None, num_cpus=1)
     assert len(calls) == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+TINY = ("task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmodel: {d_model: 16, n_heads: 2}\n"
+        "train: {steps: 2, batch_size: 4}\neval: {T: [1], n_examples: 4}\n")
+
+
+def test_unreachable_address_fails_fast_with_a_message(tmp_path):
+    """`--address` to a cluster nobody runs: exit 2 within a bounded time, never a hang or a traceback."""
+    import time
+
+    import ray
+    from typer.testing import CliRunner
+
+    from study.cli import app
+
+    assert not ray.is_initialized(), "an earlier test left its Ray running"
+    g = tmp_path / "g.yaml"
+    g.write_text("study: far\n" + TINY)
+    t0 = time.time()
+    addr = f"127.0.0.1:{_free_port()}"
+    r = CliRunner().invoke(app, ["run", str(g), "--results", str(tmp_path / "res"), "--address", addr])
+    assert r.exit_code == 2 and "cannot reach the Ray cluster" in r.output and addr in r.output, r.output
+    assert time.time() - t0 < 60 and not ray.is_initialized()  # bounded: a refused TCP connect, no Ray retries
+
+
+@pytest.mark.parametrize("res, words", [
+    ("{gpu: 1}", ("resources.gpu = 1", "the largest node has 0")),
+    ("{cpu: 64}", ("resources.cpu = 64", "the largest node has 1")),
+])
+def test_resources_the_cluster_lacks_fail_before_dispatch(tmp_path, res, words):
+    """A run no node can hold would stay pending forever: refused before anything runs, nothing recorded."""
+    import ray
+
+    from store import Store
+    from study.grid import load_grid
+    from study.runner import run_grid
+
+    g = tmp_path / "g.yaml"
+    g.write_text(f"study: big\n{TINY}resources: {res}\n")
+    lines: list[str] = []
+    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append) == 2
+    text = "\n".join(lines)
+    assert all(w in text for w in words) and "could never start" in text and "nothing was run" in text, text
+    assert not ray.is_initialized()  # the Ray it started is shut down again
+    store = Store(str(tmp_path / "res"), "big")
+    assert store.read("runs").empty and not store.exists(store.path("logs"))
+
+
+def test_embedded_ray_never_joins_a_ray_start_cluster(monkeypatch):
+    """ray.init() without an address joins the cluster recorded by `ray start` (and then refuses num_cpus):
+    the embedded Ray must start its own, whatever else runs on the machine."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live below it
+    try:
+        with open(f"{tmp}/ray_current_cluster", "w") as f:
+            f.write(f"127.0.0.1:{_free_port()}")  # what `ray start --head` leaves behind
+        monkeypatch.setenv("RAY_TMPDIR", tmp)
+        r, started = init_ray(None, num_cpus=1)
+        try:
+            assert started and r.cluster_resources().get("CPU") == 1
+        finally:
+            r.shutdown()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
