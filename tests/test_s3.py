@@ -213,11 +213,12 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     # the report names the endpoint the other way, in the environment (a profile would do too)
     endpoint = s3_root.split("endpoint_override=")[1].split("&")[0]
     r = subprocess.run(study_cmd("report", "--study", "s3demo", "--results", f"s3://{BUCKET}/results",
-                                 "--figure", "iso-param", "--out", str(out)), cwd=ROOT,
+                                 "--figure", "all", "--out", str(out)), cwd=ROOT,
                        env={**env, "AWS_ENDPOINT_URL": f"http://{endpoint}"}, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert any(p.suffix == ".png" for p in out.iterdir()), r.stdout
+    assert (out / "report.html").exists() and any(p.name.startswith("iso_param") for p in out.iterdir()), r.stdout
+    assert "s3demo" in (out / "report.md").read_text()
 
 
 def _alive(pid: int) -> bool:
