@@ -32,6 +32,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -241,8 +242,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler top ops")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--memory-only", action="store_true", help="only the peak-memory comparison")
+    ap.add_argument("--use-cache", action="store_true",
+                    help="let auto read its cached choice (default: measure afresh, in this run's conditions)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if not a.use_cache:  # auto_vs_best judges the measurement itself, not one made earlier on a busier machine
+        os.environ["RMDM_CACHE_DIR"] = tempfile.mkdtemp(prefix="rmdm-bench-")
     BATCH = a.batch
     if a.memory_child:
         K, L, ck = (int(x) for x in a.memory_child.split(","))

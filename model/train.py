@@ -6,8 +6,7 @@ function of the step, and a run resumed at step s sees exactly what it would hav
 """
 from __future__ import annotations
 
-import contextlib
-import functools
+import copy
 import os
 import pickle
 import time
@@ -18,31 +17,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from model.atomic import save_atomic
 from model.config import ModelConfig, TrainConfig
+from model.costs import train_flops_per_step, train_flops_total
+from model.precision import autocast, choose, cpu_bf16_native
 from model.rmdm import RecursiveDenoiser, SeqSpec
 from model.schedules import check_loss_weights, depth_at, loop_weights, lr_at, step_seed
 
 BatchFn = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@functools.cache
-def cpu_bf16_native() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX).
-
-    Without it (e.g. AVX2-only CPUs) oneDNN/MKL emulate bf16 matmuls, 10-50x slower than float32.
-    """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def diffusion_loss(
@@ -53,17 +35,20 @@ def diffusion_loss(
     n_loops: int,
     weights: list[float],
     eps: float = 1e-3,
-) -> tuple[torch.Tensor, list[float]]:
+    sync: bool = True,
+) -> tuple[torch.Tensor, list]:
     """MDLM ELBO with a linear schedule, per loop, combined with `weights`.
 
     x0: (B, N) clean tokens; cond: (B, N) bool, conditioning positions (never masked).
     Each sample draws t ~ U(eps, 1); each free token is masked with probability t; the loss
     is the cross-entropy on masked tokens weighted by 1/t, averaged over free positions.
-    Returns the combined loss and the per-loop losses (floats) for the history.
+    Returns the combined loss and the per-loop losses for the history: floats, or with
+    `sync=False` detached 0-d tensors (no host sync: a GPU step then never waits for its result).
     """
     B, N = x0.shape
-    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen).to(x0.device)  # (B, 1)
-    u = torch.rand(B, N, generator=gen).to(x0.device)
+    # the noise is drawn on the CPU (the step's generator: resumable, device-independent), copied async
+    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen).to(x0.device, non_blocking=True)  # (B, 1)
+    u = torch.rand(B, N, generator=gen).to(x0.device, non_blocking=True)
     masked = (u < t) & ~cond  # (B, N)
     xt = torch.where(masked, torch.full_like(x0, model.spec.mask_id), x0)
     # loops whose weight is 0 need no head; 'final' then costs one head only
@@ -76,11 +61,11 @@ def diffusion_loss(
     per_loop = []
     for w, lg in zip(weights, logits):
         if lg is None:
-            per_loop.append(float("nan"))
+            per_loop.append(float("nan") if sync else total.new_full((), float("nan")))
             continue
         ce = F.cross_entropy(lg.float().reshape(B * N, -1), x0.reshape(-1), reduction="none").view(B, N)
         loss_l = ((ce * masked / t).sum(1) / free).mean()
-        per_loop.append(float(loss_l.detach()))
+        per_loop.append(float(loss_l.detach()) if sync else loss_l.detach())
         if w > 0:
             total = total + w * loss_l
     return total, per_loop
@@ -118,35 +103,107 @@ class Trainer:
             fused=self.device.type in ("cpu", "cuda"),
         )
         self.state = TrainState()
+        if self.device.type == "cuda":
+            # float32 matmuls on tensor cores (TF32) where a run pins precision float32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         if train_cfg.precision == "bf16" and self.device.type == "cpu" and not cpu_bf16_native():
             warnings.warn("precision bf16 on a CPU without bf16 matrix units (no avx512_bf16/amx_bf16): "
                           "autocast emulates bf16 matmuls and trains many times slower than float32", stacklevel=2)
+        # `auto` attention / precision resolved once, here: {"attention", "precision", "how", "times"}
+        self.paths = choose(self.device, model_cfg.attention, train_cfg.precision, self._shape(),
+                            self._measure, train_flops_total(model_cfg, train_cfg, spec.seq_len, spec.vocab_size))
+        self.attention, self.precision = self.paths["attention"], self.paths["precision"]
+        self.model.set_attention(self.attention)
+        self.__dict__.pop("_scratch", None)  # the measurement's model copy and optimizer
+        self._bad_step = torch.full((), -1, dtype=torch.long, device=self.device)  # first non-finite loss
+        self._bad_loss = torch.zeros((), device=self.device)
+
+    # ---- the fastest path here -------------------------------------------------------------
+    def _measure_batch(self) -> int:
+        """The batch a path measurement runs at: the run's, cut so one step is ~25 GFLOP (0.15-0.25 s
+        on an idle 2-core CPU; the ~10 steps of a measurement then take a few seconds), never under 32
+        sequences, where per-step costs (bf16 weight casts, the optimizer) would weigh more than in the run."""
+        full = train_flops_per_step(self.model_cfg, self.cfg, self.spec.seq_len, self.spec.vocab_size)
+        B = self.cfg.batch_size
+        return max(min(B, 32), min(B, int(B * 25e9 / max(full, 1))))
+
+    def _shape(self) -> dict:
+        m, c = self.model_cfg, self.cfg
+        return {"d_model": m.d_model, "n_heads": m.n_heads, "mlp_ratio": m.mlp_ratio, "K": m.K, "L": m.L,
+                "checkpoint_loops": m.checkpoint_loops, "seq_len": self.spec.seq_len, "vocab": self.spec.vocab_size,
+                "batch": c.batch_size, "measured_batch": self._measure_batch(), "loss": c.loss}
+
+    def _measure(self, attention: str, precision: str) -> float:
+        """Seconds of one real training step (loss, backward, clipping, AdamW) on a scratch copy of
+        the model, on random tokens of the run's shape: the run's weights and RNG are untouched."""
+        if not hasattr(self, "_scratch"):
+            B, N, V = self._measure_batch(), self.spec.seq_len, self.spec.vocab_size
+            g = torch.Generator().manual_seed(0)
+            model = copy.deepcopy(self.model)
+            self._scratch = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.device.type in ("cpu", "cuda")),
+                             torch.randint(0, V, (B, N), generator=g).to(self.device),
+                             (torch.rand(B, N, generator=g) < 0.3).to(self.device))
+        model, opt, x0, cond = self._scratch
+        model.set_attention(attention)
+        model.train()
+        n_loops = self.model_cfg.L
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            t = time.perf_counter()
+            with autocast(self.device, precision):
+                loss, _ = diffusion_loss(model, x0, cond, torch.Generator().manual_seed(1), n_loops,
+                                         loop_weights(n_loops, self.cfg), sync=False)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_clip)
+            opt.step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return time.perf_counter() - t
 
     # ---- one step --------------------------------------------------------------------------
-    def train_step(self) -> dict:
+    def train_step(self, sync: bool = True) -> dict:
+        """One optimisation step. With `sync=False` the row holds device tensors (loss, loop losses)
+        and nothing waits for the device: `sync_row` later turns them into floats and raises on
+        the first non-finite loss since the last sync, naming its step."""
         cfg, step = self.cfg, self.state.step
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
         x0, cond = self.batch_fn(step, gen)
         # dropout draws from the global RNG: seed it per step too, so a resumed run (any device) repeats it
         torch.manual_seed(step_seed(cfg.seed, step, 0xD0))
-        x0, cond = x0.to(self.device), cond.to(self.device)
+        if self.device.type == "cuda":  # pinned host memory: the copy overlaps the previous step's kernels
+            x0, cond = x0.pin_memory(), cond.pin_memory()
+        x0, cond = x0.to(self.device, non_blocking=True), cond.to(self.device, non_blocking=True)
         n_loops = depth_at(step, cfg.steps, self.model_cfg.L, cfg)
         weights = loop_weights(n_loops, cfg)
         lr = lr_at(step, cfg)
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.model.train()
-        with autocast(self.device, cfg.precision):
-            loss, per_loop = diffusion_loss(self.model, x0, cond, gen, n_loops, weights)
+        with autocast(self.device, self.precision):
+            loss, per_loop = diffusion_loss(self.model, x0, cond, gen, n_loops, weights, sync=False)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         self.state.step += 1
-        value = float(loss.detach())
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite loss {value} at step {step}")
-        return {"step": step, "loss": value, "loop_losses": per_loop, "L_t": n_loops, "lr": lr}
+        loss = loss.detach()
+        # remember the first non-finite loss on the device; no host sync here
+        first = ~torch.isfinite(loss) & (self._bad_step < 0)
+        self._bad_step = torch.where(first, torch.full_like(self._bad_step, step), self._bad_step)
+        self._bad_loss = torch.where(first, loss, self._bad_loss)
+        row = {"step": step, "loss": loss, "loop_losses": per_loop, "L_t": n_loops, "lr": lr}
+        return self.sync_row(row) if sync else row
+
+    def sync_row(self, row: dict) -> dict:
+        """Floats for a row of `train_step(sync=False)`; raises FloatingPointError at the first
+        non-finite loss since training started, naming that step."""
+        bad = int(self._bad_step)
+        if bad >= 0:
+            raise FloatingPointError(f"non-finite loss {float(self._bad_loss)} at step {bad}")
+        row["loss"] = float(row["loss"])
+        row["loop_losses"] = [float(x) for x in row["loop_losses"]]
+        return row
 
     def train(
         self,
@@ -157,15 +214,21 @@ class Trainer:
         """Train to step `until` (default: the configured number of steps)."""
         until = self.cfg.steps if until is None else min(until, self.cfg.steps)
         t0 = time.perf_counter() - self.state.seconds
+        # a CPU syncs for free, so it checks every step; a GPU only at logs, checkpoints and the end
+        every = self.device.type != "cuda"
         while self.state.step < until:
-            row = self.train_step()
+            row = self.train_step(sync=False)
             self.state.seconds = time.perf_counter() - t0
-            if row["step"] % self.cfg.log_every == 0 or self.state.step == self.cfg.steps:
+            log = row["step"] % self.cfg.log_every == 0 or self.state.step == self.cfg.steps
+            ckpt = on_checkpoint and self.state.step % self.cfg.checkpoint_every == 0 and self.state.step < self.cfg.steps
+            if every or log or ckpt or self.state.step == until:
+                row = self.sync_row(row)
+            if log:
                 row["seconds"] = self.state.seconds
                 self.state.history.append(row)
                 if on_log:
                     on_log(row)
-            if on_checkpoint and self.state.step % self.cfg.checkpoint_every == 0 and self.state.step < self.cfg.steps:
+            if ckpt:
                 on_checkpoint(self)
         return self.state
 
@@ -222,11 +285,3 @@ def load_state(src, map_location="cpu", name: str | None = None) -> dict:
     if not isinstance(sd, dict) or "model" not in sd:
         raise CheckpointError(f"{name}: not a checkpoint of this project (no 'model' entry)")
     return sd
-
-
-def save_atomic(obj, path: str) -> None:
-    """torch.save to a temp file beside `path`, then rename: a reader never sees half a file."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
