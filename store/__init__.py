@@ -51,6 +51,8 @@ RUNS = pa.schema([
     ("node_id", pa.string()), ("node_ip", pa.string()),
     # the attention kernel and precision the run trained with (`auto` resolved on its machine)
     ("attention", pa.string()), ("precision", pa.string()),
+    # the GPU ids Ray assigned to the trial ("0", "0,1"; null without a GPU): shows how trials were packed
+    ("gpu_ids", pa.string()),
 ])
 EVALS = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),

@@ -72,6 +72,8 @@ class Resources(Strict):
     gpu: float = Field(0, ge=0, description="fractions allowed: several small trials share a GPU")
     # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
     allow_cpu_fallback: bool = False
+    # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
+    allow_cpu_fallback: bool = False
 
 
 SECTIONS: dict[str, type[BaseModel] | None] = {

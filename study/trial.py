@@ -68,9 +68,31 @@ def now() -> dt.datetime:
 
 
 def pick_device(resources: Resources) -> torch.device:
-    if resources.gpu > 0 and torch.cuda.is_available():
+    """CUDA when the grid asked for a GPU, else the CPU. A GPU asked for where CUDA is unavailable
+    (a node without a driver, a CPU-only torch, an empty CUDA_VISIBLE_DEVICES) is an error: a run
+    silently trained on the CPU would be slow and would record timings no one asked for. The grid
+    key `resources.allow_cpu_fallback: true` trains on the CPU instead (Ray still accounts the GPU)."""
+    if resources.gpu <= 0:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
         return torch.device("cuda")
-    return torch.device("cpu")
+    if resources.allow_cpu_fallback:
+        return torch.device("cpu")
+    raise RuntimeError(
+        f"resources.gpu is {resources.gpu:g} but CUDA is not available on {socket.gethostname()} "
+        f"(Ray assigned GPU ids {gpu_ids() or 'none'}, CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, torch {torch.__version__}); "
+        "set resources.allow_cpu_fallback: true to train on the CPU")
+
+
+def gpu_ids() -> str | None:
+    """The GPU ids Ray assigned to this trial ("0", "0,1"), or None: none assigned, or not in Ray.
+    Ray also exports them as CUDA_VISIBLE_DEVICES, so inside the trial torch numbers them from 0."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    ids = ray.get_gpu_ids()
+    return ",".join(str(i) for i in ids) or None
 
 
 def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
@@ -164,12 +186,13 @@ def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_f
     ev = ev_full.head(pt.n_examples)
     t0 = time.perf_counter()
     got = sample_all(model, ev.x0, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
-                     remask=pt.remask, seed=pt.seed, precision=precision)
+                     remask=pt.remask, seed=pt.seed, precision=precision, adaptive=pt.adaptive)
     out = got.x
     secs = time.perf_counter() - t0
     scores = task.score(out, ev)
     n = len(scores)
-    base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
+    # sampler: `confidence`, or `confidence+adaptive(0.9)` for adaptive depth (L_s is then its cap)
+    base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
             "split": pt.split, "eval_seconds": secs, "created_at": now(), **sampling_cost(model, got)}
     rows = metric_rows(scores, task.metric_names, base)
     keep = min(run.eval.n_samples_kept, n)
@@ -184,9 +207,14 @@ def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_f
 
 
 def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
-    """forward_passes and eval_flops of a sampling eval, from the steps the sampler actually ran
-    (it stops once nothing is masked, so a T above the number of blanks costs less than T * L_s)."""
-    return {"forward_passes": got.forward_passes, "eval_flops": got.model_calls * model.flops_per_forward(got.loops)}
+    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling
+    eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
+    above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
+    eval_flops: every block pass, plus the head each time it read predictions."""
+    passes = int(got.passes.sum())
+    flops = model.flops_per_forward(passes, heads=got.head_calls) if passes else 0
+    return {"forward_passes": got.forward_passes, "forward_passes_mean": got.forward_passes_mean,
+            "eval_flops": flops}
 
 
 def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
@@ -218,12 +246,13 @@ def run_row(run: Run, costs: dict, status: str, code_version: str, device: str |
 
 
 def node_info() -> dict:
-    """Where this process runs: hostname, and Ray's node id and IP inside a Ray worker."""
-    info = {"node": socket.gethostname(), "node_id": None, "node_ip": None}
+    """Where this process runs: hostname, and Ray's node id, IP and assigned GPU ids inside a Ray worker."""
+    info = {"node": socket.gethostname(), "node_id": None, "node_ip": None, "gpu_ids": None}
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         info["node_id"] = ray.get_runtime_context().get_node_id()
         info["node_ip"] = ray.util.get_node_ip_address()
+        info["gpu_ids"] = gpu_ids()
     return info
 
 
