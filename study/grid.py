@@ -10,6 +10,7 @@ the allowed values. YAML is `safe_load`ed; nothing in a grid is ever evaluated.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -39,6 +40,31 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Adaptive(Strict):
+    """An adaptive-depth sampling point: loop until the predictions settle (argmax over the masked
+    positions unchanged since the previous loop, confidence at each >= threshold), at most
+    `max_loops` a denoising step (model/sampler.py)."""
+
+    max_loops: int | Literal["train"] = Field(description="the cap L_s: an integer >= 2, or 'train' (L_t; "
+                                                          "no adaptive point for a run trained at L = 1)")
+    threshold: float = Field(gt=0, le=1, description="confidence (max softmax probability) every masked "
+                                                     "position must reach")
+
+    @field_validator("max_loops", "threshold", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("a number is meant here, not a boolean")
+        return v
+
+    @field_validator("max_loops")
+    @classmethod
+    def _cap(cls, v: int | str) -> int | str:
+        if v != "train" and v < 2:
+            raise ValueError("must be an integer >= 2 or 'train': one loop leaves nothing to compare")
+        return v
+
+
 class EvalConfig(Strict):
     """Evaluation points of every run; not part of the run id."""
 
@@ -51,6 +77,8 @@ class EvalConfig(Strict):
     split: Literal["test", "val"] = Field("test", description="'val': the task's validation split (for selection)")
     seed: int = 0
     n_samples_kept: int = Field(50, ge=0, description="examples per eval point written to the samples table")
+    # adaptive-depth points, each crossed with T and sampler, beside the fixed L_s ones
+    adaptive: list[Adaptive] = Field(default_factory=list)
 
     @field_validator("T")
     @classmethod
@@ -70,8 +98,6 @@ class EvalConfig(Strict):
 class Resources(Strict):
     cpu: float = Field(1, gt=0)
     gpu: float = Field(0, ge=0, description="fractions allowed: several small trials share a GPU")
-    # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
-    allow_cpu_fallback: bool = False
     # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
     allow_cpu_fallback: bool = False
 
@@ -139,7 +165,7 @@ class Run:
             "train": self.train.model_dump(exclude=TRAIN_BOOKKEEPING | inert_train_fields(self.train)),
         }
 
-    @property
+    @functools.cached_property  # fields are frozen; a plan of 10,000 runs asks for each id several times
     def run_id(self) -> str:
         return config_hash(self.training_config)
 
@@ -147,11 +173,15 @@ class Run:
         split = self.task.split_of(self.eval.split)
         data = tuple(sorted(self.task.eval_fields(self.eval.split).items()))
         pts = []
+        common = dict(temperature=self.eval.temperature, remask=self.eval.remask, n_examples=self.eval.n_examples,
+                      split=split, seed=self.eval.seed, data=data)
         for T, ls, smp in itertools.product(self.eval.T, self.eval.L_s, self.eval.sampler):
-            pts.append(EvalPoint(T=T, L_s=self.model.L if ls == "train" else ls, sampler=smp,
-                                 temperature=self.eval.temperature, remask=self.eval.remask,
-                                 n_examples=self.eval.n_examples, split=split, seed=self.eval.seed, data=data))
-        return sorted(set(pts), key=lambda p: (p.sampler, p.L_s, p.T))
+            pts.append(EvalPoint(T=T, L_s=self.model.L if ls == "train" else ls, sampler=smp, **common))
+        for T, ad, smp in itertools.product(self.eval.T, self.eval.adaptive, self.eval.sampler):
+            cap = self.model.L if ad.max_loops == "train" else ad.max_loops
+            if cap >= 2:  # 'train' at L = 1: one loop leaves nothing to adapt
+                pts.append(EvalPoint(T=T, L_s=cap, sampler=smp, adaptive=ad.threshold, **common))
+        return sorted(set(pts), key=lambda p: (p.sampler, p.adaptive is not None, p.adaptive or 0, p.L_s, p.T))
 
     def resolved(self) -> dict:
         """Everything about this run, as stored beside its results (`task_eval`: the task's
@@ -161,21 +191,27 @@ class Run:
                 "eval": self.eval.model_dump(), "resources": self.resources.model_dump(), "retries": self.retries}
 
     def costs(self) -> dict:
-        """Parameters and FLOPs, counted by the model itself (built on the meta device: no memory)."""
-        task = make_task(self.task)
-        with torch.device("meta"):
-            m = RecursiveDenoiser(self.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
-        counts = m.param_counts()
-        return {
-            "n_params": counts["total"],
-            "n_params_non_embedding": counts["non_embedding"],
-            "flops_per_forward": m.flops_per_forward(),
-        }
+        """Parameters and FLOPs, counted by the model itself (built on the meta device: no memory).
+
+        They depend on the task and the model only: runs differing in seed, lr, steps... share one
+        count (a 10,000-run sweep over seeds builds a handful of models, not 10,000)."""
+        return dict(_costs(self.task.name, self.task.model_dump_json(), self.model.model_dump_json()))
 
     def train_flops(self) -> int:
         """Model FLOPs of the whole training run (the depth schedule included)."""
         task = make_task(self.task)
         return train_flops_total(self.model, self.train, len(task.pos_ids()), task.vocab_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _costs(task_name: str, task_json: str, model_json: str) -> tuple:
+    task = make_task(TASKS[task_name][0].model_validate_json(task_json))
+    with torch.device("meta"):
+        m = RecursiveDenoiser(ModelConfig.model_validate_json(model_json),
+                              SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
+    counts = m.param_counts()
+    return (("n_params", counts["total"]), ("n_params_non_embedding", counts["non_embedding"]),
+            ("flops_per_forward", m.flops_per_forward()))
 
 
 @dataclass(frozen=True)
@@ -192,10 +228,21 @@ class EvalPoint:
     split: str  # the split actually read ('test' | 'val'), as stored in the evals rows
     seed: int
     data: tuple[tuple[str, Any], ...] = ()  # the task's evaluation-only fields that shape this split
+    adaptive: float | None = None  # adaptive depth: its settling threshold, L_s being the cap; None: fixed L_s
 
     @property
     def key(self) -> str:
-        return f"T{self.T}-Ls{self.L_s}-{self.sampler}-{config_hash({**self.__dict__, 'data': dict(self.data)})[:8]}"
+        fields = {**self.__dict__, "data": dict(self.data)}
+        if self.adaptive is None:
+            del fields["adaptive"]  # fixed-depth keys stay those stored before adaptive points existed
+        mode = "" if self.adaptive is None else "-adaptive"
+        return f"T{self.T}-Ls{self.L_s}-{self.sampler}{mode}-{config_hash(fields)[:8]}"
+
+    @property
+    def label(self) -> str:
+        """The evals rows' `sampler`: the unmasking rule, and for adaptive depth its threshold
+        (`confidence+adaptive(0.9)`), so the report tells adaptive points from fixed ones."""
+        return self.sampler if self.adaptive is None else f"{self.sampler}+adaptive({self.adaptive:g})"
 
 
 def config_hash(obj: Any) -> str:
@@ -384,16 +431,20 @@ def _cut(text: str, limit: int = 1000) -> str:
 
 def _bool_for_number(cls: type[BaseModel], d: dict, key: str, err: _Err) -> None:
     """pydantic reads `K: true` as K = 1: refuse a boolean wherever the field does not take booleans."""
+    no_bool, subs = _bool_fields(cls)
     for name, v in d.items():
-        f = cls.model_fields.get(name)
-        if f is None:
-            continue
-        vals = v if isinstance(v, list) else [v]
-        if any(isinstance(x, bool) for x in vals) and not _takes_bool(f.annotation):
+        if name in no_bool and (isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v))):
             err(f"{key}.{name}", f"a number is meant here, not a boolean (got {_short(v)})")
-        sub = _model_type(f.annotation)
-        if sub is not None and isinstance(v, dict):
-            _bool_for_number(sub, v, f"{key}.{name}", err)
+        if name in subs and isinstance(v, dict):
+            _bool_for_number(subs[name], v, f"{key}.{name}", err)
+
+
+@functools.lru_cache(maxsize=None)
+def _bool_fields(cls: type[BaseModel]) -> tuple[frozenset, dict]:
+    """(fields that take no boolean, {field: nested model class}) of a config class."""
+    no_bool = frozenset(k for k, f in cls.model_fields.items() if not _takes_bool(f.annotation))
+    subs = {k: t for k, f in cls.model_fields.items() if (t := _model_type(f.annotation)) is not None}
+    return no_bool, subs
 
 
 def _leaves(ann: Any) -> list:
@@ -535,11 +586,17 @@ def _validate(cls: type[BaseModel], d: dict, key: str, err: _Err):
     try:
         return cls.model_validate(d)
     except ValidationError as e:
-        first = e.errors()[0]
+        errs = e.errors()
+        # a misspelt key first: it explains the 'Field required' pydantic reports beside it
+        first = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
         loc = ".".join(str(x) for x in first["loc"])
         full = f"{key}.{loc}" if loc else key
         if first["type"] == "extra_forbidden":
-            err(full, f"unknown key; allowed: {', '.join(sorted(cls.model_fields))}")
+            owner = cls  # the (nested) model that holds the key, e.g. Adaptive for eval.adaptive.0.x
+            for part in first["loc"][:-1]:
+                f = owner.model_fields.get(part) if isinstance(part, str) else None
+                owner = (_model_type(f.annotation) or owner) if f is not None else owner
+            err(full, f"unknown key; allowed: {', '.join(sorted(owner.model_fields))}")
         err(full, f"{first['msg']} (got {_short(first.get('input'))})")
 
 
@@ -557,6 +614,9 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
     train = _validate(TrainConfig, s["train"], "train", err)
     ev = _validate(EvalConfig, s["eval"], "eval", err)
     res = _validate(Resources, s["resources"], "resources", err)
+    if ev.adaptive and getattr(TASKS[task.name][1], "eval_mode", "sample") == "likelihood":
+        err("eval.adaptive", f"task {task.name} is scored by its likelihood bound, not by sampling: "
+                             "adaptive sampling depth does not apply (remove eval.adaptive)")
     if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id
         train = single_loop(train)
     if train.loss == "weighted" and train.loss_weights is not None and len(train.loss_weights) != model.L:

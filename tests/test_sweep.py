@@ -54,3 +54,28 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
     assert r.returncode == 0, r.stderr
     png = [line for line in r.stdout.splitlines() if line.endswith(".png")][0]
     assert os.path.getsize(png) > 10_000
+
+
+def test_plan_of_a_seed_sweep_builds_one_model_per_architecture(tmp_path):
+    """Costs depend on task and model only: 2 archs x 30 seeds x 2 lr plan with 2 model builds, same numbers."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import study.grid as sg
+    from study.cli import app
+
+    p = tmp_path / "wide.yaml"
+    p.write_text("study: wide\ntask: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\n"
+                 "model: {d_model: 16, n_heads: 2}\naxes:\n  K: [1, 2]\n  lr: [0.001, 0.003]\n"
+                 f"  seed: {list(range(30))}\n")
+    sg._costs.cache_clear()
+    r = CliRunner().invoke(app, ["plan", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.output.splitlines()]
+    assert len(rows) == 120 and sg._costs.cache_info().misses == 2
+    runs = {r.run_id: r for r in sg.load_grid(str(p)).runs}
+    for row in rows[::7]:  # the shared count is the count of the run's own model
+        run = runs[row["run_id"]]
+        own = dict(sg._costs.__wrapped__(run.task.name, run.task.model_dump_json(), run.model.model_dump_json()))
+        assert {k: row[k] for k in own} == own
