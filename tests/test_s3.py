@@ -207,6 +207,11 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done 2/2" in r.stdout, r.stdout + r.stderr
 
+    # every stored sample re-scored and the store's invariants checked, on the bucket
+    r = subprocess.run(study_cmd("verify", "--study", "s3demo", "--results", s3_root), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
     shutil.rmtree(store.data_dir(), ignore_errors=True)  # the driver's cache of this server's study data
 
     out = tmp_path / "figures"
