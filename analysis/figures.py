@@ -339,7 +339,9 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
 
 
 def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
-    """Metric vs forward passes per sample (denoising steps run x L_s), one line per model and sampling depth L_s."""
+    """Metric vs forward passes per sample (denoising steps run x L_s), one line per model and sampling depth L_s.
+    Adaptive-depth points (sampler `confidence+adaptive(0.9)`, L_s its cap) beside them: stars on dotted
+    lines at the forward passes they actually spent (mean per example)."""
     panels = [(v, m, d) for v, m, d in _by_variant(data, "compute", opts.split) if d["forward_passes"].nunique() >= 2]
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
@@ -358,6 +360,12 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
             mk = markers[ls_values.index(row["L_s"]) % len(markers)]
             _line(ax, g, "forward_passes", f"{_model_label(row, names)}, L_s = {row['L_s']}",
                   colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
+        for (key, smp, cap), g in _adaptive_rows(data, variant, metric, d, opts.split).groupby(
+                ["model_key", "sampler", "L_s"]):
+            if key in colors:
+                g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
+                _line(ax, g, "forward_passes_mean", f"{_model_label(g.iloc[0], names)}, "
+                      f"{smp.split('+', 1)[1]} L_s <= {cap}", colors[key], marker="*", ls=":")
         if metric in DEFAULT_THRESHOLD:
             ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
         _x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
@@ -366,9 +374,17 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
         ax.set_title(variant)
         ax.legend(title="model (K x L_t), sampling depth", fontsize=7, ncol=2 if len(models) > 3 else 1,
                   loc=_loc(metric))
-    fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t){_seed_note(panels[0][2])}")
+    fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t; stars: adaptive depth, "
+                 f"at its mean passes){_seed_note(panels[0][2])}")
     fig.tight_layout()
     return save(fig, out_dir, "compute", opts.fmt)
+
+
+def _adaptive_rows(data: StudyData, variant: str, metric: str, d: pd.DataFrame, split: str) -> pd.DataFrame:
+    """The adaptive-depth rows (`<sampler>+adaptive(θ)`) of the sampler `d` shows, for one variant and metric."""
+    agg = _split_rows(data, "compute", split)
+    adaptive = agg["sampler"].str.startswith(f"{d['sampler'].iloc[0]}+adaptive(")
+    return agg[adaptive & (agg["task_variant"] == variant) & (agg["metric"] == metric)]
 
 
 def _default_T(families: list[tuple]) -> int:

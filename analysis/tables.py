@@ -96,14 +96,16 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"run {r['run_id']} has {int((twice['run_id'] == r['run_id']).sum())} evals rows at one "
                          f"point (T={r['T']}, L_s={r['L_s']}, {r['sampler']}, {r['split']}, {r['metric']}); "
                          "keep one per point first (analysis.load.dedupe_evals, as load_study does)")
+    # forward passes per example, mean over examples (adaptive depth: what it spent); older rows lack it
+    fpm = {"forward_passes_mean": ("forward_passes_mean", "mean")} if "forward_passes_mean" in evals else {}
     # one value per run and point first (rows are unique per run and point: this only collapses the keys)
-    runs = evals.groupby(per_run, as_index=False, dropna=False).agg(
+    runs = evals.groupby(per_run, as_index=False, dropna=False).agg(**fpm,
         value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
         forward_passes=("forward_passes", "mean"))
     runs["k"] = np.where(runs["metric"].isin(RATE_METRICS), (runs["value"] * runs["n_examples"]).round(), np.nan)
-    g = runs.groupby(keys, as_index=False, dropna=False).agg(
+    g = runs.groupby(keys, as_index=False, dropna=False).agg(**fpm,
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
         seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
@@ -124,6 +126,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
     # rows written before that was recorded
     g["forward_passes"] = g["forward_passes"].fillna(g["T"] * g["L_s"])
+    g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"]) if fpm else g["forward_passes"]
     return g
 
 

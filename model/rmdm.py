@@ -170,19 +170,23 @@ class RecursiveDenoiser(nn.Module):
         h = x_emb
         out = []
         for l in range(1, n_loops + 1):
-            v = self.step_emb(loop_position(l, n_loops), h)
-            if v is not None:
-                h = h + v
-            if self.cfg.reinject_input and l > 1:
-                h = h + x_emb  # l = 1 already starts from x_emb
-            if self.cfg.checkpoint_loops and self.training and torch.is_grad_enabled():
-                # keep only the loop's input; recompute the K layers in backward
-                h = checkpoint(self.run_block, h, use_reentrant=False)
-            else:
-                h = self.run_block(h)
+            h = self.loop(h, x_emb, l, n_loops)
             if all_logits or l == n_loops:
                 out.append(self.logits(h))
         return out
+
+    def loop(self, h: torch.Tensor, x_emb: torch.Tensor, l: int, n_loops: int) -> torch.Tensor:
+        """h(l) from h(l-1): loop l (1-based) of n_loops, one pass through the shared block.
+        (The adaptive sampler calls it directly, on the examples still looping.)"""
+        v = self.step_emb(loop_position(l, n_loops), h)
+        if v is not None:
+            h = h + v
+        if self.cfg.reinject_input and l > 1:
+            h = h + x_emb  # l = 1 already starts from x_emb
+        if self.cfg.checkpoint_loops and self.training and torch.is_grad_enabled():
+            # keep only the loop's input; recompute the K layers in backward
+            return checkpoint(self.run_block, h, use_reentrant=False)
+        return self.run_block(h)
 
     # ---- cost accounting -------------------------------------------------------------------
     def param_counts(self) -> dict[str, int]:

@@ -59,6 +59,9 @@ EVALS = pa.schema([
     ("sampler", pa.string()), ("split", pa.string()), ("n_examples", pa.int32()), ("metric", pa.string()),
     ("value", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("forward_passes", pa.int64()),
     ("eval_flops", pa.int64()), ("eval_seconds", pa.float64()), ("created_at", pa.timestamp("us", tz="UTC")),
+    # forward passes per example, the mean over examples (forward_passes is the most any example ran):
+    # what adaptive sampling depth actually spends; null in rows written before it was recorded
+    ("forward_passes_mean", pa.float64()),
 ])
 HISTORY = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("loss", pa.float64()), ("loop_losses", pa.list_(pa.float64())),

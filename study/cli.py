@@ -115,7 +115,7 @@ def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSO
         rows.append({"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
                      "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
                      "loss": r.train.loss, "seed": r.train.seed, **c,
-                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.sampler} for p in pts],
+                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in pts],
                      "tuned": g.tuned.get(r.run_id, {})})
     if json_out:
         for row in rows:

@@ -81,7 +81,7 @@ def tuning_run(run: Run, search: Search) -> Run:
 def _metric_point(run: Run, metric: SearchMetric):
     ls = run.model.L if metric.L_s == "train" else metric.L_s
     for p in run.eval_points():
-        if (p.T, p.L_s, p.sampler) == (metric.T, ls, metric.sampler):
+        if (p.T, p.L_s, p.sampler, p.adaptive) == (metric.T, ls, metric.sampler, None):  # fixed depth only
             return p
     raise KeyError(f"eval point of {metric.label} not in the run's eval grid")
 
