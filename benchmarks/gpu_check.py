@@ -103,6 +103,16 @@ def step_speed(tr: Trainer, reps: int) -> dict:
     return {"step_s": sec, "tflops": flops / sec / 1e12, "peak_mem_gib": mem}
 
 
+def data_time(task, B: int, reps: int = 10) -> float:
+    """Best seconds of one host-side training batch (sampled grids, symmetry augmentation, givens)."""
+    best = float("inf")
+    for i in range(reps):
+        t = time.perf_counter()
+        task.train_batch(B, torch.Generator().manual_seed(i))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def vpr(task, model, T: int, precision: str, batch: int = 500) -> float:
     """Valid Puzzle Rate on the test puzzles at T denoising steps, L_s = the training depth."""
     ev = task.eval_set("test")
@@ -152,10 +162,15 @@ def main() -> int:
         if n_sync is not None:
             print(f"  host syncs inside a training step: {n_sync} (want 0)")
             out[f"syncs_{tag}"] = n_sync
+        del tr
         sp = step_speed(make_trainer(task, K, L, d, heads, B, a.steps, device), a.reps)
         frac = sp["tflops"] / peak if peak else float("nan")
         print(f"  step {sp['step_s'] * 1e3:.1f} ms, {sp['tflops']:.1f} TFLOP/s ({frac:.2f} of the bf16 peak), "
               f"peak memory {sp['peak_mem_gib']:.2f} GiB")
+        data_s = data_time(task, B)
+        print(f"  a training batch takes {data_s * 1e3:.2f} ms on the host, {data_s / sp['step_s']:.3f} of a step "
+              f"(want <= 0.05)")
+        out[f"data_vs_step_{tag}"] = round(data_s / sp["step_s"], 4)
         out.update({f"step_ms_{tag}": round(sp["step_s"] * 1e3, 2), f"tflops_{tag}": round(sp["tflops"], 1),
                     f"vs_bf16_peak_{tag}": round(frac, 3), f"peak_mem_gib_{tag}": round(sp["peak_mem_gib"], 2)})
 

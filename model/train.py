@@ -47,8 +47,11 @@ def diffusion_loss(
     """
     B, N = x0.shape
     # the noise is drawn on the CPU (the step's generator: resumable, device-independent), copied async
-    t = eps + (1 - eps) * torch.rand(B, 1, generator=gen).to(x0.device, non_blocking=True)  # (B, 1)
-    u = torch.rand(B, N, generator=gen).to(x0.device, non_blocking=True)
+    t, u = torch.rand(B, 1, generator=gen), torch.rand(B, N, generator=gen)
+    if x0.is_cuda:
+        t, u = t.pin_memory(), u.pin_memory()
+    t = eps + (1 - eps) * t.to(x0.device, non_blocking=True)  # (B, 1)
+    u = u.to(x0.device, non_blocking=True)  # (B, N)
     masked = (u < t) & ~cond  # (B, N)
     xt = torch.where(masked, torch.full_like(x0, model.spec.mask_id), x0)
     # loops whose weight is 0 need no head; 'final' then costs one head only

@@ -179,3 +179,32 @@ def test_the_runs_table_and_the_log_record_the_resolved_paths(tmp_path):
     assert (row["attention"], row["precision"]) == ("math", "float32")  # pinned; auto -> rule at this size
     log = store.read_bytes(store.path("logs", f"{run.run_id}.log")).decode()
     assert "attention math, precision float32 (rule)" in log
+
+
+def _run_gpu_check(*args, block_pydantic=False):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, runpy; " + ("sys.modules['pydantic'] = None; " if block_pydantic else "")
+            + f"sys.argv = ['gpu_check.py', *{list(args)!r}]; "
+            + "runpy.run_path('benchmarks/gpu_check.py', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
+def test_gpu_check_without_cuda_says_so_and_exits_0():
+    r = _run_gpu_check()
+    assert r.returncode == 0, r.stderr
+    assert "no CUDA device" in r.stdout and r.stdout.strip().splitlines()[-1] == "gpu_check device=none"
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_from_model_and_tasks_without_pydantic(tmp_path):
+    """The GPU box has no pydantic: the CPU dry run of gpu_check works with it blocked."""
+    r = _run_gpu_check("--cpu-dry-run", "--train-s", "1", block_pydantic=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "pydantic missing" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("gpu_check device=") and "vpr_2x3_T5=" in last and "vpr_6x1_T5=" in last
