@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -593,6 +594,88 @@ def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]
     return paths
 
 
+def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
+    """What a loop is worth: each looped (K x L) placed on its family's single-pass metric-vs-parameters
+    curve (monotone fit at each T) as m x its parameters, and m = L^beta across L.
+
+    Left: the single-pass models (squares) and their monotone fit per T; each looped model drawn at the
+    parameters it performs like, with its bootstrap interval (seeds and examples); a model beyond the
+    single-pass range as a triangle at the range's edge (not extrapolated). Right: m against L on log
+    axes with the fitted L^beta and its interval. Tables effective_params.csv and effective_beta.csv
+    beside it."""
+    from analysis.effective import ABOVE, IN_RANGE, cached, effective_tables
+
+    eff = cached(data, opts.split)
+    table, beta = effective_tables(eff)
+    panels = list(eff.table.groupby(["task_variant", "family"], sort=True))
+    _theme()
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12.5, 4.6 * len(panels) + 0.6), squeeze=False)
+    for (ax, bx), ((variant, fam), t) in zip(axes, panels):
+        c = eff.curves[(eff.curves["task_variant"] == variant) & (eff.curves["family"] == fam)]
+        Ts = sorted(t["T"].unique())
+        colors = dict(zip(Ts, sns.color_palette("viridis", max(len(Ts), 1))))
+        Ls = sorted(t["L"].unique())
+        markers = dict(zip(Ls, "oD^vP*X"))
+        metric = t["metric"].iloc[0]
+        for T in Ts:
+            ct = c[c["T"] == T].sort_values("n_params")
+            ax.plot(ct["n_params"], ct["fit"], color=colors[T], lw=1.5, label=f"T = {T}: single pass, monotone fit")
+            ax.scatter(ct["n_params"], ct["value"], marker="s", color=colors[T], s=36, zorder=3)
+            for r in t[t["T"] == T].itertuples():
+                if r.where == IN_RANGE:
+                    lo = r.m_low * r.n_params if np.isfinite(r.m_low) else r.equiv_params
+                    hi = r.m_high * r.n_params if np.isfinite(r.m_high) else ct["n_params"].max()
+                    ax.errorbar([r.equiv_params], [r.value], xerr=[[r.equiv_params - lo], [hi - r.equiv_params]],
+                                fmt=markers[r.L], color=colors[T], mec="k", ms=7, capsize=3, zorder=4)
+                else:
+                    edge = ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()
+                    ax.scatter([edge], [r.value], marker=">" if r.where == ABOVE else "<", color=colors[T],
+                               edgecolor="k", s=70, zorder=4)
+                ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else
+                                      (ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()), r.value),
+                            textcoords="offset points", xytext=(5, -10), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (single-pass models; looped models at the parameters they perform like)")
+        ax.set_ylabel(METRIC_LABEL.get(metric, metric))
+        _rate_ylim(ax, metric)
+        ax.set_title(f"{variant}{' ' + fam if fam else ''}: metric vs parameters, L_s = L_t", fontsize=10)
+        ax.legend(fontsize=7, loc=_loc(metric))
+        ok = t[t["where"] == IN_RANGE]
+        for i, T in enumerate(Ts):
+            g = ok[ok["T"] == T]
+            if len(g):
+                lo = (g["m"] - g["m_low"]).clip(lower=0)
+                hi = (g["m_high"] - g["m"]).replace(np.inf, np.nan).fillna(0).clip(lower=0)
+                dodge = 1 + 0.03 * (i - (len(Ts) - 1) / 2)  # the T of one L side by side
+                bx.errorbar(g["L"] * dodge, g["m"], yerr=[lo, hi], fmt="o", color=colors[T], capsize=3,
+                            label=f"T = {T}")
+        b = beta[(beta["task_variant"] == variant) & (beta["family"] == fam) & (beta["T"] == "all")].iloc[0]
+        if np.isfinite(b["beta"]):
+            xs = np.linspace(1, max(Ls) * 1.1, 50)
+            bx.plot(xs, xs ** b["beta"], color="0.2", lw=1.5,
+                    label=f"m = L^beta, beta = {b['beta']:.2f} [{b['beta_low']:.2f}, {b['beta_high']:.2f}]")
+            if np.isfinite(b["beta_low"]) and np.isfinite(b["beta_high"]):
+                bx.fill_between(xs, xs ** b["beta_low"], xs ** b["beta_high"], color="0.5", alpha=0.2, lw=0)
+        bx.plot([1, max(Ls) * 1.1], [1, max(Ls) * 1.1], color="0.6", ls=":", lw=1, label="m = L (a loop = a layer)")
+        bx.set_xscale("log")
+        bx.set_yscale("log")
+        bx.set_xticks(Ls, [str(v) for v in Ls])
+        bx.minorticks_off()
+        y0, y1 = bx.get_ylim()
+        ticks = [v for v in (0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 50, 100) if y0 <= v <= y1]
+        bx.set_yticks(ticks, [f"{v:g}" for v in ticks])
+        bx.set_xlabel("loops L (sampled at L_s = L)")
+        bx.set_ylabel("parameter multiplier m (95% bootstrap interval)")
+        out = int(b["out_of_range"])
+        bx.set_title("what a loop is worth" + (f" ({out} points beyond the single-pass range left out)"
+                                               if out else ""), fontsize=10)
+        bx.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{data.name}: effective parameters of recursion")
+    fig.tight_layout()
+    return save(fig, out_dir, "effective_params", opts.fmt) + [
+        save_table(table, out_dir, "effective_params"), save_table(beta, out_dir, "effective_beta")]
+
+
 FIGURES = {
     "iso-param": iso_param,
     "iso-flop": iso_flop,
@@ -603,6 +686,7 @@ FIGURES = {
     "losses": losses,
     "schedules": schedules,
     "text8": text8,
+    "effective-params": effective_params,
 }
 
 

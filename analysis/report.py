@@ -88,6 +88,20 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
     try:
+        from analysis.effective import cached, effective_tables
+
+        eff, beta = effective_tables(cached(data, opts.split))
+        out.append(("Effective parameters", "Each looped (K x L), sampled at L_s = L, placed on its family's "
+                    "single-pass metric-vs-parameters curve at the same T (monotone fit on log parameters): it "
+                    "performs like a single-pass model with m x its parameters (equiv_params). m_low, m_high: 95% "
+                    "bootstrap interval over seeds and evaluation examples (0 or inf: open end). A model beyond "
+                    "the single-pass range is said to be so, never extrapolated.", eff))
+        out.append(("What a loop is worth (m = L^beta)", "beta from log m = beta log L (least squares through "
+                    "the origin) over the in-range points of each family, over all T and at each T; m_at_L2 = "
+                    "2^beta; beta_low, beta_high: 95% bootstrap interval.", beta))
+    except MissingData as e:
+        out.append(("Effective parameters", "", str(e)))
+    try:
         out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
                     text8_table(aggregate(data.evals), split=opts.split)))
     except MissingData as e:

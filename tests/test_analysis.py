@@ -210,14 +210,16 @@ def test_cli_report_all_writes_html_and_markdown(store_root, tmp_path):
     assert r.exit_code == 0, r.output
     html = (out / "report.html").read_text()
     md = (out / "report.md").read_text()
-    for name in ("iso_param", "iso_flop", "pareto", "compute", "cross_depth", "mask_rate", "training_curves"):
+    for name in ("iso_param", "iso_flop", "pareto", "compute", "cross_depth", "mask_rate", "training_curves",
+                 "effective_params"):
         for ext in ("png", "svg"):
             assert (out / f"{name}.{ext}").stat().st_size > 5000, name
         assert f"({name}.png)" in md
-    # 6 figures + text8's training curves (no text8 table here); losses, schedules, tuning refused
-    assert html.count("<img src='data:image/png;base64,") == 7
+    # 7 figures + text8's training curves (no text8 table here); losses, schedules, tuning refused
+    assert html.count("<img src='data:image/png;base64,") == 8
     assert "src='http" not in html and "href='http" not in html
-    for text in ("Parameter counts", "Threshold crossings", "Iso-FLOP pairs", "Provenance", "abc123",
+    for text in ("Parameter counts", "Threshold crossings", "Iso-FLOP pairs", "Effective parameters",
+                 "What a loop is worth", "Provenance", "abc123",
                  "study: paper", "Not drawn: losses needs"):
         assert text in html and text.replace("Not drawn:", "*Not drawn:*") in md, text
     # default --study is the newest (ablation); an unknown figure and a bad format fail clearly

@@ -1,0 +1,347 @@
+"""Effective parameters of recursion: what a loop is worth, in single-pass parameters.
+
+For each family of models (equal in every training field but the size fields K, d_model, heads and
+the fields that only shape the loop), the single-pass models (L = 1, at least MIN_SIZES parameter
+counts) give, at each evaluated T, the metric as a function of parameters. A looped (K x L) model,
+sampled at its training depth, is placed on that curve: "(1 x 3) at T = 2 performs like a
+single-pass model with m x its parameters". Across L, m = L^beta (least squares of log m on log L
+through the origin, since one loop is worth m = 1) gives the study's one number for what a loop is
+worth here.
+
+The fit is monotone, not a scaling law: an isotonic (pool-adjacent-violators) regression of the
+metric on log(parameters), joined by straight lines between the fitted sizes. A CPU study has three
+to five single-pass sizes and rates that saturate near 0 or 1, where a power law in parameters
+does not hold and would extrapolate with confidence it does not have; the monotone fit only assumes
+that more parameters do not hurt, and it cannot answer outside the range of sizes trained, so a
+looped model beyond it is reported as "above the largest single-pass model" (or below the smallest)
+with the bound on m, never extrapolated. Where the fitted curve is flat (equal rates of two sizes),
+a value on the flat part is matched to the smallest size that reaches it (the smaller m: the
+conservative claim for recursion).
+
+Intervals are a bootstrap (N_BOOT replicates, fixed seed) over both sources of noise: seeds (the
+runs of a model resampled with replacement, the same draw at every T) and evaluation examples (the
+per-example scores of the samples table resampled when it holds every example of the point, else a
+binomial draw from value and n_examples for rates, else a normal draw from the stored interval).
+Every model, single-pass ones included, is resampled, the curve refitted and m recomputed in each
+replicate; the interval is the 2.5% and 97.5% quantiles (no interpolation, so an open end, a
+replicate beyond the single-pass range, reads as inf or 0). beta's interval comes from the same
+replicates, over the points that are in range in both the estimate and the replicate.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import MissingData, StudyData
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, RATE_METRICS, differing, model_fields,
+                             primary_metric)
+from stats import Z95
+
+# fields that make a model of one family bigger or smaller; with LOOP_ONLY_FIELDS and the loop count,
+# the only ones a family's models may differ in
+SIZE_FIELDS = ("model.K", "model.d_model", "model.n_heads")
+LOOP_FIELDS = {"model.L", "model.checkpoint_loops", *LOOP_ONLY_FIELDS}
+MIN_SIZES = 3
+N_BOOT = 1000
+ABOVE, BELOW, IN_RANGE = "above the largest single-pass model", "below the smallest single-pass model", "in range"
+
+
+@dataclass
+class Effective:
+    table: pd.DataFrame  # one row per looped model and T: value, m with its interval, where it falls
+    curves: pd.DataFrame  # the single-pass points and the monotone fit at each T
+    beta: pd.DataFrame  # per family: m = L^beta, over all T ('all') and at each T
+    skipped: list[str]  # families / T left out, with why
+
+
+def family_core(key: str) -> str:
+    """A model's identity without its size and its loop: the models of one family share it."""
+    fields = model_fields(key)
+    return json.dumps({f: v for f, v in fields.items() if f not in SIZE_FIELDS and f not in LOOP_FIELDS},
+                      sort_keys=True, default=str)
+
+
+# ---- the monotone fit --------------------------------------------------------------------------------
+def isotonic(y: np.ndarray) -> np.ndarray:
+    """Non-decreasing least-squares fit of y (in the order given): pool adjacent violators."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in y:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return np.concatenate([np.full(int(c), s / c) for s, c in blocks])
+
+
+def invert(x: np.ndarray, fit: np.ndarray, v: float) -> float:
+    """The smallest x at which the piecewise-linear non-decreasing curve (x, fit) reaches v;
+    +inf above its top, -inf below its bottom (never extrapolated)."""
+    if not np.isfinite(v):
+        return float("nan")
+    if v > fit[-1]:
+        return math.inf
+    if v < fit[0]:
+        return -math.inf
+    i = int(np.argmax(fit >= v))
+    if i == 0:
+        return float(x[0])
+    return float(x[i - 1] + (v - fit[i - 1]) / (fit[i] - fit[i - 1]) * (x[i] - x[i - 1]))
+
+
+def beta_fit(L: np.ndarray, m: np.ndarray) -> float:
+    """Least squares of log m on log L through the origin (m = L^beta, so one loop is worth m = 1)."""
+    x, y = np.log(np.asarray(L, float)), np.log(np.asarray(m, float))
+    ok = np.isfinite(y) & (x > 0)
+    if not ok.any():
+        return float("nan")
+    return float((x[ok] * y[ok]).sum() / (x[ok] ** 2).sum())
+
+
+def _quantiles(a: np.ndarray) -> tuple[float, float]:
+    a = a[~np.isnan(a)]
+    if a.size == 0:
+        return (float("nan"), float("nan"))
+    lo, hi = np.quantile(a, [0.025, 0.975], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+# ---- resampling ------------------------------------------------------------------------------------
+def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: int, cache: dict) -> np.ndarray | None:
+    """The per-example scores of one evaluation when the samples table keeps every example, else None."""
+    if data.store is None:
+        return None
+    if run_id not in cache:
+        cache[run_id] = data.store.read("samples", filter_run=run_id)
+    s = cache[run_id]
+    if s.empty:
+        return None
+    s = s[s["eval_key"] == eval_key]
+    if len(s) != n or set(s["example"]) != set(range(n)):
+        return None
+    s = s.sort_values("example")
+
+    def score(row) -> float:
+        if isinstance(row.scores, str) and row.scores:
+            got = json.loads(row.scores).get(metric)
+            if got is not None:
+                return float(got)
+        return float(row.score) if metric == _primary_of(data, run_id) else float("nan")
+
+    out = np.array([score(r) for r in s.itertuples(index=False)], dtype=float)
+    return None if np.isnan(out).any() else out
+
+
+def _primary_of(data: StudyData, run_id: str) -> str | None:
+    task = data.runs.loc[data.runs["run_id"] == run_id, "task"]
+    from analysis.tables import PRIMARY
+
+    return PRIMARY.get(task.iloc[0]) if len(task) else None
+
+
+def _resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:
+    """B bootstrap values of one run's evaluation: over its examples."""
+    n = int(row["n_examples"])
+    if scores is not None:
+        return scores[rng.integers(0, n, size=(B, n))].mean(axis=1)
+    if metric in RATE_METRICS and n > 0:
+        p = min(max(float(row["value"]), 0.0), 1.0)
+        return rng.binomial(n, p, size=B) / n
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    se = (hi - lo) / (2 * Z95) if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi) else 0.0
+    return float(row["value"]) + se * rng.standard_normal(B)
+
+
+# ---- the analysis ----------------------------------------------------------------------------------
+def _rows(data: StudyData, split: str) -> list[tuple[str, str, str, pd.DataFrame]]:
+    """(variant, metric, sampler, evals rows of that metric) per task variant: one split, one sampler,
+    each model at its training depth (L_s = L_t)."""
+    ev = data.evals
+    if ev.empty:
+        raise MissingData("effective-params needs evaluations: the study has no evals rows")
+    ev = ev[ev["split"] == split]
+    if ev.empty:
+        raise MissingData(f"effective-params: no evaluations on split {split!r} (splits present: "
+                          f"{', '.join(sorted(map(str, data.evals['split'].unique())))})")
+    out = []
+    for variant, g in ev.groupby("task_variant"):
+        metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
+        d = g[g["metric"] == metric]
+        sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
+        d = d[(d["sampler"] == sampler) & (d["L_s"] == d["L_t"])]
+        if not d.empty:
+            out.append((variant, metric, sampler, d.assign(_family=d["model_key"].map(family_core))))
+    return out
+
+
+def _describe(sizes: pd.DataFrame) -> str:
+    from analysis.figures import fmt_params
+
+    return ", ".join(f"({r.K} x 1) d={r.d_model} {fmt_params(r.n_params)}" for r in
+                     sizes.drop_duplicates("model_key").sort_values("n_params").itertuples())
+
+
+def effective_params(data: StudyData, split: str = DEFAULT_SPLIT, n_boot: int = N_BOOT,
+                     seed: int = 0) -> Effective:
+    """m (and its interval) for every looped model at every T with MIN_SIZES single-pass sizes of its
+    family, and beta per family. MissingData, naming what each family has, when no family qualifies."""
+    rng = np.random.default_rng(seed)
+    table, curves, betas, skipped, reasons = [], [], [], [], []
+    cache: dict = {}
+    for variant, metric, sampler, d in _rows(data, split):
+        sign = -1.0 if metric in LOWER_IS_BETTER else 1.0  # fit a non-decreasing curve of sign * metric
+        families = list(d.groupby("_family"))
+        fam_names = differing([g["model_key"].iloc[0] for _, g in families], (*SIZE_FIELDS, *LOOP_FIELDS)) \
+            if len(families) > 1 else {}
+        for core, g in families:
+            fam = fam_names.get(g["model_key"].iloc[0], "")
+            where = f"{variant}{' ' + fam if fam else ''}"
+            single, looped = g[g["L_t"] == 1], g[g["L_t"] > 1]
+            n_sizes = single["n_params"].nunique()
+            if n_sizes < MIN_SIZES:
+                reasons.append(f"{where}: {n_sizes} single-pass size{'s' if n_sizes != 1 else ''}"
+                               f"{' (' + _describe(single) + ')' if n_sizes else ''}")
+                continue
+            if looped.empty:
+                reasons.append(f"{where}: no looped model (L > 1) evaluated at L_s = L_t")
+                continue
+            res = _family(data, variant, metric, sampler, sign, single, looped, rng, n_boot, cache, fam)
+            if res is None:
+                reasons.append(f"{where}: no T at which {MIN_SIZES} single-pass sizes and a looped model are "
+                               "all evaluated")
+                continue
+            t, c, b, sk = res
+            table.append(t)
+            curves.append(c)
+            betas.append(b)
+            skipped += [f"{where}: {s}" for s in sk]
+    if not table:
+        raise MissingData(f"effective-params needs, in one family of models (equal but for K, d_model, heads and "
+                          f"the loop), at least {MIN_SIZES} single-pass (L = 1) sizes and a looped model (L > 1), "
+                          f"evaluated at one T on split {split!r}; have: " + "; ".join(reasons))
+    return Effective(pd.concat(table, ignore_index=True), pd.concat(curves, ignore_index=True),
+                     pd.concat(betas, ignore_index=True), skipped + [f"not fitted: {r}" for r in reasons])
+
+
+def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache, fam):
+    keys = list(dict.fromkeys([*single["model_key"], *looped["model_key"]]))
+    rows = pd.concat([single, looped])
+    # per model: its runs, and one uniform draw per (replicate, seed slot) shared by every T, so a
+    # replicate resamples the same seeds at every T
+    runs = {k: sorted(rows.loc[rows["model_key"] == k, "run_id"].unique()) for k in keys}
+    seed_u = {k: rng.random((B, len(runs[k]))) for k in keys}
+    Ts = sorted(set(single["T"]) & set(looped["T"]))
+    names = differing(looped["model_key"].unique(), ("model.K", "model.L"))
+    info = {k: rows[rows["model_key"] == k].iloc[0] for k in keys}
+
+    def value(k: str, T: int) -> tuple[float, np.ndarray] | None:
+        r = rows[(rows["model_key"] == k) & (rows["T"] == T)]
+        if r.empty:
+            return None
+        recs = r.to_dict("records")
+        boots = np.stack([_resample_run(x, _example_scores(data, x["run_id"], x["eval_key"], metric,
+                                                           int(x["n_examples"]), cache), metric, rng, B)
+                          for x in recs])  # (runs, B)
+        idx = np.floor(seed_u[k][:, :len(recs)] * len(recs)).astype(int)  # (B, runs) seeds drawn
+        return float(np.mean([x["value"] for x in recs])), boots[idx, np.arange(B)[:, None]].mean(axis=1)
+
+    table, curves, skipped = [], [], []
+    logm_boot: dict[tuple, np.ndarray] = {}
+    for T in Ts:
+        sizes = {}
+        for k in single["model_key"].unique():
+            v = value(k, T)
+            if v is not None:
+                sizes.setdefault(int(info[k]["n_params"]), []).append(v)
+        if len(sizes) < MIN_SIZES:
+            skipped.append(f"T = {T}: {len(sizes)} single-pass sizes evaluated (needs {MIN_SIZES})")
+            continue
+        P = np.array(sorted(sizes))
+        x = np.log(P)
+        # two models of one parameter count: one point, their mean
+        y = np.array([np.mean([v for v, _ in sizes[p]]) for p in P])
+        yb = np.stack([np.mean([b for _, b in sizes[p]], axis=0) for p in P])  # (sizes, B)
+        fit = isotonic(sign * y)
+        fits_b = [isotonic(sign * yb[:, b]) for b in range(B)]
+        for p, yy, f in zip(P, y, fit):
+            curves.append({"task_variant": variant, "family": fam, "metric": metric, "T": T, "n_params": int(p),
+                           "value": yy, "fit": sign * f})
+        for k in looped["model_key"].unique():
+            v = value(k, T)
+            if v is None:
+                continue
+            val, vb = v
+            r = info[k]
+            logp = math.log(int(r["n_params"]))
+            xs = invert(x, fit, sign * val)
+            xb = np.array([invert(x, fits_b[b], sign * vb[b]) for b in range(B)])
+            lo, hi = _quantiles(xb - logp)
+            inside = np.isfinite(xs)
+            logm_boot[(k, T)] = np.where(np.isfinite(xb), xb - logp, np.nan) if inside else None
+            label = f"({r['K']} x {r['L_t']})" + (f" {names[k]}" if names.get(k) else "")
+            where = IN_RANGE if inside else (ABOVE if xs > 0 else BELOW)
+            bound = P[-1] if xs == math.inf else P[0]
+            note = "" if inside else (f"m {'>' if xs > 0 else '<'} {bound / math.exp(logp):.3g} (the "
+                                      f"{'largest' if xs > 0 else 'smallest'} single-pass model); not extrapolated")
+            table.append({"task_variant": variant, "family": fam, "model": label, "K": int(r["K"]),
+                          "L": int(r["L_t"]), "T": int(T), "metric": metric, "sampler": sampler,
+                          "n_params": int(r["n_params"]), "seeds": len(runs[k]), "value": val,
+                          "single_min": float(y.min()), "single_max": float(y.max()),
+                          "m": math.exp(xs - logp) if inside else float("nan"),
+                          "m_low": float(np.exp(lo)), "m_high": float(np.exp(hi)),  # 0 / inf: open ends
+                          "equiv_params": math.exp(xs) if inside else float("nan"), "where": where, "note": note,
+                          "model_key": k})
+    if not table:
+        return None
+    t = pd.DataFrame(table)
+    return t, pd.DataFrame(curves), _betas(t, logm_boot, variant, fam, B), skipped
+
+
+def _betas(t: pd.DataFrame, logm_boot: dict, variant: str, fam: str, B: int) -> pd.DataFrame:
+    """m = L^beta over every in-range point of the family ('all') and at each T, with bootstrap intervals."""
+    out = []
+    for T, g in [("all", t), *((int(T), gt) for T, gt in t.groupby("T"))]:
+        ok = g[g["where"] == IN_RANGE]
+        row = {"task_variant": variant, "family": fam, "T": str(T), "points": len(ok),
+               "out_of_range": int((g["where"] != IN_RANGE).sum()), "L_values": ", ".join(map(str, sorted(set(ok["L"])))),
+               "beta": float("nan"), "beta_low": float("nan"), "beta_high": float("nan"), "m_at_L2": float("nan")}
+        if len(ok):
+            L = ok["L"].to_numpy(float)
+            row["beta"] = beta_fit(L, ok["m"].to_numpy(float))
+            logm = np.stack([logm_boot[(k, int(T_))] for k, T_ in zip(ok["model_key"], ok["T"])])  # (points, B)
+            xl = np.log(L)[:, None]
+            ok_b = np.isfinite(logm)
+            num = np.where(ok_b, xl * np.nan_to_num(logm), 0.0).sum(axis=0)
+            den = np.where(ok_b, xl ** 2, 0.0).sum(axis=0)
+            bb = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+            row["beta_low"], row["beta_high"] = _quantiles(bb)
+            row["m_at_L2"] = 2.0 ** row["beta"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def effective_tables(eff: Effective) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The report's two tables: per looped model and T, and beta per family."""
+    cols = ["task_variant", "family", "model", "T", "metric", "n_params", "seeds", "value", "single_min",
+            "single_max", "m", "m_low", "m_high", "equiv_params", "where", "note"]
+    t = eff.table.sort_values(["task_variant", "family", "L", "K", "model", "T"])[cols].reset_index(drop=True)
+    return t, eff.beta.copy()
+
+
+def cached(data: StudyData, split: str = DEFAULT_SPLIT) -> Effective:
+    """effective_params of a study, computed once per split (the figure and the report's tables share it);
+    a MissingData is remembered too."""
+    memo = data.__dict__.setdefault("_effective", {})
+    if split not in memo:
+        try:
+            memo[split] = effective_params(data, split)
+        except MissingData as e:
+            memo[split] = e
+    got = memo[split]
+    if isinstance(got, MissingData):
+        raise got
+    return got
