@@ -274,6 +274,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
         return PlacementGroupFactory([bundle])
 
     storage_path, storage_fs = _storage(store)
+    placement = _PlacementWatch(ray, by_id)
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                     every_s=progress_every_s)
     tuner = tune.Tuner(
@@ -290,11 +291,16 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
             failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
             verbose=0,
             # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
-            callbacks=[_TuneEvents(view), watcher(store)],
+            callbacks=[_TuneEvents(view), watcher(store), placement.callback()],
+            stop=placement.stopper(),
         ),
     )
     try:
         result_grid = tuner.fit()
+        if placement.reason:
+            echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
+                 f"`resources`, then run again (finished runs are kept)")
+            return 2
         for res in result_grid:
             if res.error is None:
                 continue
@@ -328,6 +334,51 @@ def _last_node(store: Store, run_id: str) -> dict:
     """Node and device of a run's last heartbeat (for failed rows, written by the driver)."""
     hb = store.read_progress().get(run_id, {})
     return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device", "gpu_ids")}
+
+
+class _PlacementWatch:
+    """Checks, while trials wait, that each pending one still fits on some alive node (the cluster
+    can shrink under a run); one that never can ends the experiment with a message instead of
+    pending forever. Tune calls `callback()` every step and asks `stopper()` whether to stop all."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, ray, by_id: dict):
+        self.ray, self.by_id, self.reason, self.last = ray, by_id, None, time.time()
+
+    def check(self, trials) -> None:
+        if self.reason or time.time() - self.last < self.EVERY_S:
+            return
+        self.last = time.time()
+        pending = [self.by_id[t.config["run"]["run_id"]] for t in trials if t.status == "PENDING"]
+        if pending:
+            never = unplaceable(pending, node_resources(self.ray))
+            self.reason = "; ".join(never) or None
+
+    def callback(self):
+        from ray.tune import Callback
+
+        watch = self
+
+        class PlacementCheck(Callback):
+            def on_step_end(self, iteration, trials, **info):
+                watch.check(trials)
+
+        return PlacementCheck()
+
+    def stopper(self):
+        from ray.tune import Stopper
+
+        watch = self
+
+        class PlacementStop(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return watch.reason is not None
+
+        return PlacementStop()
 
 
 class _TuneEvents:

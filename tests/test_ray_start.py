@@ -108,3 +108,26 @@ def test_embedded_ray_never_joins_a_ray_start_cluster(monkeypatch):
             r.shutdown()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkeypatch):
+    """Resources are checked again while trials wait: when no alive node can hold a pending run any
+    more (here: the cluster reports no node after dispatch), `study run` ends with exit 2 and says why."""
+    import study.runner as runner
+    from study.grid import load_grid
+
+    real, calls = runner.node_resources, []
+
+    def shrinking(ray):
+        calls.append(1)
+        return real(ray) if len(calls) == 1 else []  # the pre-dispatch check sees the node; later, it is gone
+
+    monkeypatch.setattr(runner, "node_resources", shrinking)
+    monkeypatch.setattr(runner._PlacementWatch, "EVERY_S", 0.0)
+    g = tmp_path / "g.yaml"
+    g.write_text("study: shrink\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
+    lines: list[str] = []
+    assert runner.run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append) == 2
+    text = "\n".join(lines)
+    assert "could never start" in text and "the cluster changed during the run" in text, text
+    assert len(calls) >= 2
