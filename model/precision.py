@@ -146,7 +146,7 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
     if len(cands) == 1:
         return {"attention": cands[0][0], "precision": cands[0][1], "how": "fixed", "times": None}
     if measure is None or (total_flops is not None and total_flops < MEASURE_MIN_FLOPS):
-        att, prec = next(c for c in cands if c == ("sdpa", "float32")) if ("sdpa", "float32") in cands else cands[0]
+        att, prec = ("sdpa", "float32") if ("sdpa", "float32") in cands else cands[0]
         return {"attention": att, "precision": prec, "how": "rule", "times": None}
     key = json.dumps({"machine": machine_key(device), "shape": shape,
                       "candidates": [list(c) for c in cands]}, sort_keys=True)
