@@ -191,3 +191,32 @@ def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
         set(ev.eval_key[ev.sampler == "confidence"])
     paths = compute(load_study(root, "ada4"), str(tmp_path / "fig"))
     assert any(p.endswith(".png") for p in paths)
+
+
+def test_plan_and_search_tell_adaptive_points_from_fixed(tmp_path, monkeypatch):
+    """`study plan --json` lists the adaptive point by its label; a search scores the fixed-depth point
+    of its (T, L_s, sampler), never the adaptive one that shares them."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from study.cli import app
+    from study.search import SearchMetric
+    from study.tune import _metric_point
+
+    raw = {**BASE, "axes": {"L": [3]}, "eval": {"T": [2], "L_s": ["train"],
+                                                "adaptive": [{"max_loops": "train", "threshold": 0.9}]}}
+    path = tmp_path / "ada.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = CliRunner().invoke(app, ["plan", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    pts = json.loads(out.output.splitlines()[0])["eval_points"]
+    assert pts == [{"T": 2, "L_s": 3, "sampler": "confidence"},
+                   {"T": 2, "L_s": 3, "sampler": "confidence+adaptive(0.9)"}]
+    run = expand(raw, "ada.yaml").runs[0]
+    assert _metric_point(run, SearchMetric(name="vpr", T=2)).adaptive is None
+    # whatever the order of the points: the adaptive one listed first
+    listed = run.eval_points()
+    monkeypatch.setattr(type(run), "eval_points", lambda self: listed[::-1])
+    assert _metric_point(run, SearchMetric(name="vpr", T=2)).adaptive is None

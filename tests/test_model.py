@@ -108,6 +108,9 @@ def test_sampler_reports_the_steps_it_ran(T):
     got = sample_steps(m, x, cond, T=T, L_s=3)
     assert got.forward_passes == len(rows) and (got.steps * got.loops == len(rows)).all()
     assert got.model_calls * got.loops == sum(rows)
+    # per example and step: L_s loops in each step run, none after; the head once a step
+    assert (got.step_loops[:, :int(got.steps[0])] == 3).all() and int(got.step_loops.sum()) == sum(rows)
+    assert got.head_calls == got.model_calls and got.forward_passes_mean == len(rows)
     if T == 40:
         assert got.forward_passes < T * 3
     # in batches of 2: each batch stops on its own; per-example steps say so
