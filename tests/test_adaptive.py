@@ -13,12 +13,13 @@ from study.grid import GridError, expand
 SPEC = SeqSpec(vocab_size=4, pos_ids=tuple((i,) for i in range(16)), pos_sizes=(16,))
 
 
-def identity_model(peaked: int = 16, step_emb: str = "none") -> RecursiveDenoiser:
+def identity_model(peaked: int = 16, step_emb: str = "none", reinject: bool = False) -> RecursiveDenoiser:
     """A real model whose block is the identity (attention and MLP outputs zeroed), so its
     predictions are the same after every loop: after loop 1 already. Positions < `peaked` predict
     token 0 with confidence ~1; the others are flat (confidence 1/4): they never settle."""
     torch.manual_seed(0)
-    m = RecursiveDenoiser(ModelConfig(K=1, L=1, d_model=16, n_heads=2, step_emb=step_emb, attention="sdpa"), SPEC)
+    m = RecursiveDenoiser(ModelConfig(K=1, L=1, d_model=16, n_heads=2, step_emb=step_emb, reinject_input=reinject,
+                                       attention="sdpa"), SPEC)
     with torch.no_grad():
         for layer in m.block:
             for lin in (layer.attn.proj, layer.mlp[2]):
@@ -73,10 +74,12 @@ def test_threshold_above_one_never_stops_and_is_fixed_depth():
     assert fixed.head_calls == 5 * 4 and ada.head_calls == 5 * 16
 
 
-def test_each_example_stops_on_its_own():
+@pytest.mark.parametrize("reinject", [False, True])
+def test_each_example_stops_on_its_own(reinject):
     """Blanks of example 0 only at confident positions (settles at loop 2), of example 1 only at flat
-    ones (loops to the cap): the hook sees both for two loops, then example 1 alone."""
-    m = identity_model(peaked=8)
+    ones (loops to the cap): the hook sees both for two loops, then example 1 alone (with its own
+    re-injected input: h grows by x_emb a loop, the final norm reads the same direction)."""
+    m = identity_model(peaked=8, reinject=reinject)
     rows = hooked(m)
     x = torch.zeros(2, 16, dtype=torch.long)
     cond = torch.ones(2, 16, dtype=torch.bool)
