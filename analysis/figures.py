@@ -667,7 +667,7 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
         bx.set_xlabel("loops L (sampled at L_s = L)")
         bx.set_ylabel("parameter multiplier m (95% bootstrap interval)")
         out = int(b["out_of_range"])
-        bx.set_title("what a loop is worth" + (f" ({out} points beyond the single-pass range left out)"
+        bx.set_title("what a loop is worth" + (f" ({out} point{'s' if out > 1 else ''} beyond the single-pass range left out)"
                                                if out else ""), fontsize=10)
         bx.legend(fontsize=7, loc="upper left")
     fig.suptitle(f"{data.name}: effective parameters of recursion")

@@ -90,12 +90,14 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
     try:
         from analysis.effective import cached, effective_tables
 
-        eff, beta = effective_tables(cached(data, opts.split))
+        fitted = cached(data, opts.split)
+        eff, beta = effective_tables(fitted)
+        skipped = (" Left out: " + "; ".join(fitted.skipped) + ".") if fitted.skipped else ""
         out.append(("Effective parameters", "Each looped (K x L), sampled at L_s = L, placed on its family's "
                     "single-pass metric-vs-parameters curve at the same T (monotone fit on log parameters): it "
                     "performs like a single-pass model with m x its parameters (equiv_params). m_low, m_high: 95% "
                     "bootstrap interval over seeds and evaluation examples (0 or inf: open end). A model beyond "
-                    "the single-pass range is said to be so, never extrapolated.", eff))
+                    "the single-pass range is said to be so, never extrapolated." + skipped, eff))
         out.append(("What a loop is worth (m = L^beta)", "beta from log m = beta log L (least squares through "
                     "the origin) over the in-range points of each family, over all T and at each T; m_at_L2 = "
                     "2^beta; beta_low, beta_high: 95% bootstrap interval.", beta))
