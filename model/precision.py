@@ -169,14 +169,22 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
 def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], float], reps: int = 2,
                  budget_s: float = MEASURE_BUDGET_S) -> dict:
     """Best of up to `reps` steps per path after one warm-up each, the paths interleaved so that
-    a busy neighbour slows them all alike; further rounds only while within `budget_s`."""
+    a busy neighbour slows them all alike; further rounds only while within `budget_s`. A path
+    whose step raises (a kernel this build or device lacks) is timed as inf, unless all do."""
     t_end = time.perf_counter() + budget_s
-    for c in cands:
-        measure(*c)
     best = {c: float("inf") for c in cands}
+    ok, error = [], None
+    for c in cands:
+        try:
+            measure(*c)
+            ok.append(c)
+        except Exception as e:  # noqa: BLE001 -- any failure rules the path out; the run uses another
+            error = e
+    if not ok:
+        raise RuntimeError(f"every attention/precision path failed its measurement step: {error}") from error
     for r in range(reps):
         if r > 0 and time.perf_counter() > t_end:
             break
-        for c in cands:
+        for c in ok:
             best[c] = min(best[c], measure(*c))
     return {f"{a}/{p}": t for (a, p), t in best.items()}

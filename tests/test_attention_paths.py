@@ -113,6 +113,14 @@ def test_auto_measures_once_per_machine_and_shape_then_reads_its_cache(tmp_path,
     assert len(json.loads((tmp_path / "fastest_paths.json").read_text())["entries"]) == 2
     (tmp_path / "fastest_paths.json").write_text("{not json")  # a damaged cache is measured again, not fatal
     assert prec.choose(cpu, "auto", "auto", {"d": 32}, measure, bf16_native=True)["how"] == "measured"
+    # a path whose step raises is ruled out, the run goes on with another
+    def bf16_broken(a, p):
+        if p == "bf16":
+            raise RuntimeError("no bf16 kernel here")
+        return secs[(a, p)]
+
+    got = prec.choose(cpu, "auto", "auto", {"d": 128}, bf16_broken, bf16_native=True)
+    assert (got["attention"], got["precision"]) == ("math", "float32") and got["times"]["math/bf16"] == math.inf
     # a run too small to repay a measurement takes the rule
     small = prec.choose(cpu, "auto", "auto", {"d": 8}, measure, total_flops=1e9, bf16_native=True)
     assert (small["attention"], small["precision"], small["how"]) == ("sdpa", "float32", "rule")
