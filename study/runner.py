@@ -46,11 +46,12 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False) -> Plan:
     """Done, to do, failed. A run whose row, an eval file or its history is unreadable is not done:
     its trial redoes what the damaged file held (the row, the eval point, the history from the weights)."""
     done, todo, failed = [], [], []
+    seen = store.summary()  # one pass over the store, not a few reads per run and point
     for run in grid.runs:
-        row = store.run_row(run.run_id)
+        row = seen.run_row(run.run_id)
         status = row["status"] if row else None
-        missing = {p.key for p in run.eval_points()} - store.eval_keys(run.run_id)
-        if status == "done" and not missing and store.readable("history", f"{run.run_id}.parquet"):
+        missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id)
+        if status == "done" and not missing and seen.history_readable(run.run_id):
             done.append(run)
         elif status == "failed" and not retry_failed:
             failed.append(run)
@@ -80,26 +81,29 @@ def _trainable(config: dict) -> None:
     attempt = start_attempt(store, run.run_id, "run")
     try:
         execute(run, store, config["code_version"], report=tune.report, attempt=attempt,
-                nan_at_step=config.get("faults", {}).get(run.run_id))
+                nan_at_step=config.get("faults", {}).get(run.run_id),
+                hold_at_step=config.get("holds", {}).get(run.run_id))
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
         store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
         raise
 
 
-FAULT_ENV = "RMDM_FAULT_NAN_AT"  # fault injection for tests: "RUN_ID:STEP[,RUN_ID:STEP...]"
+# fault injection for tests, "RUN_ID:STEP[,RUN_ID:STEP...]", read by the driver, sent to the trials
+FAULT_ENV = "RMDM_FAULT_NAN_AT"  # the run's weights turn to NaN before that training step (every attempt)
+HOLD_ENV = "RMDM_FAULT_HOLD_AT"  # the run's first attempt stops before that step and waits to be killed
 
 
-def injected_faults(spec: str | None = None) -> dict[str, int]:
-    """Runs whose weights are turned to NaN before a given training step (read by the driver from
-    $RMDM_FAULT_NAN_AT, sent to the trials in their config): a deterministic diverging run on any CPU,
-    where a huge lr overflows at a step that depends on the instruction set."""
-    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, int]:
+    """Runs and steps of a fault: a deterministic diverging run on any CPU (where a huge lr overflows
+    at a step that depends on the instruction set), or a trial guaranteed to be mid-training when a
+    test kills it (however fast the machine trains)."""
+    spec = os.environ.get(env, "") if spec is None else spec
     out = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
         run_id, sep, step = item.partition(":")
         if not sep or not step.strip().isdigit():
-            raise ValueError(f"${FAULT_ENV}: {item!r}: use RUN_ID:STEP[,RUN_ID:STEP...]")
+            raise ValueError(f"${env}: {item!r}: use RUN_ID:STEP[,RUN_ID:STEP...]")
         out[run_id.strip()] = int(step)
     return out
 
@@ -240,7 +244,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     if not plan.todo:
         return 1 if plan.failed else 0
 
-    faults = injected_faults()
+    faults, holds = injected_faults(), injected_faults(env=HOLD_ENV)
     t0 = time.time()
     try:
         ray, started = init_ray(address, num_cpus)
@@ -280,7 +284,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     "faults": faults},
+                     "faults": faults, "holds": holds},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(

@@ -96,11 +96,12 @@ def gpu_ids() -> str | None:
 
 
 def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
-            nan_at_step: int | None = None) -> dict:
+            nan_at_step: int | None = None, hold_at_step: int | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
     `nan_at_step` is fault injection for tests (see study.runner.FAULT_ENV): the weights turn to NaN
-    just before that training step, so its loss is NaN on every CPU, in every attempt that reaches it."""
+    just before that training step, so its loss is NaN on every CPU, in every attempt that reaches it;
+    `hold_at_step` stops the first attempt before that step until the process is killed (HOLD_ENV there)."""
     run_id = run.run_id
     device = pick_device(run.resources)
     if device.type == "cpu":
@@ -114,6 +115,8 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
+        while step == hold_at_step and attempt == 1:
+            time.sleep(1.0)  # the heartbeat thread goes on: the test sees a run mid-training and kills it
         if step == nan_at_step:
             with torch.no_grad():
                 for p in trainer.model.parameters():

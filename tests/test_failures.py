@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from study.grid import load_grid
-from study.runner import FAULT_ENV, init_ray, injected_faults, run_grid
+from study.runner import FAULT_ENV, HOLD_ENV, init_ray, injected_faults, run_grid
 from study.status import snapshot
 from store import Store
 
@@ -78,7 +78,7 @@ def test_fault_spec_is_parsed_strictly():
         injected_faults("abc")
 
 
-def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray):
+def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray, monkeypatch):
     gpath = tmp_path / "kill.yaml"
     gpath.write_text("study: kill\n" + TASK + "train: {steps: 100, batch_size: 8, warmup: 2, checkpoint_every: 10, "
                      "log_every: 5}\neval: {T: [1], L_s: [train], n_examples: 16}\nretries: 1\n")
@@ -86,6 +86,8 @@ def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray):
     grid = load_grid(str(gpath))
     (run,) = grid.runs
     store = Store(results, "kill")
+    # attempt 1 waits before step 20 (after its checkpoint at 20) until killed: mid-training on any machine
+    monkeypatch.setenv(HOLD_ENV, f"{run.run_id}:20")
     killed: list[int] = []
 
     def killer():

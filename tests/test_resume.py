@@ -13,6 +13,7 @@ import time
 from study.grid import load_grid
 from study.status import counts, snapshot
 from study.procs import descendants
+from study.runner import HOLD_ENV
 from store import Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,8 +69,12 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
     grid = load_grid(str(gpath))
     store = Store(results, "resume")
     env = {**os.environ, "PYTHONPATH": ROOT}
+    # the first driver's trials wait before step 20 (after their checkpoint at 20) until killed: the kill
+    # lands mid-training however fast this machine trains; the rerun (env without it) trains through
+    holds = ",".join(f"{r.run_id}:20" for r in grid.runs)
     drv = subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2",
-                                     "--progress-every", "2"), cwd=ROOT, env=env, start_new_session=True,
+                                     "--progress-every", "2"), cwd=ROOT, env={**env, HOLD_ENV: holds},
+                           start_new_session=True,
                            stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
     tree: list[int] = []
     try:
