@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -221,12 +222,15 @@ def task_variant(task: str, p: dict) -> str:
 
 def _configs(store: Store) -> dict[str, dict]:
     sel = pafs.FileSelector(f"{store.dir}/configs", allow_not_found=True)
+    infos = [i for i in store.fs.get_file_info(sel)
+             if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
+    # one round trip per file on an object store: read them in parallel
+    with ThreadPoolExecutor(16 if not store.local else 4) as pool:
+        datas = list(pool.map(lambda i: store.read_bytes(i.path), infos))
     out = {}
-    for info in store.fs.get_file_info(sel):
-        if info.base_name.endswith(".json") and not info.base_name.startswith("."):
-            data = store.read_bytes(info.path)
-            try:
-                out[info.base_name[: -len(".json")]] = json.loads(data) if data else {}
-            except json.JSONDecodeError as e:
-                out[info.base_name[: -len(".json")]] = {"error": f"unreadable config: {e}"}
+    for info, data in zip(infos, datas):
+        try:
+            out[info.base_name[: -len(".json")]] = json.loads(data) if data else {}
+        except json.JSONDecodeError as e:
+            out[info.base_name[: -len(".json")]] = {"error": f"unreadable config: {e}"}
     return out

@@ -39,12 +39,13 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
     """The status of every run of `grid`, from the store alone (reads whole files: consistent)."""
     now = time.time() if now is None else now
     beats = store.read_progress()
+    seen = store.summary()  # one pass over the store, not a few reads per run and point
     out = []
     for run in grid.runs:
         rid = run.run_id
-        row = store.run_row(rid)
+        row = seen.run_row(rid)
         keys = {p.key for p in run.eval_points()}
-        n_eval = len(keys & store.eval_keys(rid))
+        n_eval = len(keys & seen.eval_keys(rid))
         hb = beats.get(rid, {})
         steps = run.train.steps
         step = int(hb.get("step") or 0)
@@ -54,7 +55,7 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
         rate = step / hb["train_seconds"] if hb.get("train_seconds") and step else None
         status = row["status"] if row else None
         # an unreadable history is a run `study run` redoes (as classify does): not done
-        if status == "done" and n_eval == len(keys) and store.readable("history", f"{rid}.parquet"):
+        if status == "done" and n_eval == len(keys) and seen.history_readable(rid):
             state, step = "done", steps
         elif status == "failed" and not fresh:
             state = "failed"

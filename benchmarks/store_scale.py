@@ -1,0 +1,204 @@
+"""The results store at scale: `study status`, `study report --figure all` and a resume's planning
+step on synthetic stores of 100, 1,000 (and, with --big, 10,000) finished runs.
+
+Run: .venv/bin/python benchmarks/store_scale.py [--sizes 100 1000] [--big] [--s3] [--profile report]
+(a benchmark, not a test: run it on a quiet machine; figures go to benchmarks/RESULTS.md by hand)
+
+Each store is built with the store's own writer (`Store.write_rows`, the real schemas) as `study run`
+leaves it: per run a runs row (config included), 20 evaluation points (T 1..5 x L_s 1..4, one evals
+file with VPR and cell accuracy, one samples file of 50 examples of 9x9 Sudoku), a 20-row history
+and a config file. Timed in-process (typer's CliRunner, output captured):
+- status: `study status GRID`;
+- report: `study report --figure all` (every figure and table, report.html and .md);
+- plan:   `study.runner.classify`, what `study run` does before dispatching anything.
+`--s3` builds and reads the stores on moto's S3 server on 127.0.0.1 (as tests/test_s3.py does;
+needs the test extra). Each step runs twice: cold (the store's read index, store/index.py, absent:
+every file parsed, in parallel, and the index written) and warm (only files new since the index).
+Targets (issue 17): 1,000 runs report in <= 10 s locally, <= 60 s over S3; growth 10,000/1,000 <= 10.
+The last line is machine-readable:
+    report_s_1000=<s> status_s_1000=<s> growth=<ratio report 10000/1000, or na>   (cold figures)
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import random
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.plan_scale import cpu  # noqa: E402
+
+T_VALUES, L_S_VALUES = [1, 2, 3, 4, 5], [1, 2, 3, 4]  # 20 evaluation points per run
+N_SAMPLES, HISTORY_ROWS = 50, 20
+
+
+def grid_text(n_runs: int) -> str:
+    seeds = max(1, n_runs // 20)  # 2 K x 2 L x 5 lr x seeds
+    return f"""
+study: scale{n_runs}
+task: {{name: sudoku, n: 9, mask_rate: 0.5}}
+model: {{d_model: 128, n_heads: 4}}
+train: {{steps: 2000, batch_size: 64}}
+eval: {{T: {T_VALUES}, L_s: {L_S_VALUES}, n_examples: 200, n_samples_kept: {N_SAMPLES}}}
+axes:
+  K: [1, 2]
+  L: [1, 4]
+  lr: [0.0003, 0.0005, 0.001, 0.002, 0.003]
+  seed: {list(range(seeds))}
+"""
+
+
+def build(root: str, gpath: str, workers: int) -> int:
+    """Write every file of a finished study; returns the number of table files written."""
+    from store import Store
+    from study.grid import load_grid
+    from study.trial import now, run_row
+
+    grid = load_grid(gpath)
+    store = Store(root, grid.study)
+    store.write_text(store.path("grid.yaml"), open(gpath).read())
+    rng = random.Random(0)
+    cells = "123456789"
+
+    def one(run) -> int:
+        rid = run.run_id
+        row = run_row(run, run.costs(), status="done", code_version="bench", device="cpu",
+                      train_seconds=100.0, final_loss=0.5)
+        store.write_rows("runs", [row], f"{rid}.parquet")
+        store.write_config(rid, {**run.resolved(), "code_version": "bench"})
+        hist = [{"run_id": rid, "step": 100 * i, "loss": 2.0 / (i + 1), "loop_losses": [2.0 / (i + 1)] * run.model.L,
+                 "L_t": run.model.L, "lr": run.train.lr, "seconds": 5.0 * i, "attempt": 1} for i in range(HISTORY_ROWS)]
+        store.write_rows("history", hist, f"{rid}.parquet")
+        n = 2
+        for pt in run.eval_points():
+            vpr = rng.random()
+            base = {"run_id": rid, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
+                    "split": pt.split, "n_examples": 200, "forward_passes": pt.T * pt.L_s,
+                    "eval_flops": 10**9 * pt.T * pt.L_s, "eval_seconds": 1.0, "created_at": now()}
+            store.write_rows("evals", [{**base, "metric": m, "value": v, "ci_low": max(0.0, v - 0.05),
+                                        "ci_high": min(1.0, v + 0.05)}
+                                       for m, v in (("vpr", vpr), ("cell_acc", (1 + vpr) / 2))],
+                             rid, f"{pt.key}.parquet")
+            samples = [{"run_id": rid, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "example": i,
+                        "input": "".join(rng.choice(cells + "..") for _ in range(81)),
+                        "output": "".join(rng.choice(cells) for _ in range(81)),
+                        "reference": "".join(rng.choice(cells) for _ in range(81)), "score": float(rng.random() < vpr),
+                        "scores": '{"vpr": 1.0, "cell_acc": 1.0}'} for i in range(N_SAMPLES)]
+            store.write_rows("samples", samples, rid, f"{pt.key}.parquet")
+            n += 2
+        return n
+
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(one, grid.runs))
+
+
+def timed(fn, profile: bool):
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    out = fn()
+    if prof:
+        prof.disable()
+    secs = time.perf_counter() - t0
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+        print(s.getvalue())
+    return secs, out
+
+
+def measure(n_runs: int, root: str, tmp: str, args) -> dict:
+    from typer.testing import CliRunner
+
+    from store import Store
+    from study.cli import app
+    from study.grid import load_grid
+    from study.runner import classify
+
+    gpath = os.path.join(tmp, f"scale{n_runs}.yaml")
+    with open(gpath, "w") as f:
+        f.write(grid_text(n_runs))
+    grid = load_grid(gpath)
+    t0 = time.perf_counter()
+    files = build(root, gpath, args.build_workers)
+    built = time.perf_counter() - t0
+    runner = CliRunner()
+    out = {"runs": len(grid.runs), "files": files, "build_s": built}
+
+    def cli(*a):
+        r = runner.invoke(app, list(a))
+        if r.exit_code != 0:
+            raise SystemExit(f"study {' '.join(a)} exited {r.exit_code}: {r.output[-2000:]}")
+        return r
+
+    steps = {
+        "status": lambda: cli("status", gpath, "--results", root),
+        "report": lambda: cli("report", "--study", grid.study, "--figure", "all", "--results", root,
+                              "--out", os.path.join(tmp, f"fig{n_runs}")),
+        "plan": lambda: classify(grid, Store(root, grid.study)),
+    }
+    for phase in ("cold", "warm"):
+        if phase == "cold":  # no index: every file parsed
+            Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index", missing_dir_ok=True)
+        for name, fn in steps.items():
+            if phase == "cold" and name != "status":  # the first step wrote the index: drop it again
+                Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index",
+                                                              missing_dir_ok=True)
+            secs, got = timed(fn, args.profile == name and phase == "cold")
+            out[f"{name}_s" if phase == "cold" else f"{name}_warm_s"] = secs
+            if name == "plan":
+                assert len(got.done) == len(grid.runs), f"classify: {len(got.done)} of {len(grid.runs)} runs done"
+        print(f"  {out['runs']} runs, {files} table files (built in {built:.1f}s), {phase}: "
+              f"status {out.get('status_s' if phase == 'cold' else 'status_warm_s'):.2f}s  "
+              f"report {out.get('report_s' if phase == 'cold' else 'report_warm_s'):.2f}s  "
+              f"plan {out.get('plan_s' if phase == 'cold' else 'plan_warm_s'):.2f}s", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--big", action="store_true", help="also 10,000 runs (building it takes many minutes)")
+    ap.add_argument("--s3", action="store_true", help="on moto's S3 server on 127.0.0.1 (the test extra)")
+    ap.add_argument("--profile", choices=["status", "report", "plan"], help="print a cProfile of that step")
+    ap.add_argument("--build-workers", type=int, default=8)
+    args = ap.parse_args()
+    sizes = sorted(set(args.sizes + ([10000] if args.big else [])))
+    print(f"CPU: {cpu()}", flush=True)
+    tmp = tempfile.mkdtemp(prefix="store_scale_")
+    server = None
+    try:
+        if args.s3:
+            sys.path.insert(0, os.path.join(ROOT, "tests"))
+            os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+            from test_s3 import BUCKET, _server
+
+            server, endpoint = _server()
+            root = f"s3://{BUCKET}/results?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+        else:
+            root = os.path.join(tmp, "results")
+        print(f"store: {'S3 (moto, 127.0.0.1)' if args.s3 else 'local disk'}, one file per run and point", flush=True)
+        res = {n: measure(n, root, tmp, args) for n in sizes}
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    r1000 = res.get(1000, {})
+    growth = (f"{res[10000]['report_s'] / r1000['report_s']:.2f}" if 10000 in res and r1000 else "na")
+    fmt = lambda v: f"{v:.2f}" if v is not None else "na"
+    print(f"report_s_1000={fmt(r1000.get('report_s'))} status_s_1000={fmt(r1000.get('status_s'))} growth={growth}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""A read index per table: what a store of thousands of small files costs to read again.
+
+`study run` writes one small Parquet file per run and per evaluation point; reading a 1,000-run
+study means 40,000+ files, and on an object store each is a round trip. The small files stay the
+truth (they are never merged, moved or deleted here: a killed writer, `study verify`, damaged-file
+handling and per-run reads all see the same layout). Beside them, `<study>/_index/<table>.parquet`
+holds the rows of every file already parsed, each row with the file it came from and that file's
+size and modification time when it was read.
+
+A bulk read lists the table's directory (one listing), loads the index (one file), takes the rows
+of every listed file whose size and mtime match its index entry, and reads (in parallel) only the
+files that are new or changed. So:
+- nothing is read twice: each listed file contributes its rows from exactly one source, and
+  index rows of files no longer listed are dropped;
+- a killed index writer leaves the old index or the new one (temp file + rename): both are only
+  a cache, checked entry by entry against the listing;
+- a file rewritten within the mtime granularity of the version indexed (1 s on S3) could show
+  the same size and mtime: like git's "racily clean" entries, a file is indexed only when its
+  mtime is older than the newest mtime of the listing by more than `RACY_S`, so any later
+  rewrite gets a later mtime;
+- unreadable files are never indexed: every read parses them again and names them.
+Tables whose rows are too big to copy (samples) index the verdict only (readable, row count).
+"""
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+INDEX_DIR = "_index"
+VERSION = "1"
+RACY_S = 2.0  # coarsest mtime granularity in use (FAT: 2 s; S3 and ext3: 1 s)
+ROWS_TABLES = ("runs", "evals", "history")  # indexed with their rows; others (samples) by verdict only
+META = [("_file", pa.string()), ("_size", pa.int64()), ("_mtime_ns", pa.int64())]
+VERDICT = pa.schema([*META, ("_rows", pa.int64())])
+MIN_NEW = 16  # rewrite the index only when at least this many files were parsed afresh
+
+
+def workers(store) -> int:
+    return 16 if not store.local else min(8, 2 * (os.cpu_count() or 1))
+
+
+def list_files(store, table: str) -> list[pafs.FileInfo]:
+    """The table's data files (hidden temp files and other names skipped), sorted by path."""
+    d = f"{store.dir}/{table}"
+    infos = store.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+    return sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   and i.base_name[0] not in "._"), key=lambda i: i.path)
+
+
+def _ident(info: pafs.FileInfo) -> tuple[int, int]:
+    return int(info.size or 0), int(info.mtime_ns or 0)
+
+
+def _index_path(store, table: str) -> str:
+    return f"{store.dir}/{INDEX_DIR}/{table}.parquet"
+
+
+def load_index(store, table: str, schema: pa.Schema) -> pa.Table | None:
+    """The stored index of `table` in the current schema; None when absent or not usable."""
+    data = store.read_bytes(_index_path(store, table))
+    if data is None:
+        return None
+    try:
+        f = pq.ParquetFile(pa.BufferReader(data))
+        meta = f.schema_arrow.metadata or {}
+        if meta.get(b"rmdm_index") != VERSION.encode():
+            return None
+        t = f.read(use_threads=False)
+        want = VERDICT if table not in ROWS_TABLES else pa.schema([*META, *schema])
+        cols = [t[n].cast(fld.type) if n in t.column_names else pa.nulls(len(t), fld.type)
+                for n, fld in zip(want.names, want)]
+        return pa.Table.from_arrays(cols, schema=want)
+    except (pa.ArrowException, ValueError, TypeError, OSError, KeyError):
+        return None  # a cache: a damaged or foreign index is rebuilt, never trusted
+
+
+def _save_index(store, table: str, t: pa.Table) -> None:
+    t = t.replace_schema_metadata({"rmdm_index": VERSION})
+    buf = io.BytesIO()
+    pq.write_table(t, buf)
+    try:
+        store.write_bytes(_index_path(store, table), buf.getvalue())
+    except OSError:
+        pass  # a read-only store still reads; only the next read is slower
+
+
+def scan(store, table: str, schema: pa.Schema, rows: bool = True):
+    """(files listed, {relative path: table or row count}) for every readable file of `table`.
+
+    `rows=False` returns only row counts (the verdict), for tables too large to hold (samples).
+    Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
+    """
+    files = list_files(store, table)
+    prefix = f"{store.dir}/{table}/"
+    rel = {i.path: i.path[len(prefix):] for i in files}
+    keep_rows = rows and table in ROWS_TABLES
+    index = load_index(store, table, schema)
+    cached: dict[str, tuple[tuple[int, int], int]] = {}  # rel -> (ident, first row in index)
+    if index is not None and index.num_rows:
+        names = index["_file"].to_pylist()
+        sizes, mtimes = index["_size"].to_pylist(), index["_mtime_ns"].to_pylist()
+        for r, (name, s, m) in enumerate(zip(names, sizes, mtimes)):
+            cached.setdefault(name, ((s, m), r))
+    out: dict[str, pa.Table | int] = {}
+    fresh = []
+    hits = []
+    for info in files:
+        name = rel[info.path]
+        hit = cached.get(name)
+        if hit is not None and hit[0] == _ident(info):
+            hits.append(name)
+        else:
+            fresh.append(info)
+
+    def parse(info: pafs.FileInfo):
+        data = store.read_bytes(info.path)
+        return info, (None if data is None else store._parse(info.path, data, schema))
+
+    with ThreadPoolExecutor(workers(store)) as pool:
+        parsed = list(pool.map(parse, fresh))
+    if hits:
+        hit_set = set(hits)
+        mask = pc.is_in(index["_file"], pa.array(sorted(hit_set), pa.string()))
+        sub = index.filter(mask)
+        if keep_rows:
+            body = sub.drop_columns([n for n, _ in META])
+            names = sub["_file"].to_pylist()
+            # rows of one file are contiguous in the index (it is written file by file)
+            start = 0
+            for i in range(1, len(names) + 1):
+                if i == len(names) or names[i] != names[start]:
+                    out[names[start]] = body.slice(start, i - start)
+                    start = i
+            for name in hit_set - set(out):  # a file of zero rows
+                out[name] = schema.empty_table()
+        else:
+            for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
+                out[name] = int(n)
+    newest = max((i.mtime_ns or 0 for i in files), default=0)
+    indexable = []
+    for info, t in parsed:
+        if t is None:
+            continue
+        name = rel[info.path]
+        out[name] = t if keep_rows else t.num_rows
+        if (newest - (info.mtime_ns or 0)) / 1e9 > RACY_S:
+            indexable.append(info)
+    if len(indexable) >= MIN_NEW or (index is not None and len(hits) + len(indexable) < len(cached) - MIN_NEW):
+        _write(store, table, files, rel, out, keep_rows, schema, {i.path for i in indexable}, set(hits))
+    return files, out
+
+
+def _write(store, table, files, rel, out, keep_rows, schema, new_paths, hits) -> None:
+    """A fresh index: the entries still valid (hits) and the files parsed now that are old enough."""
+    parts = []
+    for info in files:
+        name = rel[info.path]
+        if name not in out or not (name in hits or info.path in new_paths):
+            continue
+        size, mtime = _ident(info)
+        v = out[name]
+        n = v.num_rows if keep_rows else v
+        meta = [pa.array([name] * n if keep_rows else [name], pa.string()),
+                pa.array([size] * (n if keep_rows else 1), pa.int64()),
+                pa.array([mtime] * (n if keep_rows else 1), pa.int64())]
+        if keep_rows:
+            if n == 0:
+                continue  # an empty file is read again each time (cheap; keeps the index row-aligned)
+            parts.append(pa.Table.from_arrays(meta + list(v.columns), schema=pa.schema([*META, *schema])))
+        else:
+            parts.append(pa.Table.from_arrays(meta + [pa.array([n], pa.int64())], schema=VERDICT))
+    want = pa.schema([*META, *schema]) if keep_rows else VERDICT
+    _save_index(store, table, pa.concat_tables(parts) if parts else want.empty_table())

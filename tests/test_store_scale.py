@@ -1,0 +1,143 @@
+"""The store's read index (store/index.py): the same rows as reading every file, nothing read twice,
+changes and new writes seen, a damaged or half-written index harmless, damaged files still named.
+
+Run: pytest tests/test_store_scale.py -q   (real Parquet files on a local disk; a second)
+"""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pyarrow as pa
+
+from store import Store, index
+
+N_RUNS, KEYS = 20, ("T1_a", "T2_a")
+OLD = 1_600_000_000  # file mtimes are set explicitly (never the clock): older than the newest file by far
+
+
+def rows_of(rid: str, status: str = "done") -> dict:
+    return {"runs": [{"run_id": rid, "study": "s", "task": "sudoku", "K": 1, "L_t": 1, "status": status}],
+            "history": [{"run_id": rid, "step": s, "loss": 1.0 / (s + 1), "L_t": 1} for s in range(3)]}
+
+
+def build(tmp_path) -> Store:
+    store = Store(str(tmp_path / "results"), "s")
+    for i in range(N_RUNS):
+        rid = f"r{i:02d}"
+        r = rows_of(rid)
+        store.write_rows("runs", r["runs"], f"{rid}.parquet")
+        store.write_rows("history", r["history"], f"{rid}.parquet")
+        for k in KEYS:
+            store.write_rows("evals", [{"run_id": rid, "eval_key": k, "metric": "vpr", "value": i / 100}],
+                             rid, f"{k}.parquet")
+            store.write_rows("samples", [{"run_id": rid, "eval_key": k, "example": 0, "output": "1234"}],
+                             rid, f"{k}.parquet")
+    age_all(store, OLD)
+    return store
+
+
+def age_all(store: Store, mtime: int, newest: int | None = None) -> None:
+    """Every file written at `mtime`, but the last run's at `newest` (the newest a listing sees)."""
+    newest = mtime + 100 if newest is None else newest
+    for d, _, files in os.walk(store.dir):
+        for f in files:
+            t = newest if f"r{N_RUNS - 1:02d}" in os.path.join(d, f) else mtime
+            os.utime(os.path.join(d, f), (t, t))
+
+
+def reference(store: Store, table: str) -> pd.DataFrame:
+    """Every file parsed one by one, in path order: what a read must equal."""
+    tables = [t for t in (store.read_file(table, *os.path.relpath(i.path, f"{store.dir}/{table}").split("/"))
+                          for i in index.list_files(store, table)) if t is not None]
+    return pa.concat_tables(tables).to_pandas()
+
+
+def same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+
+
+def test_indexed_reads_equal_reading_every_file(tmp_path):
+    store = build(tmp_path)
+    for table in ("runs", "evals", "history"):
+        cold = store.read(table)  # parses every file, writes the index
+        assert store.exists(f"{store.dir}/_index/{table}.parquet")
+        warm = Store(store.root, "s").read(table)  # from the index
+        same(cold, reference(store, table))
+        same(warm, reference(store, table))
+    assert len(store.read("evals")) == N_RUNS * len(KEYS)
+
+
+def test_changed_new_and_deleted_files_after_indexing(tmp_path):
+    store = build(tmp_path)
+    store.read("runs"), store.read("evals"), store.summary()
+    # a rerun rewrites one row, a new run appears, one file disappears; all written after the index
+    store.write_rows("runs", rows_of("r00", status="failed")["runs"], "r00.parquet")
+    store.write_rows("runs", rows_of("r99")["runs"], "r99.parquet")
+    store.write_rows("evals", [{"run_id": "r99", "eval_key": "T1_a", "metric": "vpr", "value": 0.5}],
+                     "r99", "T1_a.parquet")
+    store.delete(store.path("runs", "r05.parquet"))
+    for s in (store, Store(store.root, "s")):
+        runs = s.read("runs")
+        assert sorted(runs["run_id"]) == sorted({f"r{i:02d}" for i in range(N_RUNS)} - {"r05"} | {"r99"})
+        assert runs.set_index("run_id").loc["r00", "status"] == "failed"  # the new version, once
+        same(runs, reference(s, "runs"))
+        evals = s.read("evals")
+        assert len(evals) == N_RUNS * len(KEYS) + 1 and not evals.duplicated(["run_id", "eval_key"]).any()
+        seen = s.summary()
+        assert seen.run_row("r00")["status"] == "failed" and seen.run_row("r05") is None
+        assert seen.eval_keys("r99") == {"T1_a"}
+
+
+def test_a_file_rewritten_in_the_same_mtime_granule_is_never_taken_from_the_index(tmp_path):
+    """Racy entries: a file as new as the newest of its listing is not indexed, so a rewrite with the
+    same size and the same mtime (possible within 1 s on S3) is read in its new version."""
+    store = build(tmp_path)
+    age_all(store, OLD + 100, OLD + 100)  # every file equally new: none older than the newest by RACY_S
+    assert sorted(store.read("evals")["value"]) == sorted(i / 100 for i in range(N_RUNS) for _ in KEYS)
+    path = store.path("evals", "r03", "T1_a.parquet")
+    size = os.path.getsize(path)
+    store.write_rows("evals", [{"run_id": "r03", "eval_key": "T1_a", "metric": "vpr", "value": 0.77}],
+                     "r03", "T1_a.parquet")
+    os.utime(path, (OLD + 100, OLD + 100))
+    assert os.path.getsize(path) == size  # the same identity as the version read before
+    got = Store(store.root, "s").read("evals").set_index(["run_id", "eval_key"])
+    assert got.loc[("r03", "T1_a"), "value"] == 0.77
+
+
+def test_damaged_or_half_written_index_is_harmless(tmp_path):
+    store = build(tmp_path)
+    want = {t: reference(store, t) for t in ("runs", "evals", "history")}
+    store.summary()
+    idx = f"{store.dir}/_index"
+    # a writer killed mid-write leaves a temp file; a damaged index is garbage or truncated
+    with open(f"{idx}/.runs.parquet.deadbeef.tmp", "wb") as f:
+        f.write(b"PAR1 half")
+    with open(f"{idx}/evals.parquet", "wb") as f:
+        f.write(b"not parquet at all")
+    with open(f"{idx}/history.parquet", "r+b") as f:
+        f.truncate(os.path.getsize(f"{idx}/history.parquet") // 2)
+    fresh = Store(store.root, "s")
+    for t, df in want.items():
+        same(fresh.read(t), df)
+    assert not fresh.unreadable  # the index is a cache, never a table file to report
+
+
+def test_summary_agrees_with_per_file_reads_and_names_damaged_files(tmp_path):
+    store = build(tmp_path)
+    store.summary()  # index everything first: damage after indexing must still be seen
+    for table, parts in (("runs", ["r01.parquet"]), ("evals", ["r02", "T1_a.parquet"]),
+                         ("samples", ["r03", "T2_a.parquet"]), ("history", ["r04.parquet"])):
+        with open(store.path(table, *parts), "wb") as f:
+            f.write(b"garbage")
+    for _ in range(2):  # cold and warm index
+        s = Store(store.root, "s")
+        seen = s.summary()
+        for i in range(N_RUNS):
+            rid = f"r{i:02d}"
+            assert seen.run_row(rid) == s.run_row(rid)
+            assert seen.eval_keys(rid) == s.eval_keys(rid)
+            assert seen.history_readable(rid) == s.readable("history", f"{rid}.parquet")
+        assert seen.run_row("r01") is None and seen.eval_keys("r02") == {"T2_a"}
+        assert seen.eval_keys("r03") == {"T1_a"} and not seen.history_readable("r04")
+        assert len(s.unreadable) == 4
