@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +13,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 torch.set_num_threads(1)
+# `auto` attention/precision caches its measured choice per machine (model/precision.py): tests,
+# and the Ray workers they start, keep theirs out of the user's cache
+os.environ.setdefault("RMDM_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"rmdm-test-cache-{os.getuid()}"))
 
 
 @pytest.fixture
