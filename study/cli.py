@@ -304,6 +304,7 @@ def eval_cmd(
                                       help="loops per step (default: the run's training depth)"),
     out: Optional[str] = typer.Option(None, "--out", help="write the completed grids here, input order and format"),
     study: Optional[str] = typer.Option(None, "--study", help="study holding the run (default: found by run id)"),
+    keep: int = typer.Option(1000, "--samples", min=0, help="puzzles kept in the samples table (the file's first)"),
     results: str = RESULTS,
 ):
     """Solve an external puzzle file with a trained run; write evals and samples rows; report VPR."""
@@ -316,7 +317,8 @@ def eval_cmd(
     if out is not None:
         _writable_file_or_exit(out, "--out")  # before any row is written to the store
     try:
-        s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out)
+        s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out,
+                             n_samples_kept=keep)
     except (EvalError, PuzzleFileError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

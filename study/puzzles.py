@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import time
@@ -17,7 +18,8 @@ from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.sampler import sample_all
 from model.train import CheckpointError, load_state
 from store import Store, list_studies
-from study.trial import metric_rows, now, sampling_cost
+from stats import mean_ci_from_sd, wilson
+from study.trial import now
 from tasks import TASKS, EvalSet, make_task
 
 class EvalError(ValueError):
@@ -66,59 +68,152 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
     return cfg, task, model
 
 
+CHUNK = 4096  # puzzles read, sampled and scored at a time: memory stays bounded whatever the file's size
+BATCH = 256  # the sampler's batch; CHUNK is a multiple of it, so chunking never changes an output
+SAMPLES_KEPT = 1000  # `samples` rows per evaluation by default: the file's first puzzles (--out holds all)
+
+
 def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study: str | None = None,
                      T: int | None = None, L_s: int | None = None, out: str | None = None,
-                     sampler: str = "confidence", seed: int = 0, n_samples_kept: int | None = None,
-                     device: str | None = None) -> dict:
+                     sampler: str = "confidence", seed: int = 0, n_samples_kept: int | None = SAMPLES_KEPT,
+                     device: str | None = None, chunk: int = CHUNK) -> dict:
     """Solve the Sudoku puzzles of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
+
+    The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
+    256: the outputs are those of sampling the whole file at once), so memory does not grow with the
+    file: the metrics are running sums, `out` is written as the chunks come (to a temp file renamed at
+    the end), and the samples table keeps the first `n_samples_kept` puzzles (None: all of them).
+    Nothing is written to the store until every puzzle is scored; `out` is checked before any work.
 
     T defaults to the largest T of the run's grid, L_s to its training depth. Returns a summary:
     eval_key, n, metrics {name: (value, ci_low, ci_high)}, out."""
-    from tasks.sudoku import Sudoku, format_puzzles, read_puzzles
+    from tasks.sudoku import Sudoku, format_puzzles, iter_puzzles
 
-    store = find_run(results, run_id, study)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg, task, model = load_run_model(store, run_id, dev)
-    if not isinstance(task, Sudoku):
-        raise EvalError(f"--puzzles reads Sudoku files; run {run_id!r} is task {task.name!r}")
-    T = T or max(cfg.get("eval", {}).get("T", [task.n]))
-    L_s = L_s or model.cfg.L
-    if T < 1 or L_s < 1:
-        raise EvalError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
-    pf = read_puzzles(puzzles, task.n)
-    givens = torch.from_numpy(pf.givens)
-    cond = givens >= 0
-    x = torch.where(cond, givens, torch.zeros_like(givens))
-    t0 = time.perf_counter()
-    got = sample_all(model, x, cond, T=T, L_s=L_s, unmask=sampler, seed=seed)
-    output = got.x
-    secs = time.perf_counter() - t0
-    has_ref = pf.solutions is not None
-    ref = torch.from_numpy(pf.solutions) if has_ref else x
-    scores = task.score(output, EvalSet(ref, cond))
-    metrics = task.metric_names if has_ref else ("vpr",)
+    if chunk < 1 or chunk % BATCH:
+        raise ValueError(f"chunk must be a positive multiple of {BATCH} (got {chunk})")
+    tmp = _open_out(out) if out else None
+    try:
+        store = find_run(results, run_id, study)
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        cfg, task, model = load_run_model(store, run_id, dev)
+        if not isinstance(task, Sudoku):
+            raise EvalError(f"--puzzles reads Sudoku files; run {run_id!r} is task {task.name!r}")
+        T = T or max(cfg.get("eval", {}).get("T", [task.n]))
+        L_s = L_s or model.cfg.L
+        if T < 1 or L_s < 1:
+            raise EvalError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
+        for _ in iter_puzzles(puzzles, task.n, chunk):  # every line checked before the first is sampled
+            pass
+        digest = _file_digest(puzzles)
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(puzzles))[0])[:40].strip("._")
+        key = f"ext-{stem or 'file'}-{digest}-T{T}-Ls{L_s}-{sampler}-s{seed}"
 
-    with open(puzzles, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:8]
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(puzzles))[0])[:40].strip("._") or "file"
-    key = f"ext-{stem}-{digest}-T{T}-Ls{L_s}-{sampler}-s{seed}"
-    n = len(scores)
-    base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler,
-            "split": f"external:{os.path.basename(puzzles)}", "eval_seconds": secs, "created_at": now(),
-            **sampling_cost(model, got)}
-    rows = metric_rows(scores, metrics, base)
+        metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
+        for pf in iter_puzzles(puzzles, task.n, chunk):
+            givens = torch.from_numpy(pf.givens)
+            cond = givens >= 0
+            x = torch.where(cond, givens, torch.zeros_like(givens))
+            t0 = time.perf_counter()
+            # seeded by the index of the chunk's first puzzle: sample_all seeds batch i `seed + i`
+            got = sample_all(model, x, cond, T=T, L_s=L_s, unmask=sampler, seed=seed + pf.start, batch_size=BATCH)
+            secs += time.perf_counter() - t0
+            cost.add(got)
+            output = got.x
+            has_ref = pf.solutions is not None  # the whole file has solutions or none (one CSV header)
+            ref = torch.from_numpy(pf.solutions) if has_ref else x
+            scores = task.score(output, EvalSet(ref, cond))
+            metrics = metrics or (task.metric_names if has_ref else ("vpr",))
+            for m in metrics:
+                acc.setdefault(m, _Running()).add([s[m] for s in scores])
+            keep = len(scores) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(scores)))
+            samples += [{"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "example": pf.start + i,
+                         "input": task.render(x[i], cond[i]), "output": task.render(output[i]),
+                         "reference": task.render(ref[i]) if has_ref else None, "score": scores[i]["vpr"],
+                         "scores": json.dumps({m: scores[i][m] for m in metrics})} for i in range(keep)]
+            if tmp:
+                tmp[1].write(format_puzzles(pf, output.numpy()))
+
+        n = acc["vpr"].n
+        base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler,
+                "split": f"external:{os.path.basename(puzzles)}", "eval_seconds": secs, "created_at": now(),
+                **cost.columns(model)}
+        rows = [{**base, "n_examples": n, "metric": m, **acc[m].columns()} for m in metrics]
+        if tmp:
+            tmp[1].close()
+        store.write_rows("samples", samples, run_id, f"{key}.parquet")
+        store.write_rows("evals", rows, run_id, f"{key}.parquet")
+        if tmp:
+            os.replace(tmp[0], out)
+            tmp = None
+    finally:
+        if tmp:  # an error before the end: no half-written --out is left behind
+            tmp[1].close()
+            os.unlink(tmp[0])
     summary = {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows}
-    keep = n if n_samples_kept is None else min(n_samples_kept, n)
-    samples = [{"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "example": i,
-                "input": task.render(x[i], cond[i]), "output": task.render(output[i]),
-                "reference": task.render(ref[i]) if has_ref else None, "score": scores[i]["vpr"],
-                "scores": json.dumps({m: scores[i][m] for m in metrics})} for i in range(keep)]
-    store.write_rows("samples", samples, run_id, f"{key}.parquet")
-    store.write_rows("evals", rows, run_id, f"{key}.parquet")
-    if out:
-        text = format_puzzles(pf, output.numpy())
-        tmp = f"{out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, out)
     return {"study": store.study, "eval_key": key, "n": n, "T": T, "L_s": L_s, "metrics": summary, "out": out}
+
+
+def _open_out(out: str):
+    """(temp path, open file) beside `out`: that `out` can be written is known before any work."""
+    if os.path.isdir(out):
+        raise EvalError(f"--out {out}: is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise EvalError(f"--out {out}: no such directory {parent}")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:
+        return tmp, open(tmp, "w", encoding="utf-8")
+    except OSError as e:
+        raise EvalError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+
+
+def _file_digest(path: str) -> str:
+    """The first 8 hex digits of the file's SHA-256, read a block at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:8]
+
+
+class _Running:
+    """One metric's per-puzzle scores so far, in constant memory: the value and 95% interval of
+    study.trial.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
+    (the spread by Welford's update, exact to rounding)."""
+
+    def __init__(self):
+        self.n, self.total, self.binary, self.mean, self.m2 = 0, 0.0, True, 0.0, 0.0
+
+    def add(self, values: list[float]) -> None:
+        for v in values:
+            self.n += 1
+            self.total += v
+            self.binary = self.binary and v in (0.0, 1.0)
+            d = v - self.mean
+            self.mean += d / self.n
+            self.m2 += d * (v - self.mean)
+
+    def columns(self) -> dict:
+        if self.binary:
+            lo, hi = wilson(self.total, self.n)
+        else:
+            lo, hi = mean_ci_from_sd(self.mean, math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0, self.n)
+        return {"value": self.total / self.n, "ci_low": lo, "ci_high": hi}
+
+
+class _Cost:
+    """study.trial.sampling_cost over chunks: passes summed (and their most), head calls summed."""
+
+    def __init__(self):
+        self.n, self.passes, self.most, self.heads = 0, 0, 0, 0
+
+    def add(self, got) -> None:
+        self.n += len(got.steps)
+        self.passes += int(got.passes.sum())
+        self.most = max(self.most, got.forward_passes)
+        self.heads += got.head_calls
+
+    def columns(self, model: RecursiveDenoiser) -> dict:
+        flops = model.flops_per_forward(self.passes, heads=self.heads) if self.passes else 0
+        return {"forward_passes": self.most, "forward_passes_mean": self.passes / self.n if self.n else None,
+                "eval_flops": flops}
