@@ -52,8 +52,46 @@ def train_flops_total(model_cfg: ModelConfig, train_cfg: TrainConfig, seq_len: i
                for d, n in depths.items())
 
 
-def inference_flops_per_sample(model_cfg: ModelConfig, seq_len: int, vocab_size: int, T: int, L_s: int) -> int:
-    """T denoising steps of L_s loops each, one output head per step: T * forward(L_s)."""
+def inference_flops_per_sample(model_cfg: ModelConfig, seq_len: int, vocab_size: int, T: int, L_s: int,
+                               adaptive: bool = False) -> int:
+    """T denoising steps of L_s loops each, one output head per step: T * forward(L_s). With
+    `adaptive` (L_s is then a cap) the head reads the predictions after every loop: L_s heads a step.
+    An upper bound of what the sampler spends: it stops once nothing is masked (fewer steps than T),
+    and adaptive depth stops looping once the predictions settle."""
     if T < 1 or L_s < 1:
         raise ValueError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
-    return T * flops_per_forward(model_cfg, seq_len, vocab_size, L_s, heads=1)
+    return T * flops_per_forward(model_cfg, seq_len, vocab_size, L_s, heads=L_s if adaptive else 1)
+
+
+# Bytes a training step keeps per token for backward, in multiples of d_model, per layer (float32,
+# 4 bytes an element). A pre-norm layer saves: its input and norm1's output (2 d), the fused QKV
+# output (3 d), the attention output that feeds the projection (1 d), the residual sum and norm2's
+# output (2 d), the MLP's pre- and post-GELU hidden (2 * mlp_ratio * d): 8 d + 2 r d, 16 d at r = 4.
+# Written-out attention (`math`) also keeps the softmax (n_heads * N) and the scaled queries (d);
+# the fused kernel keeps only its output and a log-sum-exp. Per output head: the norm's output (d)
+# and the logits and their log-softmax (2 V). bf16 autocast keeps some of these in 2 bytes: float32
+# is the upper end. The checked constant: tests/test_plan_cost.py compares it with a measured step.
+ACT_BYTES = 4
+LAYER_SAVED_D = 8  # + 2 * mlp_ratio
+
+
+def train_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, seq_len: int, vocab_size: int,
+                      n_params: int, attention: str | None = None) -> dict[str, int]:
+    """Peak bytes of one training step at the full depth L (the deepest step a schedule runs), by part:
+    `weights` (parameters, gradients and AdamW's two moments: 16 bytes a parameter, float32),
+    `activations` (what backward needs: batch x seq x d_model x layers x loops x a constant, see
+    ACT_BYTES / LAYER_SAVED_D; with `checkpoint_loops` one loop's layers plus every loop's input)
+    and `total`. `attention` (default: the model's; `auto` counts the costlier `math`) sets the
+    attention term. An estimate: allocator slack, kernels' workspaces and the framework are not in it."""
+    B, N, d, K, L = train_cfg.batch_size, seq_len, model_cfg.d_model, model_cfg.K, model_cfg.L
+    attention = attention or model_cfg.attention
+    per_layer = (LAYER_SAVED_D + 2 * model_cfg.mlp_ratio) * d
+    if attention in ("math", "auto"):
+        per_layer += model_cfg.n_heads * N + d
+    per_head = d + 2 * vocab_size
+    layers_kept = K if model_cfg.checkpoint_loops else K * L
+    # + the embedding's output and every loop's input (h + v(l)), kept either way
+    per_token = layers_kept * per_layer + heads_run(L, train_cfg) * per_head + (L + 1) * d
+    activations = int(ACT_BYTES * B * N * per_token)
+    weights = 16 * n_params
+    return {"weights": weights, "activations": activations, "total": weights + activations}

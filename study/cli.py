@@ -105,21 +105,63 @@ def _probe(directory: str, option: str, shown: str) -> None:
 
 
 @app.command()
-def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSON object per run")):
-    """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points); run nothing."""
+def plan(
+    grid: str,
+    json_out: bool = typer.Option(False, "--json", help="one JSON object per run, then one with \"totals\": true"),
+    measure: bool = typer.Option(False, "--measure", help="time a few training steps of each distinct shape here "
+                                 "(cached per machine and shape) for time and peak memory"),
+    remeasure: bool = typer.Option(False, "--remeasure", help="--measure, ignoring the cache"),
+    flops_per_s: Optional[float] = typer.Option(None, "--flops-per-s", help="the target hardware's rate, FLOP/s"),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="fraction of --device/--peak-flops a run reaches"),
+    device: Optional[str] = typer.Option(None, "--device", help="a device's bf16 dense peak for --mfu: h100, a100, "
+                                         "l4, ... (see study/cost.py PEAK_FLOPS)"),
+    peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="a device's peak FLOP/s for --mfu"),
+):
+    """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost
+    (training and evaluation FLOPs, time at a given or measured rate, a training step's peak memory);
+    run nothing. Eval FLOPs are an upper bound (T x L_s passes; the sampler may stop sooner)."""
+    from study import cost
+
     g = _grid_or_exit(grid)
+    try:
+        rate = cost.given_rate(flops_per_s, mfu, device, peak_flops)
+    except ValueError as e:
+        _fail(str(e))
+    for line in cost.t_warnings(g.runs, grid):
+        typer.echo(line, err=True)
+    measured = cost.measure(g.runs, echo=lambda m: typer.echo(m, err=True), refresh=remeasure) \
+        if (measure or remeasure) else {}
     rows = []
     for r in g.runs:
         c = r.costs()
         pts = r.eval_points()
-        rows.append({"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
-                     "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
-                     "loss": r.train.loss, "seed": r.train.seed, **c,
-                     "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in pts],
-                     "tuned": g.tuned.get(r.run_id, {})})
+        row = {"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
+               "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
+               "loss": r.train.loss, "seed": r.train.seed, **c,
+               "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in pts],
+               "tuned": g.tuned.get(r.run_id, {}), **cost.run_costs(r)}
+        m = measured.get(r.run_id)
+        if m is not None:
+            row.update(memory_bytes=m["memory"], memory_how=m["memory_how"])
+        if rate is not None:
+            row = cost.with_time(row, rate.train, rate.eval)
+        else:
+            row = cost.with_time(row, m and m["train"], m and m["eval"])
+        rows.append(row)
+    how = rate.how if rate else ("measured here (--measure)" if measured else None)
+    secs = [row["seconds"] for row in rows]
+    biggest = max(rows, key=lambda row: row["memory_bytes"], default=None)
+    totals = {"totals": True, "study": g.study, "runs": len(rows),
+              "train_flops": sum(row["train_flops"] for row in rows),
+              "eval_flops": sum(row["eval_flops"] for row in rows),
+              "seconds": sum(secs) if rows and None not in secs else None, "rate": how,
+              "memory_bytes_max": biggest["memory_bytes"] if biggest else None,
+              "memory_how": biggest["memory_how"] if biggest else None,
+              "memory_run_id": biggest["run_id"] if biggest else None}
     if json_out:
         for row in rows:
             typer.echo(json.dumps(row))
+        typer.echo(json.dumps(totals))
         return
     if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
         from study.tune import describe_search
@@ -127,14 +169,26 @@ def plan(grid: str, json_out: bool = typer.Option(False, "--json", help="one JSO
         for line in describe_search(g):
             typer.echo(line)
     typer.echo(f"study {g.study}: {len(rows)} runs from {grid}")
-    typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11}  eval points")
+    typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11} "
+               f"{'train FLOPs':>11} {'eval FLOPs':>11} {'step mem':>10} {'time':>9}  eval points")
     for row in rows:
         Ts = sorted({p["T"] for p in row["eval_points"]})
         Ls = sorted({p["L_s"] for p in row["eval_points"]})
         typer.echo(f"{row['run_id']:<13} {row['task']:<8} {row['K']:>3} {row['L_t']:>4} {row['d_model']:>5} "
-                   f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g}  T={Ts} L_s={Ls}")
+                   f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g} {row['train_flops']:>11.3g} "
+                   f"{row['eval_flops']:>11.3g} {cost.human_bytes(row['memory_bytes']):>10} "
+                   f"{cost.human_seconds(row['seconds']):>9}  T={Ts} L_s={Ls}")
         for k, src in row["tuned"].items():  # values taken from a search's best.yaml (`defaults_from`)
             typer.echo(f"{'':<13} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
+    typer.echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
+               f"(at most: T x L_s forward passes per example)")
+    if totals["seconds"] is not None:
+        typer.echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, at {how}")
+    else:
+        typer.echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
+    if biggest is not None:
+        typer.echo(f"peak memory of a training step: {cost.human_bytes(totals['memory_bytes_max'])} "
+                   f"({totals['memory_how']}; run {totals['memory_run_id']})")
 
 
 @app.command()

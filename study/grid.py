@@ -198,9 +198,24 @@ class Run:
         return dict(_costs(self.task.name, self.task.model_dump_json(), self.model.model_dump_json()))
 
     def train_flops(self) -> int:
-        """Model FLOPs of the whole training run (the depth schedule included)."""
-        task = make_task(self.task)
-        return train_flops_total(self.model, self.train, len(task.pos_ids()), task.vocab_size)
+        """Model FLOPs of the whole training run (the depth schedule included), shared like `costs`
+        by runs whose task, model and step-shaping training fields agree (lr, seed... do not count,
+        except the seed of a stochastic schedule, which draws each step's depth)."""
+        drop = set(_FLOP_FREE_TRAIN) | ({"seed"} if self.train.schedule != "stochastic" else set())
+        return _train_flops(self.task.name, self.task.model_dump_json(), self.model.model_dump_json(),
+                            self.train.model_dump_json(exclude=drop))
+
+
+# training fields that never change a step's FLOPs (nor which depth a step runs)
+_FLOP_FREE_TRAIN = ("lr", "weight_decay", "warmup", "min_lr_ratio", "grad_clip", "precision", "checkpoint_every",
+                    "log_every")
+
+
+@functools.lru_cache(maxsize=4096)
+def _train_flops(task_name: str, task_json: str, model_json: str, train_json: str) -> int:
+    task = make_task(TASKS[task_name][0].model_validate_json(task_json))
+    return train_flops_total(ModelConfig.model_validate_json(model_json), TrainConfig.model_validate_json(train_json),
+                             len(task.pos_ids()), task.vocab_size)
 
 
 @functools.lru_cache(maxsize=4096)
