@@ -226,6 +226,15 @@ def unplaceable(runs: list[Run], nodes: list[dict]) -> list[str]:
     return msgs
 
 
+def refuse_unplaceable(ray, runs: list[Run], where: str, echo) -> bool:
+    """The check before dispatch (`study run`, `study tune`): says why each request no node can hold
+    would never start (Tune would leave it pending forever, without a word); True when there is one."""
+    never = unplaceable(runs, node_resources(ray))
+    for msg in never:
+        echo(f"error: {where}: {msg}; lower `resources` in the grid or add nodes (nothing was run)")
+    return bool(never)
+
+
 def _storage(store: Store) -> tuple[str, object]:
     """Where Tune keeps its own experiment state: beside the study, on the same filesystem."""
     return f"{store.dir}/.ray", store.fs
@@ -254,10 +263,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
          f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
-    never = unplaceable(plan.todo, node_resources(ray))
-    if never:  # Tune would leave them pending forever, without a word
-        for msg in never:
-            echo(f"error: {grid.path}: {msg}; lower `resources` in the grid or add nodes (nothing was run)")
+    if refuse_unplaceable(ray, plan.todo, grid.path, echo):
         if started:
             ray.shutdown()
         return 2

@@ -326,7 +326,7 @@ def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: in
 def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
     import optuna
 
-    from study.runner import _dump_yaml, code_version, init_ray
+    from study.runner import _dump_yaml, code_version, init_ray, refuse_unplaceable
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
@@ -348,6 +348,9 @@ def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
             if todo > 0:
                 if ray is None:
                     ray, started = init_ray(address, num_cpus)
+                    if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
+                                          grid.path, echo):
+                        return 2
                 if not study.trials:
                     for p in search.points:
                         study.enqueue_trial(p)

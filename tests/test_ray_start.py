@@ -131,3 +131,24 @@ def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkey
     text = "\n".join(lines)
     assert "could never start" in text and "the cluster changed during the run" in text, text
     assert len(calls) >= 2
+
+
+def test_study_tune_refuses_resources_the_cluster_lacks(tmp_path):
+    """`study tune` makes the check `study run` makes before dispatch: exit 2, naming the resource, the
+    ask and what the cluster has; no trial ran."""
+    import ray
+    from typer.testing import CliRunner
+
+    from store import Store
+    from study.cli import app
+
+    g = tmp_path / "g.yaml"
+    g.write_text(f"study: bigtune\n{TINY}resources: {{cpu: 64}}\n"
+                 "search: {n_trials: 2, metric: val_loss, mode: min, params: {lr: {dist: loguniform, low: 0.0001, "
+                 "high: 0.1}}}\n")
+    r = CliRunner().invoke(app, ["tune", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"])
+    assert r.exit_code == 2, r.output
+    assert "resources.cpu = 64" in r.output and "the largest node has 1" in r.output, r.output
+    assert "1 CPUs and 0 GPUs in all" in r.output and "nothing was run" in r.output, r.output
+    assert not ray.is_initialized()
+    assert Store(str(tmp_path / "res"), "bigtune").read("runs").empty
