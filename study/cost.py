@@ -110,24 +110,27 @@ def eval_flops(run: Run) -> int:
 
 
 def t_warnings(runs: list[Run], grid_path: str) -> list[str]:
-    """One line per (task, T) where T exceeds the free positions: the sampler then stops after as
-    many steps as there are free positions, spending fewer forward passes than T x L_s."""
-    seen: dict[tuple, list[int]] = {}
+    """One line per task config whose eval T exceed its free positions: the sampler then stops after
+    as many steps as there are free positions, spending fewer forward passes than T x L_s."""
+    seen: dict[tuple, tuple[set, set]] = {}  # (task, fewest, most free) -> (T values, run ids)
     for r in runs:
         f = facts(r)
         if f["free"] is None:
             continue
         lo, hi = f["free"]
-        for T in sorted(set(r.eval.T)):
-            if T > lo:
-                seen.setdefault((f["what"], lo, hi, T), []).append(1)
+        over = {T for T in r.eval.T if T > lo}
+        if over:
+            Ts, ids = seen.setdefault((f["what"], lo, hi), (set(), set()))
+            Ts.update(over)
+            ids.add(r.run_id)
     out = []
-    for (what, lo, hi, T), hits in seen.items():
+    for (what, lo, hi), (Ts, ids) in seen.items():
         free = f"{lo}" if lo == hi else f"{lo} to {hi}"
-        who = "every example" if T > hi else f"an example with fewer than {T}"
-        out.append(f"warning: {grid_path}: eval T={T} exceeds the {free} free (masked) positions of {what} "
-                   f"({len(hits)} run{'s' if len(hits) != 1 else ''}): the sampler stops once nothing is masked, "
-                   f"so {who} runs fewer steps than T and fewer forward passes than T x L_s; "
+        who = "every example" if min(Ts) > hi else "an example with fewer free positions than T"
+        Tl = ", ".join(str(T) for T in sorted(Ts))
+        out.append(f"warning: {grid_path}: eval T={Tl} exceed{'s' if len(Ts) == 1 else ''} the {free} free (masked) "
+                   f"positions of {what} ({len(ids)} run{'s' if len(ids) != 1 else ''}): the sampler stops once "
+                   f"nothing is masked, so {who} runs fewer steps than T and fewer forward passes than T x L_s; "
                    f"the plan's eval FLOPs count T (an upper bound)")
     return out
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -134,7 +133,7 @@ def test_countdown_free_positions_are_the_output_part(tmp_path):
            "eval": {"T": [28, 40], "L_s": ["train"]}}
     r, _ = plan(tmp_path, raw)
     lines = [x for x in r.stderr.splitlines() if "free (masked) positions" in x]
-    assert len(lines) == 1 and "T=40" in lines[0] and "the 28 free" in lines[0], r.stderr
+    assert len(lines) == 1 and "T=40 exceeds the 28 free" in lines[0] and "28," not in lines[0], r.stderr
 
 
 def test_measure_times_each_shape_once_and_reads_the_cache(tmp_path, monkeypatch):
