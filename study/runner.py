@@ -235,6 +235,20 @@ def refuse_unplaceable(ray, runs: list[Run], where: str, echo) -> bool:
     return bool(never)
 
 
+WAITING_EVERY_S = 1.0  # the live line asks Ray what is free at most this often
+
+
+def waiting_note(asks: list[tuple[float, float]], free: dict, total: dict) -> str:
+    """Why runs wait, for the live line: each resource that some pending run (`asks`: its (cpu, gpu))
+    needs more of than the cluster has free now, e.g. "waiting for cpu: 0 free of 2"; '' when every
+    pending run would fit (Tune is about to start it). `free`, `total`: Ray's available and cluster
+    resources."""
+    short = [f"{name}: {free.get(key, 0):g} free of {total.get(key, 0):g}"
+             for i, (name, key) in enumerate((("cpu", "CPU"), ("gpu", "GPU")))
+             if any(a[i] > free.get(key, 0) for a in asks)]
+    return f"waiting for {', '.join(short)}" if short else ""
+
+
 def _storage(store: Store) -> tuple[str, object]:
     """Where Tune keeps its own experiment state: beside the study, on the same filesystem."""
     return f"{store.dir}/.ray", store.fs
@@ -287,6 +301,21 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     placement = _PlacementWatch(ray, by_id)
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                     every_s=progress_every_s)
+    trials: list = []  # Tune's trials as of its last step (their status is live)
+    note = {"at": 0.0, "text": ""}
+
+    def waiting() -> str:
+        if time.time() - note["at"] < WAITING_EVERY_S:  # the terminal bar redraws every Tune step
+            return note["text"]
+        note["at"], note["text"] = time.time(), ""
+        if any(t.status == "RUNNING" for t in trials):  # Tune reserves the first trials' resources before they start
+            asks = [(r.cpu, r.gpu) for r in (by_id[t.config["run"]["run_id"]].resources
+                                             for t in trials if t.status == "PENDING")]
+            if asks:
+                note["text"] = waiting_note(asks, ray.available_resources(), ray.cluster_resources())
+        return note["text"]
+
+    view.waiting = waiting
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
@@ -301,7 +330,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
             failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
             verbose=0,
             # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
-            callbacks=[_TuneEvents(view), watcher(store), placement.callback()],
+            callbacks=[_TuneEvents(view, trials), watcher(store), placement.callback()],
             stop=placement.stopper(),
         ),
     )
@@ -392,10 +421,12 @@ class _PlacementWatch:
 
 
 class _TuneEvents:
-    """Feeds Tune's trial events to the live view."""
+    """Feeds Tune's trial events to the live view; keeps Tune's list of trials in `trials`."""
 
-    def __new__(cls, view: LiveView):
+    def __new__(cls, view: LiveView, trials: list | None = None):
         from ray.tune import Callback
+
+        seen = trials
 
         class TuneEvents(Callback):
             def on_trial_start(self, iteration, trials, trial, **info):
@@ -412,6 +443,8 @@ class _TuneEvents:
                 view.finished(trial.config["run"]["run_id"], ok=False)
 
             def on_step_end(self, iteration, trials, **info):
+                if seen is not None:
+                    seen[:] = trials
                 view.show(force=False)
 
         return TuneEvents()

@@ -113,10 +113,13 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def summary_line(c: dict[str, int], total: int, eta: float | None, elapsed: float | None = None) -> str:
+def summary_line(c: dict[str, int], total: int, eta: float | None, elapsed: float | None = None,
+                 waiting: str = "") -> str:
+    """`waiting`: why the pending runs wait (the live view's "waiting for cpu: 0 free of 2")."""
     head = f"[{fmt_duration(elapsed)}] " if elapsed is not None else ""
     interrupted = f"  interrupted {c['interrupted']}" if c.get("interrupted") else ""
-    return (f"{head}done {c['done']}/{total}  running {c['running']}  pending {c['pending']}{interrupted}  "
+    pending = f"{c['pending']} ({waiting})" if waiting else f"{c['pending']}"
+    return (f"{head}done {c['done']}/{total}  running {c['running']}  pending {pending}{interrupted}  "
             f"failed {c['failed']}  eta {fmt_duration(eta)}")
 
 
@@ -152,6 +155,7 @@ class LiveView:
         self.step0: dict[str, int] = {}  # first reported step of each run here (resumed runs start > 0)
         self.running: set[str] = set()
         self.done = self.failed = 0
+        self.waiting = None  # () -> why the pending runs wait ('' when they do not); set by the runner
         self.bar = None
         if tty if tty is not None else sys.stderr.isatty():
             from tqdm import tqdm
@@ -170,7 +174,8 @@ class LiveView:
     def line(self) -> str:
         c = {"done": self.done, "running": len(self.running), "failed": self.failed,
              "pending": self.total - self.done - self.failed - len(self.running), "interrupted": 0}
-        return summary_line(c, self.total, self.eta(), time.time() - self.t0)
+        waiting = self.waiting() if self.waiting is not None and c["pending"] > 0 else ""
+        return summary_line(c, self.total, self.eta(), time.time() - self.t0, waiting)
 
     def show(self, force: bool = True) -> None:
         if self.bar is not None:

@@ -152,3 +152,29 @@ def test_study_tune_refuses_resources_the_cluster_lacks(tmp_path):
     assert "1 CPUs and 0 GPUs in all" in r.output and "nothing was run" in r.output, r.output
     assert not ray.is_initialized()
     assert Store(str(tmp_path / "res"), "bigtune").read("runs").empty
+
+
+def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
+    """More runs than CPUs: while one trains the others wait, and the live line says for what."""
+    import study.runner as runner
+    from study.grid import load_grid
+    from study.runner import run_grid
+
+    monkeypatch.setattr(runner, "WAITING_EVERY_S", 0.0)  # every line asks Ray (however fast the runs end)
+
+    g = tmp_path / "g.yaml"
+    g.write_text("study: waits\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
+    lines: list[str] = []
+    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append,
+                    progress_every_s=0.0) == 0
+    waiting = [ln for ln in lines if "waiting for cpu: 0 free of 1" in ln]
+    assert waiting and all("pending 0" not in ln for ln in waiting), "\n".join(lines)
+
+
+def test_waiting_note_names_each_short_resource():
+    from study.runner import waiting_note
+
+    assert waiting_note([(1, 0), (2, 0)], {"CPU": 1.0}, {"CPU": 2.0}) == "waiting for cpu: 1 free of 2"
+    assert waiting_note([(1, 0.5)], {"CPU": 0.0, "GPU": 0.25}, {"CPU": 4.0, "GPU": 1.0}) == \
+        "waiting for cpu: 0 free of 4, gpu: 0.25 free of 1"
+    assert waiting_note([(1, 0)], {"CPU": 3.0}, {"CPU": 4.0}) == ""  # it fits: about to start
