@@ -87,7 +87,12 @@ def test_device_follows_the_gpus_ray_grants(monkeypatch):
     from study.trial import pick_device
 
     assert pick_device(Resources(gpu=0)).type == "cpu"
-    assert pick_device(Resources(gpu=1)).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        assert pick_device(Resources(gpu=1)).type == "cuda"
+    else:  # a GPU asked for where there is none is an error, unless the grid allows the CPU
+        with pytest.raises(RuntimeError, match="allow_cpu_fallback"):
+            pick_device(Resources(gpu=1))
+        assert pick_device(Resources(gpu=1, allow_cpu_fallback=True)).type == "cpu"
     # a trial granted a GPU (Ray sets CUDA_VISIBLE_DEVICES) trains on it; one granted none never grabs one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device(Resources(gpu=0.5)).type == "cuda"
