@@ -164,10 +164,41 @@ def init_ray(address: str | None, num_cpus: int | None = None):
         check_address(address)
         reachable(address)
         try:
-            ray.init(address=address, **kw)
+            _join(ray, address, kw)
         except (ConnectionError, TimeoutError) as e:
             raise ClusterError(f"--address {address}: could not join the Ray cluster ({_first_line(e)})") from None
     return ray, True
+
+
+def _join(ray, address: str, kw: dict) -> None:
+    """ray.init(address=...), interruptible: Ray's join blocks in C++ for 30 s and more (a port that
+    accepts TCP but is no Ray), where Python never sees a Ctrl-C. The join runs in a thread; the main
+    thread waits on it, so Ctrl-C ends the process at once, saying so (nothing has run yet)."""
+    import signal
+    import threading
+
+    box: dict = {}
+
+    def join():
+        try:
+            ray.init(address=address, **kw)
+        except BaseException as e:  # handed to the main thread
+            box["error"] = e
+
+    t = threading.Thread(target=join, name="ray-join", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.1)
+    except KeyboardInterrupt:
+        print(f"interrupted while joining the Ray cluster at {address}; nothing was run", file=sys.stderr,
+              flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # the join thread cannot be stopped, and Ray's exit hooks would wait on it
+    if "error" in box:
+        raise box["error"]
+    if threading.current_thread() is threading.main_thread():  # what ray.init does on the main thread
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
 
 
 class ClusterError(ValueError):
@@ -361,6 +392,9 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
         for run in final.failed:
             echo(f"  failed {run.run_id}: {(store.run_row(run.run_id) or {}).get('error')}  "
                  f"(log: {store.path('logs', run.run_id + '.log')})")
+        if final.todo:  # no error and not done: Tune stopped them (Ctrl-C)
+            echo(f"interrupted: {len(final.todo)} run(s) not finished; `study run` again resumes them "
+                 f"(from their last checkpoint; finished runs are kept)")
         return 1 if (final.failed or final.todo) else 0
     finally:
         view.close()

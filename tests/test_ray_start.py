@@ -178,3 +178,85 @@ def test_waiting_note_names_each_short_resource():
     assert waiting_note([(1, 0.5)], {"CPU": 0.0, "GPU": 0.25}, {"CPU": 4.0, "GPU": 1.0}) == \
         "waiting for cpu: 0 free of 4, gpu: 0.25 free of 1"
     assert waiting_note([(1, 0)], {"CPU": 3.0}, {"CPU": 4.0}) == ""  # it fits: about to start
+
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+
+
+def test_ctrl_c_while_joining_a_cluster_ends_at_once(tmp_path):
+    """`study run --address` to a port that accepts TCP but is no Ray: Ray's join blocks in C++ (30 s
+    and more, deaf to Ctrl-C). A real SIGINT, sent once Ray's join has connected to the port, ends the
+    process at once with a message; the store stays readable."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    g = tmp_path / "g.yaml"
+    g.write_text("study: joining\n" + TINY)
+    srv = socket.socket()
+    srv.bind(("0.0.0.0", 0))  # Ray may dial the machine's own address rather than 127.0.0.1
+    srv.listen(16)
+    srv.settimeout(120)
+    with srv:
+        addr = f"127.0.0.1:{srv.getsockname()[1]}"
+        p = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"),
+                              "--address", addr], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            held = [srv.accept()[0], srv.accept()[0]]  # the reachability probe, then Ray's own connection
+            p.send_signal(signal.SIGINT)
+            out = p.communicate(timeout=60)[0]  # bound: Ray alone would go on for 30 s or more
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        for c in held:
+            c.close()
+    assert p.returncode == 130 and f"interrupted while joining the Ray cluster at {addr}" in out, out
+    assert "Traceback" not in out, out
+    r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "pending 1" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
+    """A real SIGINT to `study run` while a run trains (held before step 5 until stopped): the process
+    ends within a bounded time, says the runs were interrupted and how to resume, the store reads, and
+    a second `study run` finishes them. Run: pytest -m slow tests/test_ray_start.py -k ctrl_c"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from study.grid import load_grid
+
+    g = tmp_path / "g.yaml"
+    g.write_text("study: sigrun\n" + TINY.replace("steps: 2", "steps: 20") + "axes:\n  seed: [0, 1]\n")
+    runs = load_grid(str(g)).runs
+    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:5" for r in runs)}
+    cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats
+    try:
+        t0 = time.time()
+        while not (progress.is_dir() and os.listdir(progress)):  # a run is training (held at step 5)
+            assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "slow"
+            time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=90)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 1 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
+    r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "done 0/2" in r.stdout, r.stdout + r.stderr
+    env.pop("RMDM_FAULT_HOLD_AT")
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "2 done, 0 failed, 0 incomplete" in r.stdout, r.stdout + r.stderr
