@@ -1,5 +1,7 @@
-"""Starting the embedded Ray. Run: pytest tests/test_ray_start.py"""
+"""Starting the embedded Ray, joining a cluster, resources and Ctrl-C. Run: pytest tests/test_ray_start.py (the SIGINT test on an embedded Ray: pytest -m slow tests/test_ray_start.py)"""
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -180,14 +182,13 @@ def test_waiting_note_names_each_short_resource():
     assert waiting_note([(1, 0)], {"CPU": 3.0}, {"CPU": 4.0}) == ""  # it fits: about to start
 
 
-ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_ctrl_c_while_joining_a_cluster_ends_at_once(tmp_path):
     """`study run --address` to a port that accepts TCP but is no Ray: Ray's join blocks in C++ (30 s
     and more, deaf to Ctrl-C). A real SIGINT, sent once Ray's join has connected to the port, ends the
     process at once with a message; the store stays readable."""
-    import os
     import signal
     import socket
     import subprocess
@@ -227,7 +228,6 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     """A real SIGINT to `study run` while a run trains (held before step 5 until stopped): the process
     ends within a bounded time, says the runs were interrupted and how to resume, the store reads, and
     a second `study run` finishes them. Run: pytest -m slow tests/test_ray_start.py -k ctrl_c"""
-    import os
     import signal
     import subprocess
     import sys
