@@ -1,4 +1,7 @@
-"""Starting the embedded Ray, joining a cluster, resources and Ctrl-C. Run: pytest tests/test_ray_start.py (the SIGINT test on an embedded Ray: pytest -m slow tests/test_ray_start.py)"""
+"""Starting the embedded Ray, joining a cluster, resources and Ctrl-C.
+
+Run: pytest tests/test_ray_start.py   (the SIGINT test on an embedded Ray: pytest -m slow tests/test_ray_start.py)
+"""
 from __future__ import annotations
 
 import os
