@@ -35,11 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, RATE_METRICS, differing, model_fields,
                              primary_metric)
 from stats import Z95
+from store import is_safe_name
 
 # fields that make a model of one family bigger or smaller; with LOOP_ONLY_FIELDS and the loop count,
 # the only ones a family's models may differ in
@@ -115,25 +117,47 @@ def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n:
     """The per-example scores of one evaluation when the samples table keeps every example, else None."""
     if data.store is None:
         return None
-    if run_id not in cache:
-        cache[run_id] = data.store.read("samples", filter_run=run_id)
-    s = cache[run_id]
+    s = _samples_of(data.store, run_id, eval_key, cache)
     if s.empty:
         return None
     s = s[s["eval_key"] == eval_key]
     if len(s) != n or set(s["example"]) != set(range(n)):
         return None
     s = s.sort_values("example")
+    primary = []  # looked up once, only when a row lacks the metric in its scores
 
-    def score(row) -> float:
-        if isinstance(row.scores, str) and row.scores:
-            got = json.loads(row.scores).get(metric)
+    def score(scores, fallback) -> float:
+        if isinstance(scores, str) and scores:
+            got = json.loads(scores).get(metric)
             if got is not None:
                 return float(got)
-        return float(row.score) if metric == _primary_of(data, run_id) else float("nan")
+        if not primary:
+            primary.append(_primary_of(data, run_id))
+        return float(fallback) if metric == primary[0] else float("nan")
 
-    out = np.array([score(r) for r in s.itertuples(index=False)], dtype=float)
+    out = np.array([score(a, b) for a, b in zip(s["scores"], s["score"])], dtype=float)
     return None if np.isnan(out).any() else out
+
+
+SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
+
+
+def _samples_of(store, run_id: str, eval_key: str, cache: dict) -> pd.DataFrame:
+    """The samples rows of one evaluation (SAMPLE_COLS): its own file samples/<run_id>/<eval_key>.parquet
+    (one read per point used, not every point of the run); the run's whole samples when that file is
+    absent (another layout) or its name is not a store name."""
+    if (run_id, eval_key) not in cache:
+        t = None
+        if is_safe_name(run_id) and is_safe_name(f"{eval_key}.parquet"):
+            t = store.read_file("samples", run_id, f"{eval_key}.parquet")
+        if t is not None:
+            t = t.filter(pc.equal(t["run_id"], run_id)).select(SAMPLE_COLS).to_pandas()
+        else:
+            if run_id not in cache:
+                cache[run_id] = store.read("samples", filter_run=run_id)[SAMPLE_COLS]
+            t = cache[run_id]
+        cache[(run_id, eval_key)] = t
+    return cache[(run_id, eval_key)]
 
 
 def _primary_of(data: StudyData, run_id: str) -> str | None:

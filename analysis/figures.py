@@ -7,6 +7,7 @@ The numbers come from the pure functions of analysis.tables.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (R
                 "exact": "exact match rate", "nll": "NLL bound (nats / char)", "bpc": "bits per char",
                 "ppl": "perplexity"}
 FORMATS = ("svg", "pdf")
+PNG_DPI = 130
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,19 @@ def _grid(n: int, w: float = 4.6, h: float = 3.8, cols: int = 4):
     return fig, flat[:n]
 
 
+@contextlib.contextmanager
+def _only_visible(fig, ax):
+    """Hide every other axes of `fig` for the block (those it creates stay visible); restore them after."""
+    hidden = [a for a in fig.axes if a is not ax and a.get_visible()]
+    for a in hidden:
+        a.set_visible(False)
+    try:
+        yield
+    finally:
+        for a in hidden:
+            a.set_visible(True)
+
+
 def _palette(keys) -> dict:
     keys = list(dict.fromkeys(keys))
     return dict(zip(keys, sns.color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
@@ -161,12 +176,35 @@ def save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
         raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for ext in ("png", fmt):
-        p = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(p, dpi=130 if ext == "png" else None, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
+    # savefig(bbox_inches="tight") draws the whole figure once only to measure it, per file: with a
+    # hundred models (a legend entry and tick label each) drawing is most of a report. Measure once,
+    # as the PNG's savefig would (Agg at its dpi), and save both files with that box.
+    bbox = _tight_bbox(fig, PNG_DPI)
+    engine = fig.get_layout_engine()
+    fig._layout_engine = None  # the layout is final (tight_layout ran): no draw per file to redo it
+    try:
+        for ext in ("png", fmt):
+            p = os.path.join(out_dir, f"{name}.{ext}")
+            fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox)
+            paths.append(p)
+    finally:
+        fig._layout_engine = engine
+        plt.close(fig)
     return paths
+
+
+def _tight_bbox(fig, dpi: float):
+    """The box savefig(bbox_inches="tight", dpi=dpi) would crop a PNG to (inches, padded)."""
+    old = fig.dpi
+    fig.set_dpi(dpi)
+    try:
+        renderer = fig.canvas.get_renderer()
+        with renderer._draw_disabled():
+            fig.draw(renderer)
+        pad = matplotlib.rcParams["savefig.pad_inches"]
+        return fig.get_tightbbox(renderer).padded(pad, pad)
+    finally:
+        fig.set_dpi(old)
 
 
 def save_table(df: pd.DataFrame, out_dir: str, name: str) -> str:
@@ -430,9 +468,13 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
     paths, used = [], set()
     for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
         rate = metric in ("vpr", "rtr", "exact", "cell_acc")
-        sns.heatmap(m, ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0 if rate else None,
-                    vmax=1 if rate else None, cbar_kws={"label": METRIC_LABEL.get(metric, metric)},
-                    linewidths=0.5, linecolor="white")
+        # sns.heatmap draws the whole figure to see whether its tick labels overlap: with the panels
+        # drawn so far hidden, that draw costs one panel, not all of them (the labels' extents depend
+        # on their own axes only, so the verdict is the same)
+        with _only_visible(fig, ax):
+            sns.heatmap(m, ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0 if rate else None,
+                        vmax=1 if rate else None, cbar_kws={"label": METRIC_LABEL.get(metric, metric)},
+                        linewidths=0.5, linecolor="white")
         ax.grid(False)
         ax.tick_params(axis="y", rotation=0)
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth

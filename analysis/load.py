@@ -107,6 +107,9 @@ def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     last = order.groupby(EVAL_POINT, sort=False, dropna=False).tail(1).index
     kept = evals.loc[evals.index.isin(last)]
     left = evals.loc[~evals.index.isin(last)]
+    if left.empty:  # the usual case: one row per point (no record-by-record pass over the whole table)
+        return kept.reset_index(drop=True), pd.DataFrame(columns=cols)
+
     def point(r: dict) -> tuple:
         return tuple(None if pd.isna(r[k]) else r[k] for k in EVAL_POINT)
 

@@ -13,9 +13,9 @@ import os
 
 import pandas as pd
 
-from analysis.figures import FIGURES, Options, crossings_table
+from analysis.figures import FIGURES, Options, _agg, crossings_table
 from analysis.load import MissingData, StudyData
-from analysis.tables import aggregate, iso_flop_pairs, param_table, text8_table
+from analysis.tables import iso_flop_pairs, param_table, text8_table
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1200px;color:#222;
@@ -105,7 +105,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
         out.append(("Effective parameters", "", str(e)))
     try:
         out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
-                    text8_table(aggregate(data.evals), split=opts.split)))
+                    text8_table(_agg(data), split=opts.split)))  # aggregated once per report
     except MissingData as e:
         out.append(("Text8", "", str(e)))
     try:

@@ -178,7 +178,9 @@ class Store:
                 tables = [parsed[k] for k in sorted(parsed)]
             else:
                 tables = self._read_files(index.list_files(self, table), schema)
-            return (pa.concat_tables(tables) if tables else schema.empty_table()).to_pandas()
+            # one chunk per column, not one per file: pandas keeps Arrow strings chunked, and every
+            # groupby, merge or filter on a 40,000-chunk column pays per chunk
+            return (pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()).to_pandas()
         # evals/<run_id>/*.parquet, or runs/<run_id>.parquet in the flat tables
         d = f"{self.dir}/{table}/{safe_name(filter_run)}"
         infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))

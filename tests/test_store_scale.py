@@ -141,3 +141,112 @@ def test_summary_agrees_with_per_file_reads_and_names_damaged_files(tmp_path):
         assert seen.run_row("r01") is None and seen.eval_keys("r02") == {"T2_a"}
         assert seen.eval_keys("r03") == {"T1_a"} and not seen.history_readable("r04")
         assert len(s.unreadable) == 4
+
+
+# ---- a report over a big store: each figure drawn as few times as its files need, reads once ----------
+def _draws(monkeypatch) -> list[int]:
+    """Every Figure.draw from now on (real drawing, counted): the number of visible axes it drew."""
+    from matplotlib.figure import Figure
+
+    seen, draw = [], Figure.draw
+
+    def counted(fig, renderer):
+        seen.append(sum(a.get_visible() for a in fig.axes))
+        return draw(fig, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    return seen
+
+
+def _busy_figure():
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for i, ax in enumerate(axes):
+        for k in range(12):
+            ax.plot([1, 2, 4], [k, k + i, k * 2], marker="o", label=f"model {k} with a long label")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle("a figure with many lines")
+    fig.tight_layout()
+    return fig
+
+
+def test_save_measures_the_figure_once_and_writes_the_same_png(tmp_path, monkeypatch):
+    """bbox_inches="tight" per file drew every figure twice per file (a measuring draw, then the file);
+    save draws three times in all (measure, PNG, SVG), and the PNG is pixel for pixel what
+    savefig(bbox_inches="tight") writes."""
+    import matplotlib.image as mpimg
+
+    from analysis.figures import PNG_DPI, save
+
+    ref = _busy_figure()
+    ref.savefig(tmp_path / "ref.png", dpi=PNG_DPI, bbox_inches="tight")
+    fig = _busy_figure()
+    seen = _draws(monkeypatch)
+    paths = save(fig, str(tmp_path), "fig", "svg")
+    assert len(seen) == 3, f"{len(seen)} draws for two files"
+    assert [p.rsplit(".", 1)[1] for p in paths] == ["png", "svg"]
+    got, want = mpimg.imread(paths[0]), mpimg.imread(tmp_path / "ref.png")
+    assert got.shape == want.shape and (got == want).all()
+
+
+def test_cross_depth_heatmaps_are_drawn_one_panel_at_a_time(tmp_path, monkeypatch):
+    """sns.heatmap draws the whole figure to check its tick labels: with n panels that was n draws of
+    up to n panels each (quadratic in models). Now only saving draws the whole figure."""
+    from analysis.figures import Options, cross_depth
+    from test_analysis_data import _write, eval_row, run_row
+
+    root = str(tmp_path / "results")
+    store = Store(root, "cd")
+    widths = (16, 24, 32)  # three families of models: three heatmaps
+    for d in widths:
+        for L in (1, 3):
+            run = run_row("cd", "sudoku", {"n": 4, "mask_rate": 0.3}, 1, L, d_model=d)
+            _write(store, run, [eval_row(run, T, L_s, "vpr", 0.5) for T in (2, 4) for L_s in (1, 3)], history=False)
+    from analysis.load import load_study
+
+    data = load_study(root, "cd")
+    seen = _draws(monkeypatch)
+    paths = cross_depth(data, str(tmp_path / "fig"), Options())
+    assert sum(p.endswith(".csv") for p in paths) == len(widths)
+    whole = [n for n in seen if n > 2]  # a panel and its colorbar: 2
+    assert len(whole) == 3, f"whole-figure draws: {seen}"  # measure, PNG, SVG
+
+
+def test_a_table_read_is_one_chunk_per_column(tmp_path):
+    """Rows of thousands of files were handed to pandas as one Arrow chunk per file; every groupby and
+    merge of the report then paid per chunk (aggregate: seconds at 1,000 runs). One chunk now."""
+    store = build(tmp_path)
+    for fresh in (store, Store(store.root, "s")):  # parsed, then from the index
+        for table in ("runs", "evals", "history"):
+            df = fresh.read(table)
+            assert df["run_id"].array.__arrow_array__().num_chunks == 1
+            same(df, reference(store, table))
+
+
+def test_effective_params_reads_only_the_samples_of_points_it_uses(tmp_path, monkeypatch):
+    """It read every samples file of a run (20 per run at 20 points) to use the few at L_s = L_t; now
+    each file it uses once, nothing else, and the same numbers."""
+    from analysis.effective import effective_params
+    from analysis.load import load_study
+    from test_effective_params import write_study
+
+    root = str(tmp_path / "results")
+    write_study(root, "eff")
+    data = load_study(root, "eff")
+    want = effective_params(data).table
+    rid = next(r for r in data.runs["run_id"] if "1x2" in r and r.endswith("s0"))
+    unused = Store(root, "eff")
+    for T in (1, 2):  # samples of a point the analysis never uses (L_s = 1 != L_t = 2)
+        unused.write_rows("samples", [{"run_id": rid, "eval_key": f"T{T}-Ls1-x", "example": 0, "score": 1.0}],
+                          rid, f"T{T}-Ls1-x.parquet")
+    data = load_study(root, "eff")
+    reads = []
+    original = Store.read_bytes
+    monkeypatch.setattr(Store, "read_bytes", lambda self, path: reads.append(path) or original(self, path))
+    got = effective_params(data).table
+    pd.testing.assert_frame_equal(got, want)
+    samples = [p for p in reads if "/samples/" in p]
+    assert sorted(samples) == sorted({p for p in samples}), "a samples file read twice"
+    assert not [p for p in samples if f"/{rid}/" in p and "-Ls1-" in p], samples  # never the unused points
+    assert len([p for p in samples if unused.exists(p)]) == 2  # (1 x 2) seed 0 at T = 1 and 2
