@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,7 @@ from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, RATE_METRICS, differing, model_fields,
                              primary_metric)
 from stats import Z95
-from store import is_safe_name
+from store import index, is_safe_name
 
 # fields that make a model of one family bigger or smaller; with LOOP_ONLY_FIELDS and the loop count,
 # the only ones a family's models may differ in
@@ -140,6 +141,23 @@ def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n:
 
 
 SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
+
+
+def _prefetch(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
+    """Read the samples of `rows` into `cache` in parallel (a round trip per file on an object store):
+    one task per run, so no file is read twice."""
+    if data.store is None or rows.empty:
+        return
+    by_run: dict[str, list[str]] = {}
+    for run_id, key in dict.fromkeys(zip(rows["run_id"], rows["eval_key"])):
+        by_run.setdefault(run_id, []).append(key)
+
+    def one(item) -> None:
+        for key in item[1]:
+            _samples_of(data.store, item[0], key, cache)
+
+    with ThreadPoolExecutor(index.workers(data.store)) as pool:
+        list(pool.map(one, by_run.items()))
 
 
 def _samples_of(store, run_id: str, eval_key: str, cache: dict) -> pd.DataFrame:
@@ -259,6 +277,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
     runs = {k: sorted(rows.loc[rows["model_key"] == k, "run_id"].unique()) for k in keys}
     seed_u = {k: rng.random((B, len(runs[k]))) for k in keys}
     Ts = sorted(set(single["T"]) & set(looped["T"]))
+    _prefetch(data, rows[rows["T"].isin(Ts)], cache)
     names = differing(looped["model_key"].unique(), ("model.K", "model.L"))
     info = {k: rows[rows["model_key"] == k].iloc[0] for k in keys}
 
