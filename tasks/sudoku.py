@@ -290,18 +290,10 @@ def split_grids(n: int, n_train: int, n_test: int, seed: int, by: Literal["class
     among themselves too)."""
     if by == "grid" and n == 4 and n_train + n_test > 288:
         raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test = {n_train + n_test} is too many")
-    key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+    key = _grid_key(n, by)
     it = iter_solutions(n, seed)
     train = np.stack([next(it) for _ in range(n_train)])
-    taken = {key(g) for g in train}
-    test = []
-    while len(test) < n_test:
-        g = next(it)
-        k = key(g)
-        if k not in taken:
-            taken.add(k)
-            test.append(g)
-    return train, np.stack(test)
+    return train, _take_unseen(it, key, {key(g) for g in train}, n_test)
 
 
 def val_grids(n: int, n_val: int, seed: int, train: np.ndarray, test: np.ndarray,
@@ -312,17 +304,26 @@ def val_grids(n: int, n_val: int, seed: int, train: np.ndarray, test: np.ndarray
     if by == "grid" and n == 4 and len(train) + len(test) + n_val > 288:
         raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test + n_val = "
                          f"{len(train) + len(test) + n_val} is too many (lower n_val)")
-    key = (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+    key = _grid_key(n, by)
     taken = {key(g) for g in train} | {key(g) for g in test}
-    it = iter_solutions(n, seed, stream=VAL_STREAM)
-    val = []
-    while len(val) < n_val:
+    return _take_unseen(iter_solutions(n, seed, stream=VAL_STREAM), key, taken, n_val)
+
+
+def _grid_key(n: int, by: Literal["class", "grid"]):
+    """What makes two solved grids the same for a split: their symmetry class, or the grid itself."""
+    return (lambda g: fingerprint(g, n)) if by == "class" else (lambda g: g.astype(np.int8).tobytes())
+
+
+def _take_unseen(it, key, taken: set, count: int) -> np.ndarray:
+    """The next `count` grids of `it` whose key is not in `taken` nor earlier among them; `taken` grows."""
+    out = []
+    while len(out) < count:
         g = next(it)
         k = key(g)
         if k not in taken:
             taken.add(k)
-            val.append(g)
-    return np.stack(val)
+            out.append(g)
+    return np.stack(out)
 
 
 def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:

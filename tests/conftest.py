@@ -25,8 +25,3 @@ def tiny_sudoku():
     task = Sudoku(SudokuConfig(n=4, mask_rate=0.4, n_train=40, n_test=20, data_seed=1))
     task.prepare(None)
     return task
-
-
-def write_grid(path, text: str) -> str:
-    path.write_text(text)
-    return str(path)

@@ -4,10 +4,6 @@ Run: pytest -m slow tests/test_cluster.py  (two raylets from ray.cluster_utils.C
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,22 +11,9 @@ import pytest
 from study.grid import load_grid
 from study.runner import _loopback_only
 from store import Store
+from tests.helpers import alive, kill_driver, start_driver, tiny_grid, wait_training
 
-from study.procs import descendants
-from tests.test_resume import alive, kill_all
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = """
-study: cluster
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 150, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1], L_s: [train], n_examples: 16}
-resources: {cpu: 1}
-retries: 1
-axes:
-  L: [1, 2]
-"""
+GRID = tiny_grid("cluster", steps=150, T="[1]", extra="resources: {cpu: 1}")
 
 
 @pytest.fixture
@@ -48,12 +31,6 @@ def two_nodes():
         cluster.shutdown()
 
 
-def start_driver(gpath, results, address, out):
-    return subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(gpath), "--results", results,
-                             "--address", address], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                            start_new_session=True, stdout=open(out, "w"), stderr=subprocess.STDOUT)
-
-
 @pytest.mark.slow
 def test_sweep_on_two_nodes_survives_a_killed_driver(tmp_path, two_nodes):
     node_ids = {n.node_id for n in [two_nodes.head_node, *two_nodes.worker_nodes]}
@@ -66,23 +43,12 @@ def test_sweep_on_two_nodes_survives_a_killed_driver(tmp_path, two_nodes):
 
     drv = start_driver(gpath, results, two_nodes.address, tmp_path / "run1.out")
     try:
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            assert drv.poll() is None, (tmp_path / "run1.out").read_text()
-            beats = store.read_progress()
-            training = [b for b in beats.values() if b.get("phase") == "train"]
-            if len(training) == 2 and all((b.get("checkpoint") or 0) >= 10 for b in training):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("both runs did not checkpoint: " + (tmp_path / "run1.out").read_text())
+        beats = wait_training(drv, store, tmp_path / "run1.out", n=2)
+        training = [b for b in beats.values() if b.get("phase") == "train"]
         # one trial per node (1 CPU each), each heartbeat names its Ray node
         assert {b["node_id"] for b in training} == node_ids
         trial_pids = [b["pid"] for b in training]
-        tree = descendants(drv.pid)
-        os.kill(drv.pid, signal.SIGKILL)
-        drv.wait()
-        kill_all(tree)
+        kill_driver(drv, [])
         # the cluster ends the dead driver's trials itself (they are the cluster's processes, not the driver's)
         deadline = time.time() + 120
         while any(alive(p) for p in trial_pids) and time.time() < deadline:

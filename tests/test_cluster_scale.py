@@ -17,8 +17,8 @@ from study.runner import _loopback_only, run_grid
 from study.status import snapshot
 from study.trial import attempts_path, pick_device
 from store import Store
-from tests.test_cluster import start_driver, two_nodes  # noqa: F401  (two_nodes: the fixture)
-from tests.test_resume import alive
+from tests.helpers import alive, start_driver, wait_training
+from tests.test_cluster import two_nodes  # noqa: F401  (the fixture)
 
 TINY = """
 task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
@@ -86,16 +86,7 @@ def test_a_worker_node_lost_mid_sweep_is_retried_on_the_survivor_from_its_checkp
 
     drv = start_driver(gpath, results, two_nodes.address, out)
     try:
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            assert drv.poll() is None, out.read_text()
-            beats = store.read_progress()
-            training = [b for b in beats.values() if b.get("phase") == "train"]
-            if len(training) == 2 and all((b.get("checkpoint") or 0) >= 10 for b in training):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("both runs did not checkpoint: " + out.read_text())
+        beats = wait_training(drv, store, out, n=2)
         (lost_id,) = [rid for rid, b in beats.items() if b["node_id"] == worker.node_id]
         lost_pid = beats[lost_id]["pid"]
 

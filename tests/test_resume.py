@@ -5,9 +5,7 @@ Run: pytest tests/test_resume.py  (real local Ray started by a real `study run` 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 
 from study.grid import load_grid
@@ -15,41 +13,7 @@ from study.status import counts, snapshot
 from study.procs import descendants
 from study.runner import HOLD_ENV
 from store import Store
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = """
-study: resume
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: STEPS, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 16}
-retries: 1
-axes:
-  L: [1, 2]
-"""
-
-
-def study_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "study.cli", *args]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def kill_all(pids: list[int]) -> None:
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 30
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.1)
+from tests.helpers import ROOT, check_resumed, kill_driver, study_cmd, tiny_grid
 
 
 def listening(pids: list[int]) -> list[str]:
@@ -64,7 +28,7 @@ def local_address(ss_line: str) -> str:
 
 def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
     gpath = tmp_path / "resume.yaml"
-    gpath.write_text(GRID.replace("STEPS", "120"))
+    gpath.write_text(tiny_grid("resume", steps=120))
     results = str(tmp_path / "results")
     grid = load_grid(str(gpath))
     store = Store(results, "resume")
@@ -76,7 +40,6 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
                                      "--progress-every", "2"), cwd=ROOT, env={**env, HOLD_ENV: holds},
                            start_new_session=True,
                            stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
-    tree: list[int] = []
     try:
         # wait for a checkpoint past step 0, reading the store as `study status` does meanwhile
         deadline, seen, bound = time.time() + 300, set(), []
@@ -99,16 +62,8 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
         assert "running" in seen
         # the embedded Ray listens on loopback only
         assert bound and all(local_address(line) in ("127.0.0.1", "[::ffff:127.0.0.1]") for line in bound), bound
-
-        tree = descendants(drv.pid)
-        os.kill(drv.pid, signal.SIGKILL)
-        drv.wait()
     finally:
-        if drv.poll() is None:
-            tree = descendants(drv.pid)
-            os.kill(drv.pid, signal.SIGKILL)
-            drv.wait()
-        kill_all(tree)  # Ray's agents outlive the driver for a while: end what this test started
+        kill_driver(drv, [])  # Ray's agents outlive the driver for a while: end what this test started
 
     killed = [rid for rid, b in store.read_progress().items() if b.get("phase") == "train" and b.get("checkpoint")]
     assert killed and store.read("runs").empty
@@ -124,21 +79,14 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
                        capture_output=True, text=True, timeout=600, start_new_session=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
-    runs = store.read("runs")
-    assert sorted(runs.run_id) == sorted(x.run_id for x in grid.runs) and (runs.status == "done").all()
+    runs, evals, hist = check_resumed(store, grid, killed, steps=120)
     assert runs.node_id.notna().all() and (runs.node_ip == "127.0.0.1").all() and (runs.device == "cpu").all()
-    evals = store.read("evals")
-    assert len(evals) == 2 * 2 * 3 and not evals.duplicated(["run_id", "eval_key", "metric"]).any()
-    hist = store.read("history")
-    expected = sorted({*range(0, 120, 5), 119})
-    for rid, h in hist.groupby("run_id"):
-        assert sorted(h.step) == expected, (rid, sorted(h.step))  # each step trained and logged exactly once
+    assert len(evals) == 2 * 2 * 3
     for rid in killed:
         h = hist[hist.run_id == rid].sort_values("step")
         log = store.read_bytes(store.path("logs", f"{rid}.log")).decode()
         ckpt = int(log.split("resuming from checkpoint at step ")[1].split()[0])
         assert ckpt > 0 and f"resuming from checkpoint at step {ckpt} (attempt 2)" in log
-        assert log.count("training from step 0") == 1
         # steps before the checkpoint come from the killed process, the rest from the rerun
         assert (h[h.step < ckpt].attempt == 1).all() and (h[h.step >= ckpt].attempt == 2).all(), h
     assert all(s.state == "done" for s in snapshot(grid, store))

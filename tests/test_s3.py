@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 
 import pyarrow.fs as pafs
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT, check_resumed, kill_driver, study_cmd, tiny_grid, wait_training
+
 BUCKET = "rmdm"
-GRID = """
-study: s3demo
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 120, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 16}
-retries: 1
-axes:
-  L: [1, 2]
-"""
+GRID = tiny_grid("s3demo", steps=120)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +65,6 @@ def _server():
         server.stop()
         raise
     return server, endpoint
-
-
-def study_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "study.cli", *args]
 
 
 def test_store_tables_logs_and_data_on_s3(s3_root, tmp_path):
@@ -141,7 +126,6 @@ def test_task_data_cached_on_this_machine_reaches_a_store_that_lacks_it(s3_root)
 def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     from store import Store
     from study.grid import load_grid
-    from study.procs import descendants
     from study.status import snapshot
 
     gpath = tmp_path / "s3demo.yaml"
@@ -152,27 +136,11 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     drv = subprocess.Popen(study_cmd("run", str(gpath), "--results", s3_root, "--num-cpus", "2",
                                      "--progress-every", "2"), cwd=ROOT, env=env, start_new_session=True,
                            stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
-    tree: list[int] = []
     try:
         # kill the driver once a run has checkpointed past step 0 (so it resumes mid-training)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            assert drv.poll() is None, (tmp_path / "run1.out").read_text()
-            beats = store.read_progress()
-            if any((b.get("checkpoint") or 0) >= 10 and b.get("phase") == "train" for b in beats.values()):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("no checkpoint within 300 s: " + (tmp_path / "run1.out").read_text())
-        tree = descendants(drv.pid)
-        os.kill(drv.pid, signal.SIGKILL)
-        drv.wait()
+        wait_training(drv, store, tmp_path / "run1.out", n=1, timeout=300)
     finally:
-        if drv.poll() is None:
-            tree = descendants(drv.pid)
-            os.kill(drv.pid, signal.SIGKILL)
-            drv.wait()
-        _kill_all(tree)  # Ray's processes outlive the driver for a while: end what this test started
+        kill_driver(drv, [])  # Ray's processes outlive the driver for a while: end what this test started
 
     killed = [rid for rid, b in store.read_progress().items() if b.get("phase") == "train" and b.get("checkpoint")]
     assert killed
@@ -187,17 +155,8 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
                        capture_output=True, text=True, timeout=600, start_new_session=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
-    runs = store.read("runs")
-    assert sorted(runs.run_id) == sorted(x.run_id for x in grid.runs) and (runs.status == "done").all()
-    evals = store.read("evals")
-    assert len(evals) == 2 * 2 * 3 and not evals.duplicated(["run_id", "eval_key", "metric"]).any()
-    hist = store.read("history")
-    expected = sorted({*range(0, 120, 5), 119})
-    for rid, h in hist.groupby("run_id"):
-        assert sorted(h.step) == expected, (rid, sorted(h.step))  # each step trained and logged exactly once
-    for rid in killed:
-        log = store.read_bytes(store.path("logs", f"{rid}.log")).decode()
-        assert log.count("training from step 0") == 1 and "resuming from checkpoint at step" in log, log
+    runs, evals, _ = check_resumed(store, grid, killed, steps=120)
+    assert len(evals) == 2 * 2 * 3
     for rid in runs.run_id:
         assert store.exists(store.weights_path(rid))
     # the task's data was generated once and mirrored into the bucket
@@ -225,21 +184,3 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     assert (out / "report.html").exists() and any(p.name.startswith("iso_param") for p in out.iterdir()), r.stdout
     assert "s3demo" in (out / "report.md").read_text()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _kill_all(pids: list[int]) -> None:
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 30
-    while any(_alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.1)

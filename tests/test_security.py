@@ -7,8 +7,6 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,17 +16,9 @@ from model.train import CheckpointError
 from store import Store, is_safe_name
 from study.grid import GridError, expand, load_grid
 from study.trial import execute
+from tests.helpers import study, tiny_grid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = """
-study: sec
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [2], L_s: [train], n_examples: 8}
-axes:
-  seed: [0, 1]
-"""
+GRID = tiny_grid("sec", n_test=8, T="[2]", retries=None, axes="seed: [0, 1]")
 PUZZLES = "12.43.12.14343.1\n.2343412214.4321\n"  # 4x4, '.' blanks; solution 1234/3412/2143/4321
 
 
@@ -53,12 +43,6 @@ def study_dir(tmp_path):
     (tmp_path / "sec.yaml").write_text(GRID)
     grid = load_grid(str(tmp_path / "sec.yaml"))
     return tmp_path, grid, Store(str(tmp_path / "results"), grid.study)
-
-
-def study(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_crafted_weights_are_refused_by_study_eval_and_genuine_ones_load(study_dir):

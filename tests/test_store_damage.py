@@ -7,8 +7,6 @@ on a local Ray; `study status` and `study report` subprocesses)
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -17,25 +15,10 @@ from study.grid import load_grid
 from study.runner import classify
 from study.status import counts, render, snapshot
 from study.trial import execute
+from tests.helpers import study, tiny_grid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = """
-study: dmg
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 8}
-retries: 0
-axes:
-  seed: [0, 1, 2, 3]
-"""
+GRID = tiny_grid("dmg", n_test=8, retries=0, axes="seed: [0, 1, 2, 3]")
 TABLES = ("runs", "evals", "history", "samples")
-
-
-def study(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -8,29 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = """
-study: vfy
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 16, n_samples_kept: 16}
-retries: 0
-axes:
-  L: [1, 2]
-"""
+from tests.helpers import study, tiny_grid
 
-
-def study(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+GRID = tiny_grid("vfy", retries=0, eval_extra=", n_samples_kept: 16")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +23,7 @@ def fresh(tmp_path_factory):
     """A tiny study trained and evaluated by a real `study run` (2 runs x 2 eval points)."""
     d = tmp_path_factory.mktemp("verify")
     (d / "vfy.yaml").write_text(GRID)
-    r = study("run", str(d / "vfy.yaml"), "--results", str(d / "results"), "--num-cpus", "2")
+    r = study("run", str(d / "vfy.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     return d / "results"
 

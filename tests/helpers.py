@@ -1,0 +1,131 @@
+"""Helpers the process-level tests share: a tiny grid, `study` subprocesses, ending what a test started.
+
+Not a test module; imported as `from tests.helpers import ...` (the repository root is on sys.path).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_grid(study: str, *, steps: int = 20, n_test: int = 16, T: str = "[1, 2]", eval_extra: str = "",
+              retries: int | None = 1, axes: str = "L: [1, 2]", extra: str = "") -> str:
+    """A 4x4 Sudoku grid of d_model 16 that trains in seconds; `axes` is the body of `axes:`."""
+    lines = [f"study: {study}",
+             f"task: {{name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: {n_test}}}",
+             "model: {d_model: 16, n_heads: 2}",
+             f"train: {{steps: {steps}, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}}",
+             f"eval: {{T: {T}, L_s: [train], n_examples: {n_test}{eval_extra}}}"]
+    if retries is not None:
+        lines.append(f"retries: {retries}")
+    if extra:
+        lines.append(extra)
+    lines += ["axes:", f"  {axes}"]
+    return "\n".join(lines) + "\n"
+
+
+def study_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "study.cli", *args]
+
+
+def study(*args: str, timeout: int = 600, cwd: str = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`study ARGS` in a child process, run to its end; `env` adds to this process's environment."""
+    return subprocess.run(study_cmd(*args), cwd=cwd, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_driver(gpath, results, address, out):
+    """`study run GRID --address ADDR` in the background, in a session of its own, its output in `out`."""
+    return subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--address", address), cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, start_new_session=True,
+                            stdout=open(out, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_training(drv, store, out, *, n: int, timeout: float = 400) -> dict:
+    """Heartbeats once `n` runs train with a checkpoint at step 10 or later (the driver must live on)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert drv.poll() is None, open(out).read()
+        beats = store.read_progress()
+        training = [b for b in beats.values() if b.get("phase") == "train" and (b.get("checkpoint") or 0) >= 10]
+        if len(training) >= n:
+            return beats
+        time.sleep(0.2)
+    raise AssertionError(f"{n} runs did not checkpoint within {timeout:.0f} s: " + open(out).read())
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of `pids` (processes this test started) and wait until they are gone."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 30
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def kill_driver(drv, tree: list[int]) -> None:
+    """The driver (if still alive) and `tree`, its descendants as recorded: Ray's processes outlive it."""
+    from study.procs import descendants
+
+    if drv.poll() is None:
+        tree = [*tree, *descendants(drv.pid)]
+        os.kill(drv.pid, signal.SIGKILL)
+        drv.wait()
+    kill_all(tree)
+
+
+def check_resumed(store, grid, killed: list[str], steps: int):
+    """After a kill and a rerun: every run done once, its eval rows once, each training step logged once,
+    and each killed run trained from step 0 once and resumed from a checkpoint. Returns (runs, evals, history)."""
+    runs = store.read("runs")
+    assert sorted(runs.run_id) == sorted(x.run_id for x in grid.runs) and (runs.status == "done").all()
+    evals = store.read("evals")
+    assert not evals.duplicated(["run_id", "eval_key", "metric"]).any()
+    hist = store.read("history")
+    expected = sorted({*range(0, steps, 5), steps - 1})
+    for rid, h in hist.groupby("run_id"):
+        assert sorted(h.step) == expected, (rid, sorted(h.step))  # each step trained and logged exactly once
+    for rid in killed:
+        log = store.read_bytes(store.path("logs", f"{rid}.log")).decode()
+        assert log.count("training from step 0") == 1 and "resuming from checkpoint at step" in log, log
+    return runs, evals, hist
+
+
+def hooked_block_passes(store, run, pt, scratch: str) -> int:
+    """Block passes per example when `run`'s stored weights sample eval point `pt` again in this process,
+    counted by a hook on the block (not read from the sampler's own accounting); the rows that
+    evaluation writes go to a scratch store under `scratch`, never to `store`."""
+    from store import Store
+    from study.puzzles import load_run_model
+    from study.trial import evaluate_point
+    from tasks import make_task
+
+    _, _, model = load_run_model(store, run.run_id)
+    rows: list[int] = []  # examples through the block's first layer, one entry per loop of a model call
+    hook = model.block[0].register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    task = make_task(run.task)
+    with store.task_data() as data_dir:
+        task.prepare(data_dir)
+    try:
+        evaluate_point(run, pt, model, task, task.eval_set(pt.split), Store(scratch, store.study))
+    finally:
+        hook.remove()
+    n = min(pt.n_examples, len(task.eval_set(pt.split).x0))
+    assert set(rows) <= {n}, rows  # one batch: every call carries every example, so calls = passes
+    return len(rows)
