@@ -129,3 +129,22 @@ def hooked_block_passes(store, run, pt, scratch: str) -> int:
     n = min(pt.n_examples, len(task.eval_set(pt.split).x0))
     assert set(rows) <= {n}, rows  # one batch: every call carries every example, so calls = passes
     return len(rows)
+
+
+def check_rows_against_samples(evals, samples) -> None:
+    """Each evals row derived again from its point's stored per-example scores (the samples table,
+    every example kept): the value is their mean, the interval the one `stats` gives those scores
+    (Wilson for 0/1 scores; test_stats checks both against hand-worked values)."""
+    import json
+
+    import pytest
+
+    from stats import mean_ci, wilson
+
+    for (rid, key), rows in evals.groupby(["run_id", "eval_key"]):
+        per = [json.loads(x) for x in samples[(samples.run_id == rid) & (samples.eval_key == key)].scores]
+        assert len(per) == rows.n_examples.iloc[0] > 0, (rid, key)
+        for r in rows.itertuples():
+            vals = [p[r.metric] for p in per]
+            lo, hi = wilson(sum(vals), len(vals)) if set(vals) <= {0, 1} else mean_ci(vals)[1:]
+            assert (r.value, r.ci_low, r.ci_high) == pytest.approx((sum(vals) / len(vals), lo, hi)), (key, r.metric)
