@@ -125,6 +125,13 @@ def test_report_out_unwritable(trained, tmp_path):
     fails(2, "report", "--results", root, "--out", str(blocker / "figs"), words=("--out", "cannot create"))
 
 
+def test_report_unknown_split_names_the_allowed_ones(trained, tmp_path):
+    root, _ = trained
+    fails(2, "report", "--results", root, "--split", "vall", "--out", str(tmp_path / "figs"),
+          words=("--split", "'vall'", "test, val"))
+    assert not (tmp_path / "figs").exists()  # refused before any work
+
+
 def _external_evals(root: str, run_id: str) -> int:
     evals = Store(root, "cli4").read("evals", run_id)
     return int(evals["split"].str.startswith("external:").sum())
