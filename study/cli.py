@@ -292,8 +292,10 @@ def report(
     if pareto_x not in ("T", "forward_passes"):
         typer.echo(f"error: unknown --pareto-x {pareto_x!r}; allowed: T, forward_passes", err=True)
         raise typer.Exit(2)
-    if split not in ("test", "val"):  # the grid's eval.split values
-        typer.echo(f"error: unknown --split {split!r}; allowed: test, val", err=True)
+    from tasks.base import SPLITS
+
+    if split not in SPLITS:
+        typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
         raise typer.Exit(2)
     _results_or_exit(results)
     try:

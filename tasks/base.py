@@ -5,10 +5,12 @@ from these declarations through `study`.
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
@@ -16,6 +18,14 @@ from stats import wilson  # noqa: F401  (re-exported: tasks.wilson)
 
 
 SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
+
+
+def save_npz(path: str, **arrays) -> None:
+    """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
 
 
 class TaskConfig(BaseModel):

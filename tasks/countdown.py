@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from tasks.base import EvalSet, Task, TaskConfig
+from tasks.base import EvalSet, Task, TaskConfig, save_npz
 
 OPS = "+-*/"
 EQ, PAD = 14, 15  # token ids: 0-9 digits, 10-13 OPS, 14 '=', 15 pad
@@ -158,14 +158,6 @@ def generate_split(cfg: CountdownConfig, val: bool = False) -> dict[str, np.ndar
         out[f"{split}_steps"] = np.array([[(a, OPS.index(o), b, c) for a, o, b, c in r[2]] for r in part],
                                          dtype=np.int64).reshape(len(part), cfg.n_operands - 1, 4)
     return out
-
-
-def _save_npz(path: str, **arrays) -> None:
-    """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
 
 
 def format_input(operands: list[int], target: int) -> str:
@@ -318,7 +310,7 @@ class Countdown(Task):
         else:
             data = generate_split(self.cfg)
             if path:
-                _save_npz(path, **data)
+                save_npz(path, **data)
         self._data_path = path
         self.train_x0 = self._tokens(data, "train")
         test = self._tokens(data, "test")
@@ -339,7 +331,7 @@ class Countdown(Task):
             full = generate_split(self.cfg, val=True)
             data = {k: v for k, v in full.items() if k.startswith("val_")}
             if path:
-                _save_npz(path, **data)
+                save_npz(path, **data)
         val = self._tokens(data, "val")
         return EvalSet(val, self.cond_mask().expand_as(val).clone())
 

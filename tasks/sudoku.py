@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from tasks.base import EvalSet, Task, TaskConfig
+from tasks.base import EvalSet, Task, TaskConfig, save_npz
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
@@ -347,14 +347,6 @@ def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.
     return g.reshape(B, n * n)
 
 
-def _save_npz(path: str, **arrays) -> None:
-    """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
-
-
 # ---- external puzzle files ---------------------------------------------------------------
 class PuzzleFileError(ValueError):
     """A puzzle file that cannot be read, with file and line number in the message."""
@@ -658,7 +650,7 @@ class Sudoku(Task):
             train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,
                                       self.cfg.split_by)
             if path:
-                _save_npz(path, train=train, test=test, meta=np.array(json.dumps(want)))
+                save_npz(path, train=train, test=test, meta=np.array(json.dumps(want)))
                 self._data_path = path
         self.train_grids = torch.from_numpy(train)
         self._test_grids = test
@@ -682,7 +674,7 @@ class Sudoku(Task):
             grids = val_grids(self.n, c.val_size, c.data_seed, self.train_grids.numpy(), self._test_grids,
                               c.split_by)
             if path:
-                _save_npz(path, val=grids, meta=np.array(json.dumps(want)))
+                save_npz(path, val=grids, meta=np.array(json.dumps(want)))
         x0 = torch.from_numpy(grids)
         gen = torch.Generator().manual_seed(c.data_seed + self.VAL_MASK_SEED)
         return EvalSet(x0, self._givens(x0.shape[0], gen))

@@ -148,3 +148,13 @@ def check_rows_against_samples(evals, samples) -> None:
             vals = [p[r.metric] for p in per]
             lo, hi = wilson(sum(vals), len(vals)) if set(vals) <= {0, 1} else mean_ci(vals)[1:]
             assert (r.value, r.ci_low, r.ci_high) == pytest.approx((sum(vals) / len(vals), lo, hi)), (key, r.metric)
+
+
+def check_forward_passes(store, grid, evals, scratch: str) -> None:
+    """Every stored forward_passes is at most T * L_s (fewer once a step finds nothing left to reveal)
+    and exactly the block calls a hook counts when the stored weights sample that point again here."""
+    assert (evals.forward_passes <= evals["T"] * evals.L_s).all()
+    for run in grid.runs:
+        for pt in run.eval_points():
+            stored = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key)].forward_passes
+            assert set(stored) == {hooked_block_passes(store, run, pt, scratch)}, pt.key

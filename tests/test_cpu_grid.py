@@ -10,7 +10,7 @@ import yaml
 from study.grid import expand, load_grid
 from study.runner import run_grid
 from store import Store
-from tests.helpers import check_rows_against_samples, hooked_block_passes
+from tests.helpers import check_forward_passes, check_rows_against_samples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_GRIDS = sorted(f for f in os.listdir(os.path.join(ROOT, "grids", "cpu")) if f.endswith(".yaml"))
@@ -58,11 +58,5 @@ def test_cpu_sudoku_grid_runs_end_to_end(tmp_path):
     assert len(evals) == want
     rec = evals[evals.run_id.isin(runs.run_id[runs.L_t == 3]) & (evals.metric == "vpr")]
     assert set(rec.L_s) == {1, 2, 3, 4, 6}  # cross-depth: sampled above the training depth
-    # at most T * L_s (fewer once a step finds nothing left to reveal); exactly the block calls a hook
-    # counts when the stored weights sample each point again here
-    assert (evals.forward_passes <= evals["T"] * evals.L_s).all()
-    for run in grid.runs:
-        for pt in run.eval_points():
-            stored = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key)].forward_passes
-            assert set(stored) == {hooked_block_passes(store, run, pt, str(tmp_path / "scratch"))}, pt.key
+    check_forward_passes(store, grid, evals, str(tmp_path / "scratch"))
     check_rows_against_samples(evals, store.read("samples"))  # 24 examples: every one kept

@@ -9,7 +9,7 @@ import sys
 from study.grid import load_grid
 from study.runner import run_grid
 from store import Store
-from tests.helpers import check_rows_against_samples, hooked_block_passes
+from tests.helpers import check_forward_passes, check_rows_against_samples
 
 GRID = """
 study: sweep2
@@ -38,13 +38,7 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
     # L=1: T in {1,3} at L_s=1 -> 2 points; L=2: T x L_s in {2, 1} -> 4 points; 3 metrics each
     assert len(evals) == (2 + 4) * 3
     assert set(evals.metric) == {"vpr", "cell_acc", "exact"}
-    # at most T * L_s (fewer once a step finds nothing left to reveal); exactly the block calls a hook
-    # counts when the stored weights sample each point again here
-    assert (evals.forward_passes <= evals["T"] * evals.L_s).all()
-    for run in grid.runs:
-        for pt in run.eval_points():
-            stored = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key)].forward_passes
-            assert set(stored) == {hooked_block_passes(store, run, pt, str(tmp_path / "scratch"))}, pt.key
+    check_forward_passes(store, grid, evals, str(tmp_path / "scratch"))
     samples = store.read("samples")
     assert len(samples) == 6 * 16 and samples.output.str.len().eq(16).all()
     check_rows_against_samples(evals, samples)
