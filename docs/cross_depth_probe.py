@@ -10,7 +10,8 @@ s maps, for loop l (1-based) of L_s:
   grid2   s = min(l-1, 1)                the values a depth-2 training step uses (0, 1), then 1
 At L_s <= 3 `paper` and `grid3` are the same positions. A model whose deep sampling recovers under
 grid3 / grid2 fails because of s values it never saw in training; one that fails under every map
-fails because iterating its block drifts. Prints one line per (run, map, L_s): VPR with its Wilson
+fails because iterating its block drifts. Sampled as the study's own evaluation (seed 0, the run's
+precision), so `paper` repeats the evals table's numbers. Prints one line per (run, map, L_s): VPR with its Wilson
 interval, and the root-mean-square of h after each loop (first 256 puzzles, last denoising step's input).
 Writes nothing to the store.
 """
@@ -70,6 +71,8 @@ def main(argv=None) -> int:
                 task.prepare(data_dir)
             ev = task.eval_set("test").head(a.n)
             tr, m = cfg["train"], cfg["model"]
+            # sampled in the precision the run's own evaluation used (the trainer's choice on its machine)
+            prec = runs.set_index("run_id")["precision"].get(rid) or "float32"
             name = (f"{rid} {tr['schedule']} step_emb={m['step_emb']} min_lr_ratio={tr['min_lr_ratio']} "
                     f"min_depth={tr['min_depth']} seed={tr['seed']}")
             for mname, fn in MAPS.items():
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
                 for L_s in a.L_s:
                     if mname != "paper" and L_s <= (3 if mname == "grid3" else 2):
                         continue  # the same positions as `paper`
-                    got = sample_all(model, ev.x0, ev.cond, T=a.T, L_s=L_s, seed=0)
+                    got = sample_all(model, ev.x0, ev.cond, T=a.T, L_s=L_s, seed=0, precision=prec)
                     vpr = [s[task.primary_metric] for s in task.score(got.x, ev)]
                     k, n = int(sum(vpr)), len(vpr)
                     lo, hi = wilson(k, n)
