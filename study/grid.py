@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from model.config import ModelConfig, TrainConfig
+from model.config import ModelConfig, Strict, TrainConfig
 from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
 from store import NAME_RULE, is_safe_name
@@ -34,10 +34,6 @@ from tasks import TASKS, TaskConfig, make_task
 
 class GridError(ValueError):
     """A grid that cannot be run, with file and key in the message."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Adaptive(Strict):
