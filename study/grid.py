@@ -298,7 +298,11 @@ def load_grid(path: str) -> Grid:
     """Read, validate and expand a grid file. Raises GridError naming file and key."""
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.load(f, Loader=_GridLoader)  # a SafeLoader: plain data only, nothing is constructed
+            loader = _GridLoader(f)  # a yaml.SafeLoader subclass: plain data only, nothing is constructed
+            try:
+                raw = loader.get_single_data()
+            finally:
+                loader.dispose()
     except FileNotFoundError:
         raise GridError(f"{path}: no such grid file") from None
     except IsADirectoryError:
