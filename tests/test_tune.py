@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from study.grid import GridError, expand, load_grid
 from store import Store
-from study.tune import storage_url, tune_grid, with_values
+from study.tune import storage_url, tune_grid, tuning_run, with_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {
@@ -218,37 +218,54 @@ def test_defaults_from_auto_gives_each_architecture_its_own_values(tmp_path, mon
 
 @pytest.mark.slow
 def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
-    """A real Ctrl-C on `study tune` once two trials are finished, then `study tune` again."""
+    """A real Ctrl-C on `study tune` while its third trial is mid-training, then `study tune` again.
+
+    The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
+    Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
     import signal
     import time
 
-    gpath = write(tmp_path / "sig.yaml", search_grid("sig", n_trials=5, max_concurrent=1))
+    from study.runner import HOLD_ENV
+
+    lrs = [3e-3, 1e-2, 2e-2]
+    raw = search_grid("sig", n_trials=5, max_concurrent=1, points=[{"lr": v} for v in lrs])
+    gpath = write(tmp_path / "sig.yaml", raw)
+    grid = load_grid(gpath)
+    ids = [with_values(tuning_run(grid.search_groups[0].run, grid.search), {"train.lr": v}).run_id for v in lrs]
+    store = Store(str(tmp_path / "results"), "sig")
     cmd = [sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results"),
            "--num-cpus", "2"]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, HOLD_ENV: f"{ids[2]}:8"}
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    runs = tmp_path / "results" / "sig" / "runs"
-    t0 = time.time()
-    while not (runs.is_dir() and len(os.listdir(runs)) >= 2):
-        assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "timeout"
-        time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    out = p.communicate(timeout=300)[0]
-    assert p.returncode != 0, out
+    try:
+        t0 = time.time()
+        while not os.path.exists(store.checkpoint_path(ids[2])):  # the third trial waits at step 8
+            assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "slow"
+            time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=300)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 130 and "interrupted after 2 of 5 trials" in out, out
     before = {t.number: t for t in trials(str(tmp_path / "results"), "sig", "sig")}
     finished = [t for t in before.values() if t.state == TrialState.COMPLETE]
-    assert 2 <= len(finished) < 5, [t.state for t in before.values()]
+    assert sorted(t.user_attrs["run_id"] for t in finished) == sorted(ids[:2]), [t.state for t in before.values()]
+    assert before[2].state == TrialState.RUNNING and before[2].user_attrs["run_id"] == ids[2]
 
+    env.pop(HOLD_ENV)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and "trial 2 was interrupted" in r.stdout, r.stdout + r.stderr
     after = trials(str(tmp_path / "results"), "sig", "sig")
     done = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(done) == 5 and len({t.params["train.lr"] for t in done}) == 5
-    store = Store(str(tmp_path / "results"), "sig")
-    for t in finished:
+    for t in finished:  # never trained again
         assert after[t.number].state == TrialState.COMPLETE
         log = open(store.path("logs", f"{t.user_attrs['run_id']}.log")).read()
         assert log.count("training from step 0") == 1 and "final weights found" not in log
+    log = open(store.path("logs", f"{ids[2]}.log")).read()  # the cut trial resumed from its checkpoint
+    assert log.count("training from step 0") == 1 and "resuming from checkpoint at step 6" in log, log
 
 
 AUDIT = '''
