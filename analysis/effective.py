@@ -81,6 +81,37 @@ def isotonic(y: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(c), s / c) for s, c in blocks])
 
 
+def isotonic_columns(Y: np.ndarray) -> np.ndarray:
+    """isotonic() of every column of Y (sizes, replicates) at once: the fit at i is
+    max over j <= i of min over k >= i of mean(y[j..k]), exact for equal weights (as PAV)."""
+    n = Y.shape[0]
+    S = np.concatenate([np.zeros((1, *Y.shape[1:])), np.cumsum(Y, axis=0)])
+    j, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        M = (S[1:][None, :, ...] - S[:-1][:, None, ...]) / np.where(k >= j, k - j + 1, 1)[..., None]
+    M = np.where((k >= j)[..., None], M, np.inf)  # mean(y[j..k]) for j <= k
+    return np.stack([M[:i + 1, i:].min(axis=1).max(axis=0) for i in range(n)])
+
+
+def invert_columns(x: np.ndarray, F: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """invert(x, F[:, b], v[b]) for every replicate b at once."""
+    out = np.full(v.shape, np.nan)
+    fin = np.isfinite(v)
+    above, below = fin & (v > F[-1]), fin & (v < F[0])
+    out[above], out[below] = math.inf, -math.inf
+    mid = fin & ~above & ~below
+    if mid.any():
+        Fm, vm = F[:, mid], v[mid]
+        i = np.argmax(Fm >= vm, axis=0)
+        cols = np.arange(vm.size)
+        lo = np.maximum(i - 1, 0)
+        f0, f1 = Fm[lo, cols], Fm[i, cols]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            interp = x[lo] + (vm - f0) / (f1 - f0) * (x[i] - x[lo])
+        out[mid] = np.where(i == 0, x[0], interp)
+    return out
+
+
 def invert(x: np.ndarray, fit: np.ndarray, v: float) -> float:
     """The smallest x at which the piecewise-linear non-decreasing curve (x, fit) reaches v;
     +inf above its top, -inf below its bottom (never extrapolated)."""
@@ -116,7 +147,7 @@ def _quantiles(a: np.ndarray) -> tuple[float, float]:
 # ---- resampling ------------------------------------------------------------------------------------
 def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: int, cache: dict) -> np.ndarray | None:
     """The per-example scores of one evaluation when the samples table keeps every example, else None."""
-    if data.store is None:
+    if data.store is None or not _may_hold_every_example(data, run_id, n):
         return None
     s = _samples_of(data.store, run_id, eval_key, cache)
     if s.empty:
@@ -143,14 +174,36 @@ def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n:
 SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
 
 
+def _kept(data: StudyData, run_id: str) -> int | None:
+    """eval.n_samples_kept of the run's stored config (examples per point in its samples table), or None
+    where the runs row does not say."""
+    memo = data.__dict__.setdefault("_n_samples_kept", {})
+    if not memo and "config" in data.runs:
+        for rid, cfg in zip(data.runs["run_id"], data.runs["config"]):
+            try:
+                memo[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
+            except (TypeError, ValueError, KeyError):
+                pass
+    return memo.get(run_id)
+
+
+def _may_hold_every_example(data: StudyData, run_id: str, n: int) -> bool:
+    """False when the run's config says its samples keep fewer than n examples per point: no file to read."""
+    kept = _kept(data, run_id)
+    return kept is None or kept >= n
+
+
 def _prefetch(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
     """Read the samples of `rows` into `cache` in parallel (a round trip per file on an object store):
-    one task per run, so no file is read twice."""
+    one task per run, so no file is read twice; none of a run whose samples cannot hold every example."""
     if data.store is None or rows.empty:
         return
     by_run: dict[str, list[str]] = {}
-    for run_id, key in dict.fromkeys(zip(rows["run_id"], rows["eval_key"])):
-        by_run.setdefault(run_id, []).append(key)
+    for run_id, key, n in dict.fromkeys(zip(rows["run_id"], rows["eval_key"], rows["n_examples"])):
+        if _may_hold_every_example(data, run_id, int(n)):
+            by_run.setdefault(run_id, []).append(key)
+    if not by_run:
+        return
 
     def one(item) -> None:
         for key in item[1]:
@@ -281,11 +334,12 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
     names = differing(looped["model_key"].unique(), ("model.K", "model.L"))
     info = {k: rows[rows["model_key"] == k].iloc[0] for k in keys}
 
+    by_point = {kt: g.to_dict("records") for kt, g in rows.groupby(["model_key", "T"])}
+
     def value(k: str, T: int) -> tuple[float, np.ndarray] | None:
-        r = rows[(rows["model_key"] == k) & (rows["T"] == T)]
-        if r.empty:
+        recs = by_point.get((k, T))
+        if not recs:
             return None
-        recs = r.to_dict("records")
         boots = np.stack([_resample_run(x, _example_scores(data, x["run_id"], x["eval_key"], metric,
                                                            int(x["n_examples"]), cache), metric, rng, B)
                           for x in recs])  # (runs, B)
@@ -309,7 +363,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
         y = np.array([np.mean([v for v, _ in sizes[p]]) for p in P])
         yb = np.stack([np.mean([b for _, b in sizes[p]], axis=0) for p in P])  # (sizes, B)
         fit = isotonic(sign * y)
-        fits_b = [isotonic(sign * yb[:, b]) for b in range(B)]
+        fits_b = isotonic_columns(sign * yb)  # (sizes, B)
         for p, yy, f in zip(P, y, fit):
             curves.append({"task_variant": variant, "family": fam, "metric": metric, "T": T, "n_params": int(p),
                            "value": yy, "fit": sign * f})
@@ -321,7 +375,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
             r = info[k]
             logp = math.log(int(r["n_params"]))
             xs = invert(x, fit, sign * val)
-            xb = np.array([invert(x, fits_b[b], sign * vb[b]) for b in range(B)])
+            xb = invert_columns(x, fits_b, sign * vb)
             lo, hi = _quantiles(xb - logp)
             inside = np.isfinite(xs)
             logm_boot[(k, T)] = np.where(np.isfinite(xb), xb - logp, np.nan) if inside else None

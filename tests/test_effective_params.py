@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from analysis.effective import ABOVE, IN_RANGE, effective_params, invert, isotonic
+from analysis.effective import ABOVE, IN_RANGE, effective_params, invert, invert_columns, isotonic, isotonic_columns
 from analysis.figures import FIGURES, Options
 from analysis.load import MissingData, load_study
 from store import Store
@@ -79,6 +79,46 @@ def test_monotone_fit_and_inversion_never_extrapolate():
     assert invert(x, fit, 0.4) == pytest.approx(math.log(2 * math.sqrt(2)))
     assert invert(x, fit, 0.2) == pytest.approx(0.0)  # on the flat part: the smallest size reaching it
     assert invert(x, fit, 0.7) == math.inf and invert(x, fit, 0.1) == -math.inf
+
+
+def test_the_batched_fit_and_inversion_are_the_scalar_ones_per_replicate():
+    """The bootstrap fits and inverts a thousand replicates at once; each column must be what the scalar
+    pool-adjacent-violators fit and inversion give (ties, flat parts, both open ends included)."""
+    rng = np.random.default_rng(1)
+    Y = np.round(rng.random((5, 400)), 1)  # rounded: many ties and violations
+    Y[:, 0] = [0.2, 0.2, 0.2, 0.2, 0.2]
+    F = isotonic_columns(Y)
+    for b in range(Y.shape[1]):
+        assert F[:, b] == pytest.approx(isotonic(Y[:, b]))
+    x = np.log([1.0, 2.0, 4.0, 8.0, 16.0])
+    v = np.concatenate([rng.random(397) * 1.2 - 0.1, [np.nan, 0.2, 1.5]])
+    got = invert_columns(x, F, v)
+    want = np.array([invert(x, F[:, b], v[b]) for b in range(v.size)])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(want)] == pytest.approx(want[~np.isnan(want)])
+
+
+def test_samples_are_not_read_for_a_run_whose_config_keeps_fewer_examples(tmp_path, monkeypatch):
+    """A run that keeps 50 samples of 200 examples cannot be resampled per example: reading its files
+    (20 per run, a round trip each on an object store) was most of effective-params at 1,000 runs."""
+    from analysis.effective import _example_scores
+
+    root = str(tmp_path / "results")
+    write_study(root, "eff")
+    data = load_study(root, "eff")
+    rid = next(r for r in data.runs["run_id"] if "1x2" in r and r.endswith("s0"))  # the run with samples
+    row = data.evals[(data.evals["run_id"] == rid)].iloc[0]
+    assert _example_scores(data, rid, row["eval_key"], "vpr", N, {}) is not None
+    data = load_study(root, "eff")
+    data.runs["config"] = [json.dumps({"eval": {"n_samples_kept": N - 1 if r == rid else N}})
+                           for r in data.runs["run_id"]]
+    reads = []
+    original = Store.read_bytes
+    monkeypatch.setattr(Store, "read_bytes", lambda self, path: reads.append(path) or original(self, path))
+    assert _example_scores(data, rid, row["eval_key"], "vpr", N, {}) is None
+    effective_params(data, n_boot=50)
+    assert [p for p in reads if "/samples/" in p], "the other runs keep every example: read"
+    assert not [p for p in reads if f"/samples/{rid}/" in p], reads
 
 
 def test_the_fit_recovers_m_and_beta_within_their_intervals(study):
