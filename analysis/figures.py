@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -101,16 +102,43 @@ def _model_label(row, names: dict[str, str]) -> str:
     return _label(row["K"], row["L_t"]) + (f" {extra}" if extra else "")
 
 
-def _line(ax, g: pd.DataFrame, x: str, label: str, color, marker: str = "o", ls: str = "-") -> None:
+MAX_MODELS = 8  # models (colors) in one panel before a figure splits it by the fields that tell them apart
+
+
+def _facets(d: pd.DataFrame, shown=SHAPE_FIELDS, cap: int = MAX_MODELS) -> list[tuple[str, pd.DataFrame]]:
+    """(what the panel's models share beyond `shown`, its rows): d as one panel while it holds at most `cap`
+    models, else one panel per value of the other fields that differ (a 100-model sweep over lr and
+    shape: one panel per lr, not 100 legend entries in one)."""
+    names = _names(d, shown)
+    extras = sorted(set(names.values()))
+    if d["model_key"].nunique() <= cap or len(extras) < 2:
+        return [("", d)]
+    tag = d["model_key"].map(names)
+    return [(e, d[tag == e]) for e in extras]
+
+
+def _legend(ax, n_entries: int, **kw) -> None:
+    """A legend inside the axes while it is short, beside them (right) when it would cover the lines."""
+    if n_entries > 6:
+        kw = {**kw, "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
+    ax.legend(**kw)
+
+
+def _line(ax, g: pd.DataFrame, x: str, label: str | None, color, marker: str = "o", ls: str = "-") -> None:
     """Seed-mean metric vs x with its interval as a band; bars of +-1 s.d. across seeds when several."""
     one_split(g, "a line")
     if g.duplicated(x).any():
         raise ValueError(f"a line was given two rows at one {x}: group by model_key first")
     g = g.sort_values(x)
-    ax.plot(g[x], g["value"], marker=marker, ls=ls, color=color, label=label)
+    ax.plot(g[x], g["value"], marker=marker, ls=ls, color=color, label=label if label is not None else "_nolegend_")
     ax.fill_between(g[x], g["ci_low"], g["ci_high"], color=color, alpha=0.15, lw=0)
     if (g["n_seeds"] > 1).any():
-        ax.errorbar(g[x], g["value"], yerr=g["seed_sd"], fmt="none", ecolor=color, capsize=3, lw=1)
+        # as errorbar(yerr=seed_sd, capsize=3) draws them, in two artists instead of errorbar's five
+        # (errorbar was a third of drawing a 100-model figure)
+        xs, v, sd = g[x].to_numpy(), g["value"].to_numpy(), g["seed_sd"].fillna(0).to_numpy()
+        ax.vlines(xs, v - sd, v + sd, colors=[color], lw=1)
+        ax.plot(np.r_[xs, xs], np.r_[v - sd, v + sd], ls="none", marker="_", ms=6, mew=1, color=color,
+                label="_nolegend_")
 
 
 def _x_axis(ax, values, label: str) -> None:
@@ -158,6 +186,16 @@ def _only_visible(fig, ax):
     finally:
         for a in hidden:
             a.set_visible(True)
+
+
+def _tight(fig) -> None:
+    """tight_layout below the figure's suptitle (tight_layout alone lets a tall grid's first row of
+    titles run into it)."""
+    top = 1.0
+    if fig._suptitle is not None:
+        lines = fig._suptitle.get_text().count("\n") + 1
+        top = 1.0 - (0.25 + 0.25 * lines) / fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0, 1, top))
 
 
 def _palette(keys) -> dict:
@@ -224,10 +262,11 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     panels, have = [], []
     for variant, metric, d in _by_variant(data, "iso-param", opts.split):
         d = d[d["L_s"] == d["L_t"]]
-        for (K, width), g in d.groupby(["K", "d_model"]):
-            have.append(f"{variant} K={K}: L={sorted(g['L_t'].unique())}")
-            if g["L_t"].nunique() >= 2:
-                panels.append((variant, metric, K, width, g))
+        for (K, width), gk in d.groupby(["K", "d_model"]):
+            have.append(f"{variant} K={K}: L={sorted(gk['L_t'].unique())}")
+            for extra, g in _facets(gk):
+                if g["L_t"].nunique() >= 2:
+                    panels.append((variant, metric, K, width, extra, g))
     if not panels:
         raise MissingData("iso-param needs at least two training depths L at the same K, evaluated at L_s = L_t "
                           f"(have {'; '.join(have) or 'no evaluation at L_s = L_t'})")
@@ -235,7 +274,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     _theme()
     fig, axes = _grid(len(panels))
     multi_width = len({p[3] for p in panels}) > 1
-    for ax, (variant, metric, K, width, g) in zip(axes, panels):
+    for ax, (variant, metric, K, width, extra, g) in zip(axes, panels):
         names = _names(g)
         lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["L_t"].iloc[0], names[kg[0]]))
         colors = _palette([k for k, _ in lines])
@@ -245,10 +284,11 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
         _x_axis(ax, g["T"], "denoising steps T")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
-        ax.set_title(f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""))
-        ax.legend(title="model (K x L)", fontsize=8, loc=_loc(metric))
+        ax.set_title(f"{variant}, K = {K}" + (f", d = {width}" if multi_width else "") + (f"\n{extra}" if extra else ""),
+                     fontsize=10 if extra else None)
+        _legend(ax, len(lines), title="model (K x L)", fontsize=8, loc=_loc(metric))
     fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{_seed_note(panels[0][-1])}")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "iso_param", opts.fmt)
 
 
@@ -275,11 +315,13 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
     _needs_T(pd.concat([pd.concat([r, s]) for _, _, r, s in panels]), "iso-flop")
     _theme()
     n = len(panels)
-    fig = plt.figure(figsize=(4.6 * n + 5.2, 4.4))
-    gs = fig.add_gridspec(1, n + 1, width_ratios=[1] * n + [1.15])
+    cols = min(n, 4)  # panels wrap into rows of four; the parameter table spans the rows on the right
+    rows = math.ceil(n / cols)
+    fig = plt.figure(figsize=(4.6 * cols + 5.2, 4.4 * rows + 0.4 * max(0, n - 8) / cols))
+    gs = fig.add_gridspec(rows, cols + 1, width_ratios=[1] * cols + [1.15])
     c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
     for i, (p, metric, rec, single) in enumerate(panels):
-        ax = fig.add_subplot(gs[0, i])
+        ax = fig.add_subplot(gs[i // cols, i % cols])
         _line(ax, rec, "T", f"{_label(p.K, p.L)}{' ' + p.differs if p.differs else ''} recursive, "
               f"{fmt_params(p.params_recursive)} params", c_rec)
         _line(ax, single, "T", f"{_label(p.KL, 1)} single pass, {fmt_params(p.params_single)} params", c_single,
@@ -287,9 +329,9 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
         _x_axis(ax, pd.concat([rec["T"], single["T"]]), "denoising steps T")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
-        ax.set_title(f"{i + 1}. {p.task_variant}: K*L = {p.KL}")
+        ax.set_title(f"{i + 1}. {p.task_variant}: K*L = {p.KL}", fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
-    tab = fig.add_subplot(gs[0, n])
+    tab = fig.add_subplot(gs[:, cols])
     tab.axis("off")
     cells = [[str(i + 1), _label(p.K, p.L), fmt_params(p.params_recursive), _label(p.KL, 1),
               fmt_params(p.params_single), f"{p.param_ratio:.2f}x"] for i, (p, *_) in enumerate(panels)]
@@ -300,7 +342,7 @@ def iso_flop(data: StudyData, out_dir: str, opts: Options = Options()) -> list[s
     t.scale(1, 1.4)
     tab.set_title("parameters (same FLOPs per step)", fontsize=10)
     fig.suptitle(f"{data.name}: iso-FLOP — (K x L) vs (KL x 1) at equal compute{_seed_note(panels[0][2])}")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "iso_flop", opts.fmt) + [
         save_table(pairs.drop(columns=["key_recursive", "key_single"]), out_dir, "iso_flop_params")]
 
@@ -364,15 +406,18 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
         thr, metric = t["threshold"].iloc[0], t["metric"].iloc[0]
         never = t[~t["reached"]]
         title = f"{variant}: {metric.upper()} >= {thr:g}"
-        if len(never):
+        if 0 < len(never) <= 4:
             title += "\nnever reached: " + ", ".join(f"{x.model} (best {x.best:.2f})"
                                                      for x in never.itertuples())
+        elif len(never):  # a large sweep: the count and the closest; every model is in threshold_crossings.csv
+            top = never.sort_values("best", ascending=metric in LOWER_IS_BETTER).iloc[0]
+            title += f"\nnever reached by {len(never)} models (closest: {top.model}, best {top.best:.2f})"
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
     unreached = [v for v in dict.fromkeys(table["task_variant"]) if v not in variants]
     note = f"\nnot shown (no model reaches the threshold): {', '.join(unreached)}" if unreached else ""
     fig.suptitle(f"{data.name}: Pareto — parameters vs steps needed to reach the threshold{note}")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "pareto", opts.fmt) + [
         save_table(table.drop(columns="model_key"), out_dir, "threshold_crossings")]
 
@@ -381,13 +426,20 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
     """Metric vs forward passes per sample (denoising steps run x L_s), one line per model and sampling depth L_s.
     Adaptive-depth points (sampler `confidence+adaptive(0.9)`, L_s its cap) beside them: stars on dotted
     lines at the forward passes they actually spent (mean per example)."""
-    panels = [(v, m, d) for v, m, d in _by_variant(data, "compute", opts.split) if d["forward_passes"].nunique() >= 2]
+    panels = []
+    for v, m, dv in _by_variant(data, "compute", opts.split):
+        if dv["forward_passes"].nunique() < 2:
+            continue
+        for extra, d in _facets(dv):  # a large sweep: a panel per setting, and per training depth if still large
+            parts = [(extra, d)] if d["model_key"].nunique() <= MAX_MODELS else \
+                [(", ".join(filter(None, [extra, f"L_t = {lt}"])), g) for lt, g in d.groupby("L_t")]
+            panels += [(v, m, e, g) for e, g in parts]
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
     _theme()
-    fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2)
+    fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2 if len(panels) < 6 else 3)
     markers = "osD^vP*X"
-    for ax, (variant, metric, d) in zip(axes, panels):
+    for ax, (variant, metric, extra, d) in zip(axes, panels):
         names = _names(d)
         first = d.drop_duplicates("model_key")
         models = [k for _, k in sorted(zip(zip(first["K"], first["L_t"], first["model_key"].map(names)),
@@ -397,25 +449,32 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
         for (key, _), g in d.groupby(["model_key", "L_s"]):
             row = g.iloc[0]
             mk = markers[ls_values.index(row["L_s"]) % len(markers)]
-            _line(ax, g, "forward_passes", f"{_model_label(row, names)}, L_s = {row['L_s']}",
-                  colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
-        for (key, smp, cap), g in _adaptive_rows(data, variant, metric, d, opts.split).groupby(
-                ["model_key", "sampler", "L_s"]):
-            if key in colors:
-                g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
-                _line(ax, g, "forward_passes_mean", f"{_model_label(g.iloc[0], names)}, "
-                      f"{smp.split('+', 1)[1]} L_s <= {cap}", colors[key], marker="*", ls=":")
+            _line(ax, g, "forward_passes", None, colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
+        adaptive = _adaptive_rows(data, variant, metric, d, opts.split)
+        adaptive = adaptive[adaptive["model_key"].isin(colors)]
+        kinds = sorted({(smp.split("+", 1)[1], int(cap)) for smp, cap in zip(adaptive["sampler"], adaptive["L_s"])})
+        for (key, smp, cap), g in adaptive.groupby(["model_key", "sampler", "L_s"]):
+            g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
+            mk = "*XPh"[kinds.index((smp.split("+", 1)[1], int(cap))) % 4]
+            _line(ax, g, "forward_passes_mean", None, colors[key], marker=mk, ls=":")
         if metric in DEFAULT_THRESHOLD:
             ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
         _x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
-        ax.set_title(variant)
-        ax.legend(title="model (K x L_t), sampling depth", fontsize=7, ncol=2 if len(models) > 3 else 1,
-                  loc=_loc(metric))
+        ax.set_title(variant + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
+        # one entry per model (its color) and one per sampling depth (its marker), not one per line
+        handles = [Line2D([], [], color=colors[k], lw=2, label=_model_label(d[d["model_key"] == k].iloc[0], names))
+                   for k in models]
+        handles += [Line2D([], [], color="0.35", marker=markers[i % len(markers)], ls="none", label=f"L_s = {v}")
+                    for i, v in enumerate(ls_values)]
+        handles += [Line2D([], [], color="0.35", marker="*XPh"[i % 4], ls=":", label=f"{a}, L_s <= {c}")
+                    for i, (a, c) in enumerate(kinds)]
+        _legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth", fontsize=7,
+                loc=_loc(metric))
     fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t; stars: adaptive depth, "
-                 f"at its mean passes){_seed_note(panels[0][2])}")
-    fig.tight_layout()
+                 f"at its mean passes){_seed_note(panels[0][3])}")
+    _tight(fig)
     return save(fig, out_dir, "compute", opts.fmt)
 
 
@@ -491,7 +550,7 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
         used.add(name)
         paths.append(save_table(m.reset_index(), out_dir, name))
     fig.suptitle(f"{data.name}: cross-depth — train at L_t, sample at L_s (T = {T})")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "cross_depth", opts.fmt) + paths
 
 
@@ -529,7 +588,7 @@ def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
         ax.set_title(f"sudoku {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
         ax.legend(title="model (K x L), L_s = L_t", fontsize=8, loc="lower right")
     fig.suptitle(f"{data.name}: mask rate — VPR vs T per depth L{_seed_note(panels[0][2])}")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "mask_rate", opts.fmt)
 
 
@@ -561,7 +620,7 @@ def _ablation(data: StudyData, out_dir: str, opts: Options, axis: str, name: str
         ax.set_title(f"{variant}, {_label(K, L)}, {other} {oth}\nL_s = L_t = {L}", fontsize=10)
         ax.legend(title=what, fontsize=8, loc=_loc(metric))
     fig.suptitle(f"{data.name}: {what} ablation{_seed_note(panels[0][3])}")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, name, opts.fmt)
 
 
@@ -580,11 +639,11 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
     h = data.history
     if h is None or h.empty:
         raise MissingData("training curves need the history table (no rows in history/)")
-    variants = sorted(h["task_variant"].unique())
+    panels = [(v, extra, g) for v in sorted(h["task_variant"].unique())
+              for extra, g in _facets(h[h["task_variant"] == v])]
     _theme()
-    fig, axes = _grid(len(variants), w=5.6, h=4.0, cols=3)
-    for ax, variant in zip(axes, variants):
-        g = h[h["task_variant"] == variant]
+    fig, axes = _grid(len(panels), w=5.6, h=4.0, cols=3)
+    for ax, (variant, extra, g) in zip(axes, panels):
         names = _names(g)
         lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["K"].iloc[0], kg[1]["L_t"].iloc[0], names[kg[0]]))
         colors = _palette([k for k, _ in lines])
@@ -597,10 +656,10 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
                 ax.fill_between(curve["step"], curve["min"], curve["max"], color=colors[key], alpha=0.15, lw=0)
         ax.set_xlabel("training step")
         ax.set_ylabel("training loss (ELBO, mean over loops)")
-        ax.set_title(variant)
-        ax.legend(title="model (K x L_t)", fontsize=8, loc="upper right")
+        ax.set_title(variant + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
+        _legend(ax, len(lines), title="model (K x L_t)", fontsize=8, loc="upper right")
     fig.suptitle(f"{data.name}: training curves")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "training_curves", opts.fmt)
 
 
@@ -625,7 +684,7 @@ def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]
         ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
         ax.set_ylim(0, table["nll"].max() * 1.3)
         ax.set_title(f"{data.name}: text8 likelihood")
-        fig.tight_layout()
+        _tight(fig)
         paths = save(fig, out_dir, "text8_nll", opts.fmt) + paths
     try:
         paths += training_curves(data, out_dir, opts)
@@ -713,7 +772,7 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
                                                if out else ""), fontsize=10)
         bx.legend(fontsize=7, loc="upper left")
     fig.suptitle(f"{data.name}: effective parameters of recursion")
-    fig.tight_layout()
+    _tight(fig)
     return save(fig, out_dir, "effective_params", opts.fmt) + [
         save_table(table, out_dir, "effective_params"), save_table(beta, out_dir, "effective_beta")]
 

@@ -276,6 +276,8 @@ def report(
     pareto_x: str = typer.Option("T", "--pareto-x", help="pareto: T (at L_s = L_t) or forward_passes (T*L_s)"),
     split: str = typer.Option("test", "--split", help="the evaluation split every figure and table reads "
                               "(one per report, never mixed)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes drawing figures at once (default: "
+                                       "one per core for a study of 200 runs or more, else 1)"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
     from analysis.figures import FIGURES, FORMATS, Options
@@ -309,15 +311,15 @@ def report(
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     if out is not None or data.store.local:
         _writable_dir_or_exit(out_dir, "--out")  # before drawing anything
-    drawn: dict = {}
-    for n in names:
-        try:
-            drawn[n] = FIGURES[n](data, out_dir, opts)
-            for p in drawn[n]:
+    from analysis.render import auto_jobs, draw
+
+    drawn = draw(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)))
+    for n, got in drawn.items():
+        if isinstance(got, str):
+            typer.echo(f"{n}: not drawn: {got}", err=True)
+        else:
+            for p in got:
                 typer.echo(p)
-        except MissingData as e:
-            drawn[n] = str(e)
-            typer.echo(f"{n}: not drawn: {e}", err=True)
     if figure == "all":
         from analysis.report import write_report
 

@@ -1,0 +1,79 @@
+"""Draw several figures of one study, one after another or in worker processes.
+
+Drawing is most of a large study's report (a 100-model sweep's `--figure all` draws a few hundred
+panels) and matplotlib draws on one core, so `draw` spreads the figures over `jobs` processes. The
+workers are started by a fork server (a clean process: never a fork of a caller that holds Ray's or
+Arrow's threads) and receive the study as the caller read it (pickled once per worker), so every
+worker draws from the same rows and none reads the store again. Figures are returned in the order
+asked, and a figure the data cannot support comes back as its MissingData message, as it does in
+one process.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from analysis.load import MissingData, StudyData
+
+# below this many runs a study draws in a second or two: starting workers would cost more than it saves
+PARALLEL_FROM_RUNS = 200
+
+_DATA: StudyData | None = None
+
+
+def auto_jobs(data: StudyData, n_figures: int) -> int:
+    """Workers for `n_figures` figures of `data` when the user gave no --jobs: one for a small study, else
+    one per core this process may use (at most one per figure)."""
+    if n_figures < 2 or len(data.runs) < PARALLEL_FROM_RUNS:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, n_figures))
+
+
+def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -> dict[str, list[str] | str]:
+    """{figure name: the paths it wrote, or why it was not drawn}, in the order of `names`."""
+    from analysis.figures import FIGURES
+
+    if jobs <= 1 or len(names) < 2:
+        out: dict[str, list[str] | str] = {}
+        for n in names:
+            try:
+                out[n] = FIGURES[n](data, out_dir, opts)
+            except MissingData as e:
+                out[n] = str(e)
+        return out
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                      else "spawn")
+    # the slowest figures first, so the last worker to finish does not start a long one at the end
+    order = sorted(names, key=lambda n: SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST))
+    with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init,
+                             initargs=(data,)) as pool:
+        futures = {n: pool.submit(_draw_one, n, out_dir, opts) for n in order}
+        results = {n: f.result() for n, f in futures.items()}
+    out = {}
+    for n in names:
+        got, memo = results[n]
+        if memo:  # effective-params computed in a worker: the report's tables reuse it
+            data.__dict__.setdefault("_effective", {}).update(memo)
+        out[n] = got
+    return out
+
+
+# measured at 1,000 runs (benchmarks/store_scale.py): the longest first
+SLOW_FIRST = ["compute", "effective-params", "cross-depth", "iso-flop", "iso-param", "text8", "pareto"]
+
+
+def _init(data: StudyData) -> None:
+    global _DATA
+    _DATA = data
+
+
+def _draw_one(name: str, out_dir: str, opts):
+    from analysis.figures import FIGURES
+
+    try:
+        got = FIGURES[name](_DATA, out_dir, opts)
+    except MissingData as e:
+        got = str(e)
+    return got, _DATA.__dict__.get("_effective") if name == "effective-params" else None
