@@ -158,3 +158,21 @@ def check_forward_passes(store, grid, evals, scratch: str) -> None:
         for pt in run.eval_points():
             stored = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key)].forward_passes
             assert set(stored) == {hooked_block_passes(store, run, pt, scratch)}, pt.key
+
+
+def ctrl_c_when(cmd: list[str], cwd, env: dict, ready, timeout: float = 600, after: float = 90) -> tuple[int, str]:
+    """Start `cmd`, send it SIGINT (a real Ctrl-C) once `ready()` is true, return (exit code, output).
+    The process is killed (by its handle) if it outlives the test."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t0 = time.time()
+        while not ready():
+            assert p.poll() is None and time.time() - t0 < timeout, p.stdout.read() if p.poll() is not None else "slow"
+            time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=after)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    return p.returncode, out

@@ -231,32 +231,20 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     """A real SIGINT to `study run` while a run trains (held before step 5 until stopped): the process
     ends within a bounded time, says the runs were interrupted and how to resume, the store reads, and
     a second `study run` finishes them. Run: pytest -m slow tests/test_ray_start.py -k ctrl_c"""
-    import signal
     import subprocess
     import sys
-    import time
 
     from study.grid import load_grid
+    from tests.helpers import ctrl_c_when
 
     g = tmp_path / "g.yaml"
     g.write_text("study: sigrun\n" + TINY.replace("steps: 2", "steps: 20") + "axes:\n  seed: [0, 1]\n")
     runs = load_grid(str(g)).runs
     env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:5" for r in runs)}
     cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats
-    try:
-        t0 = time.time()
-        while not (progress.is_dir() and os.listdir(progress)):  # a run is training (held at step 5)
-            assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "slow"
-            time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-        out = p.communicate(timeout=90)[0]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 1 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
+    progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats: a run is training (held at step 5)
+    code, out = ctrl_c_when(cmd, tmp_path, env, lambda: progress.is_dir() and bool(os.listdir(progress)))
+    assert code == 1 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
     r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done 0/2" in r.stdout, r.stdout + r.stderr

@@ -222,10 +222,8 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
 
     The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
     Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
-    import signal
-    import time
-
     from study.runner import HOLD_ENV
+    from tests.helpers import ctrl_c_when
 
     lrs = [3e-3, 1e-2, 2e-2]
     raw = search_grid("sig", n_trials=5, max_concurrent=1, points=[{"lr": v} for v in lrs])
@@ -236,19 +234,9 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     cmd = [sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results"),
            "--num-cpus", "2"]
     env = {**os.environ, "PYTHONPATH": ROOT, HOLD_ENV: f"{ids[2]}:8"}
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        t0 = time.time()
-        while not os.path.exists(store.checkpoint_path(ids[2])):  # the third trial waits at step 8
-            assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "slow"
-            time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-        out = p.communicate(timeout=300)[0]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 130 and "interrupted after 2 of 5 trials" in out, out
+    # the third trial waits at step 8, its step-6 checkpoint written
+    code, out = ctrl_c_when(cmd, tmp_path, env, lambda: os.path.exists(store.checkpoint_path(ids[2])), after=300)
+    assert code == 130 and "interrupted after 2 of 5 trials" in out, out
     before = {t.number: t for t in trials(str(tmp_path / "results"), "sig", "sig")}
     finished = [t for t in before.values() if t.state == TrialState.COMPLETE]
     assert sorted(t.user_attrs["run_id"] for t in finished) == sorted(ids[:2]), [t.state for t in before.values()]
