@@ -34,20 +34,15 @@ LITE = pydantic_lite.install()
 import torch  # noqa: E402
 
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig  # noqa: E402
-from model.costs import train_flops_per_step  # noqa: E402
+from model.costs import bf16_peak_flops, train_flops_per_step  # noqa: E402
 from model.sampler import sample  # noqa: E402
 from tasks.sudoku import Sudoku, SudokuConfig  # noqa: E402
 
 # dense bf16 tensor-core peaks, TFLOP/s (vendor data sheets, without sparsity); first match wins
-BF16_PEAK_TFLOPS = [
-    ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("H800", 989.0),
-    ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("A10G", 70.0),
-    ("A10", 125.0), ("L4", 121.0), ("RTX 4090", 165.0), ("RTX 3090", 71.0), ("A6000", 155.0),
-]
-
-
 def bf16_peak(name: str) -> float | None:
-    return next((p for key, p in BF16_PEAK_TFLOPS if key.lower() in name.lower()), None)
+    """TFLOP/s of the CUDA device `name` (model.costs.BF16_PEAK_TFLOPS), None when unknown."""
+    got = bf16_peak_flops(name)
+    return got / 1e12 if got is not None else None
 
 
 def sudoku_task(n_train: int, n_test: int) -> Sudoku:

@@ -13,6 +13,25 @@ from model.config import ModelConfig, TrainConfig
 from model.rmdm import flops_per_forward
 from model.schedules import depth_at, loop_weights
 
+# dense bf16 peak of accelerators (vendor datasheets, TFLOP/s without sparsity): (--device key, a
+# substring of torch.cuda.get_device_name(), peak). Order matters for names: the first match wins
+# ("H100 PCIe" before "H100", "A100" before "A10", "L40S" before "L40" before "L4").
+BF16_PEAK_TFLOPS = (
+    ("gh200", "GH200", 989.0), ("h200", "H200", 989.0), ("h100-pcie", "H100 PCIe", 756.0), ("h100", "H100", 989.0),
+    ("h800", "H800", 989.0), ("b200", "B200", 2250.0), ("a100", "A100", 312.0), ("a800", "A800", 312.0),
+    ("l40s", "L40S", 362.0), ("l40", "L40", 181.0), ("a10g", "A10G", 70.0), ("a10", "A10", 125.0), ("l4", "L4", 121.0),
+    ("rtx4090", "RTX 4090", 165.0), ("rtx3090", "RTX 3090", 71.0), ("a6000", "A6000", 155.0),
+)
+
+
+def bf16_peak_flops(device: str) -> float | None:
+    """FLOP/s of a device given by its --device key (`h100`) or its CUDA name (`NVIDIA H100 80GB HBM3`)."""
+    key = device.strip().lower()
+    for k, name, tflops in BF16_PEAK_TFLOPS:
+        if key == k:
+            return tflops * 1e12
+    return next((tflops * 1e12 for _, name, tflops in BF16_PEAK_TFLOPS if name.lower() in key), None)
+
 
 def heads_run(n_loops: int, train_cfg: TrainConfig) -> int:
     """How many loops' output heads a training step of n_loops computes (mirrors `diffusion_loss`:

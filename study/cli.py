@@ -114,7 +114,7 @@ def plan(
     flops_per_s: Optional[float] = typer.Option(None, "--flops-per-s", help="the target hardware's rate, FLOP/s"),
     mfu: Optional[float] = typer.Option(None, "--mfu", help="fraction of --device/--peak-flops a run reaches"),
     device: Optional[str] = typer.Option(None, "--device", help="a device's bf16 dense peak for --mfu: h100, a100, "
-                                         "l4, ... (see study/cost.py PEAK_FLOPS)"),
+                                         "l4, ... (see model/costs.py BF16_PEAK_TFLOPS)"),
     peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="a device's peak FLOP/s for --mfu"),
 ):
     """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost

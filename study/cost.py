@@ -29,17 +29,14 @@ import time
 from typing import Callable
 
 from model.config import ModelConfig, TrainConfig
-from model.costs import inference_flops_per_sample, train_flops_per_step, train_step_memory
+from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flops_per_step, train_step_memory
 from model.precision import MEASURE_MIN_FLOPS
 from model.rmdm import flops_per_forward
 from study.grid import Run, config_hash
 from tasks import TASKS, make_task
 
 # dense bf16 tensor-core peaks, FLOP/s (vendor data sheets, without sparsity)
-PEAK_FLOPS = {
-    "h100": 989e12, "h100-pcie": 756e12, "h200": 989e12, "gh200": 989e12, "b200": 2250e12,
-    "a100": 312e12, "l40s": 362e12, "l4": 121e12, "a10g": 70e12, "rtx4090": 165e12,
-}
+PEAK_FLOPS = {key: tflops * 1e12 for key, _, tflops in BF16_PEAK_TFLOPS}  # --device NAME
 CACHE_VERSION = 1
 WARMUP_STEPS, TIMED_STEPS = 2, 3
 
