@@ -125,12 +125,9 @@ def cache_path() -> str:
 
 
 def _read_cache(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}  # no cache yet, or a broken one: measure again and rewrite it
-    return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else {}
+    from model.atomic import read_versioned_json
+
+    return read_versioned_json(path, CACHE_VERSION)
 
 
 def choose(device: torch.device, attention: str, precision: str, shape: dict,

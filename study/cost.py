@@ -183,13 +183,10 @@ def cache_path() -> str:
 
 
 def _read_cache(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}  # none yet, or broken: measure again and rewrite
-    ok = isinstance(data, dict) and data.get("version") == CACHE_VERSION and isinstance(data.get("shapes"), dict)
-    return data["shapes"] if ok else {}
+    from model.atomic import read_versioned_json
+
+    shapes = read_versioned_json(path, CACHE_VERSION).get("shapes")
+    return shapes if isinstance(shapes, dict) else {}
 
 
 def _write_cache(path: str, shapes: dict) -> None:
