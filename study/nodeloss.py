@@ -83,13 +83,13 @@ def _patch_tune() -> None:
     (a preempted node does not); a node death is added to that rule for the watched trials."""
     from ray.tune.experiment.trial import Trial
 
-    if getattr(Trial, "_rmdm_node_loss", False):
-        return
-    tune_rule = Trial._handle_ray_actor_error
+    tune_rule = getattr(Trial, "_handle_ray_actor_error", None)
+    if getattr(Trial, "_rmdm_node_loss", False) or tune_rule is None:
+        return  # patched already, or a Ray without that hook: a node loss then counts against retries
 
     def _handle_ray_actor_error(self, exc):
         w = _watched.get(self.trial_id)
-        if w is not None and not exc.preempted:
+        if w is not None and not getattr(exc, "preempted", False):
             store, run_id, losses = w
             hb = store.read_progress().get(run_id, {})
             if losses < NODE_LOSS_RETRIES and node_lost(exc, hb.get("node_id")):
