@@ -1,15 +1,17 @@
 """The results store at scale: `study status`, `study report --figure all` and a resume's planning
 step on synthetic stores of 100, 1,000 (and, with --big, 10,000) finished runs.
 
-Run: .venv/bin/python benchmarks/store_scale.py [--sizes 100 1000] [--big] [--s3] [--profile report]
-(a benchmark, not a test: run it on a quiet machine; figures go to benchmarks/RESULTS.md by hand)
+Run: .venv/bin/python benchmarks/store_scale.py [--sizes 100 1000] [--big] [--warm-only] [--s3] [--profile report]
+(a benchmark, not a test: run it on a quiet machine; figures go to benchmarks/RESULTS.md by hand;
+--big builds 10,000 runs, 420,000 files: about 15 minutes here with --build-procs 2)
 
 Each store is built with the store's own writer (`Store.write_rows`, the real schemas) as `study run`
 leaves it: per run a runs row (config included), 20 evaluation points (T 1..5 x L_s 1..4, one evals
 file with VPR and cell accuracy, one samples file of 50 examples of 9x9 Sudoku), a 20-row history
 and a config file. Timed in-process (typer's CliRunner, output captured):
 - status: `study status GRID`;
-- report: `study report --figure all` (every figure and table, report.html and .md);
+- report: `study report --figure all` (every figure and table, report.html and .md; figures drawn
+  in one worker per core, the default from 200 runs);
 - plan:   `study.runner.classify`, what `study run` does before dispatching anything.
 `--s3` builds and reads the stores on moto's S3 server on 127.0.0.1 (as tests/test_s3.py does;
 needs the test extra). Each step runs twice: cold (the store's read index, store/index.py, absent:
@@ -72,16 +74,28 @@ axes:
 """
 
 
-def build(root: str, gpath: str, workers: int) -> int:
-    """Write every file of a finished study; returns the number of table files written."""
+def build(root: str, gpath: str, workers: int, procs: int = 1) -> int:
+    """Write every file of a finished study; returns the number of table files written. `procs` > 1
+    splits the runs over that many processes (writing is Python-bound: threads alone use one core)."""
+    if procs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(procs) as pool:
+            return sum(pool.map(_build_part, [(root, gpath, workers, i, procs) for i in range(procs)]))
+    return _build_part((root, gpath, workers, 0, 1))
+
+
+def _build_part(args) -> int:
+    root, gpath, workers, part, parts = args
     from store import Store
     from study.grid import load_grid
     from study.trial import now, run_row
 
     grid = load_grid(gpath)
     store = Store(root, grid.study)
-    store.write_text(store.path("grid.yaml"), open(gpath).read())
-    rng = random.Random(0)
+    if part == 0:
+        store.write_text(store.path("grid.yaml"), open(gpath).read())
+    rng = random.Random(part)
     cells = "123456789"
 
     def one(run) -> int:
@@ -116,7 +130,7 @@ def build(root: str, gpath: str, workers: int) -> int:
         return n
 
     with ThreadPoolExecutor(workers) as pool:
-        return sum(pool.map(one, grid.runs))
+        return sum(pool.map(one, grid.runs[part::parts]))
 
 
 def timed(fn, profile: bool):
@@ -148,7 +162,7 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         f.write(grid_text(n_runs))
     grid = load_grid(gpath)
     t0 = time.perf_counter()
-    files = build(root, gpath, args.build_workers)
+    files = build(root, gpath, args.build_workers, args.build_procs)
     built = time.perf_counter() - t0
     runner = CliRunner()
     out = {"runs": len(grid.runs), "files": files, "build_s": built}
@@ -169,6 +183,8 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         if phase == "cold":  # no index: every file parsed
             Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index", missing_dir_ok=True)
         for name, fn in steps.items():
+            if phase == "cold" and args.warm_only and name != "status":
+                continue  # --warm-only: the cold status only builds the index
             if phase == "cold" and name != "status":  # the first step wrote the index: drop it again
                 Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index",
                                                               missing_dir_ok=True)
@@ -176,10 +192,10 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
             out[f"{name}_s" if phase == "cold" else f"{name}_warm_s"] = secs
             if name == "plan":
                 assert len(got.done) == len(grid.runs), f"classify: {len(got.done)} of {len(grid.runs)} runs done"
-        print(f"  {out['runs']} runs, {files} table files (built in {built:.1f}s), {phase}: "
-              f"status {out.get('status_s' if phase == 'cold' else 'status_warm_s'):.2f}s  "
-              f"report {out.get('report_s' if phase == 'cold' else 'report_warm_s'):.2f}s  "
-              f"plan {out.get('plan_s' if phase == 'cold' else 'plan_warm_s'):.2f}s", flush=True)
+        sec = lambda k: f"{out[k]:.2f}s" if k in out else "na"
+        sfx = "_s" if phase == "cold" else "_warm_s"
+        print(f"  {out['runs']} runs, {files} table files (built in {built:.1f}s), {phase}: status {sec('status' + sfx)}"
+              f"  report {sec('report' + sfx)}  plan {sec('plan' + sfx)}", flush=True)
     return out
 
 
@@ -189,7 +205,10 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="also 10,000 runs (building it takes many minutes)")
     ap.add_argument("--s3", action="store_true", help="on moto's S3 server on 127.0.0.1 (the test extra)")
     ap.add_argument("--profile", choices=["status", "report", "plan"], help="print a cProfile of that step")
-    ap.add_argument("--build-workers", type=int, default=8)
+    ap.add_argument("--build-workers", type=int, default=8, help="threads per building process")
+    ap.add_argument("--build-procs", type=int, default=os.cpu_count() or 1, help="processes building a store")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="time only the warm steps (one status builds the index first): for --big")
     args = ap.parse_args()
     sizes = sorted(set(args.sizes + ([10000] if args.big else [])))
     print(f"CPU: {cpu()}", flush=True)
