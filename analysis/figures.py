@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib
@@ -117,9 +118,13 @@ def _facets(d: pd.DataFrame, shown=SHAPE_FIELDS, cap: int = MAX_MODELS) -> list[
     return [(e, d[tag == e]) for e in extras]
 
 
+LEGEND_INSIDE = 6  # entries a legend may have inside its axes; a longer one goes beside them
+LEGEND_WIDTH = 2.4  # inches a panel grows by to make room for a legend beside it
+
+
 def _legend(ax, n_entries: int, **kw) -> None:
     """A legend inside the axes while it is short, beside them (right) when it would cover the lines."""
-    if n_entries > 6:
+    if n_entries > LEGEND_INSIDE:
         kw = {**kw, "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
     ax.legend(**kw)
 
@@ -141,13 +146,29 @@ def _line(ax, g: pd.DataFrame, x: str, label: str | None, color, marker: str = "
                 label="_nolegend_")
 
 
-def _x_axis(ax, values, label: str) -> None:
+def _x_axis(ax, values, label: str, max_ticks: int = 9) -> None:
     values = sorted({int(round(v)) for v in values})
-    if len(values) > 1 and values[-1] / max(values[0], 1) >= 4:
+    log = len(values) > 1 and values[-1] / max(values[0], 1) >= 4
+    if log:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(values, [str(v) for v in values])
+    ticks = _thin(values, max_ticks, log)
+    ax.set_xticks(ticks, [str(v) for v in ticks])
     ax.minorticks_off()
     ax.set_xlabel(label)
+
+
+def _thin(values: list[int], n: int, log: bool) -> list[int]:
+    """At most about n of the sorted `values` as ticks, spread evenly (on a log axis, in log): the
+    first and the last always, the others only when far enough from the last one kept."""
+    if len(values) <= n:
+        return values
+    pos = [math.log2(max(v, 1)) if log else float(v) for v in values]
+    gap = (pos[-1] - pos[0]) / (n - 1)
+    kept = [0]
+    for i in range(1, len(values) - 1):
+        if pos[i] - pos[kept[-1]] >= gap * 0.999 and pos[-1] - pos[i] >= gap * 0.5:
+            kept.append(i)
+    return [values[i] for i in kept + [len(values) - 1]]
 
 
 def _loc(metric: str) -> str:
@@ -193,6 +214,10 @@ def _tight(fig) -> None:
     titles run into it)."""
     top = 1.0
     if fig._suptitle is not None:
+        width = max(40, int(fig.get_size_inches()[0] * 7.5))  # characters of a 12 pt title per line
+        text = fig._suptitle.get_text()
+        if any(len(line) > width for line in text.split("\n")):
+            fig._suptitle.set_text("\n".join(textwrap.fill(line, width) for line in text.split("\n")))
         lines = fig._suptitle.get_text().count("\n") + 1
         top = 1.0 - (0.25 + 0.25 * lines) / fig.get_size_inches()[1]
     fig.tight_layout(rect=(0, 0, 1, top))
@@ -272,7 +297,8 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
                           f"(have {'; '.join(have) or 'no evaluation at L_s = L_t'})")
     _needs_T(pd.concat([p[-1] for p in panels]), "iso-param")
     _theme()
-    fig, axes = _grid(len(panels))
+    wide = max(p[-1]["model_key"].nunique() for p in panels) > LEGEND_INSIDE
+    fig, axes = _grid(len(panels), w=4.6 + LEGEND_WIDTH * wide)
     multi_width = len({p[3] for p in panels}) > 1
     for ax, (variant, metric, K, width, extra, g) in zip(axes, panels):
         names = _names(g)
@@ -437,7 +463,8 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
     _theme()
-    fig, axes = _grid(len(panels), w=6.0, h=4.4, cols=2 if len(panels) < 6 else 3)
+    wide = max(g["model_key"].nunique() + g["L_s"].nunique() for *_, g in panels) > LEGEND_INSIDE
+    fig, axes = _grid(len(panels), w=6.0 + LEGEND_WIDTH * wide, h=4.4, cols=2 if len(panels) < 6 else 3)
     markers = "osD^vP*X"
     for ax, (variant, metric, extra, d) in zip(axes, panels):
         names = _names(d)
@@ -642,7 +669,8 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
     panels = [(v, extra, g) for v in sorted(h["task_variant"].unique())
               for extra, g in _facets(h[h["task_variant"] == v])]
     _theme()
-    fig, axes = _grid(len(panels), w=5.6, h=4.0, cols=3)
+    wide = max(g["model_key"].nunique() for *_, g in panels) > LEGEND_INSIDE
+    fig, axes = _grid(len(panels), w=5.6 + LEGEND_WIDTH * wide, h=4.0, cols=3)
     for ax, (variant, extra, g) in zip(axes, panels):
         names = _names(g)
         lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["K"].iloc[0], kg[1]["L_t"].iloc[0], names[kg[0]]))

@@ -108,3 +108,14 @@ def test_figures_drawn_by_two_workers_are_the_report_one_process_writes(store, t
     assert "effective parameters" in outs[2][2].lower()  # computed in a worker, its table in the report
     assert outs[1][0] == outs[2][0]  # the same lines printed, in the same order
     assert outs[1][2] == outs[2][2]  # the same report
+
+
+def test_tick_values_are_thinned_to_about_nine_spread_over_the_axis():
+    """A compute axis of T x L_s values (1, 2, 3, 4, 6, 8, 12, 16, ... 160) printed every one of them
+    on top of each other; now at most about nine, first and last kept, spread on the log axis."""
+    values = sorted({t * ls for t in (1, 2, 4, 8, 16, 24, 32, 40) for ls in (1, 2, 3, 4)})
+    ticks = F._thin(values, 9, log=True)
+    assert ticks[0] == 1 and ticks[-1] == 160 and len(ticks) <= 10 and set(ticks) <= set(values)
+    assert F._thin([1, 2, 4, 8], 9, log=True) == [1, 2, 4, 8]
+    gaps = [b / a for a, b in zip(ticks, ticks[1:])]
+    assert min(gaps[:-1]) >= 1.5, ticks  # no two neighbours crowded (the last may sit closer)
