@@ -177,9 +177,10 @@ SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
 def _kept(data: StudyData, run_id: str) -> int | None:
     """eval.n_samples_kept of the run's stored config (examples per point in its samples table), or None
     where the runs row does not say."""
-    memo = data.__dict__.setdefault("_n_samples_kept", {})
-    if not memo and "config" in data.runs:
-        for rid, cfg in zip(data.runs["run_id"], data.runs["config"]):
+    memo = data.__dict__.get("_n_samples_kept")
+    if memo is None:  # parsed once per study, even when no config says it
+        memo = data.__dict__["_n_samples_kept"] = {}
+        for rid, cfg in zip(data.runs["run_id"], data.runs["config"] if "config" in data.runs else []):
             try:
                 memo[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
             except (TypeError, ValueError, KeyError):

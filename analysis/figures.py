@@ -103,6 +103,7 @@ def _model_label(row, names: dict[str, str]) -> str:
     return _label(row["K"], row["L_t"]) + (f" {extra}" if extra else "")
 
 
+ADAPTIVE_MARKERS = "*XPh"  # compute: one per adaptive-depth setting (threshold, cap)
 MAX_MODELS = 8  # models (colors) in one panel before a figure splits it by the fields that tell them apart
 
 
@@ -120,6 +121,16 @@ def _facets(d: pd.DataFrame, shown=SHAPE_FIELDS, cap: int = MAX_MODELS) -> list[
 
 LEGEND_INSIDE = 6  # entries a legend may have inside its axes; a longer one goes beside them
 LEGEND_WIDTH = 2.4  # inches a panel grows by to make room for a legend beside it
+
+
+def _panel_width(w: float, most_entries: int) -> float:
+    """A panel's width, grown by LEGEND_WIDTH when some panel's legend goes beside it (see _legend)."""
+    return w + (LEGEND_WIDTH if most_entries > LEGEND_INSIDE else 0.0)
+
+
+def _facet_title(ax, title: str, extra: str) -> None:
+    """The panel's title, with what its models share (a facet of a large sweep) on a second line."""
+    ax.set_title(title + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
 
 
 def _legend(ax, n_entries: int, **kw) -> None:
@@ -297,8 +308,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
                           f"(have {'; '.join(have) or 'no evaluation at L_s = L_t'})")
     _needs_T(pd.concat([p[-1] for p in panels]), "iso-param")
     _theme()
-    wide = max(p[-1]["model_key"].nunique() for p in panels) > LEGEND_INSIDE
-    fig, axes = _grid(len(panels), w=4.6 + LEGEND_WIDTH * wide)
+    fig, axes = _grid(len(panels), w=_panel_width(4.6, max(p[-1]["model_key"].nunique() for p in panels)))
     multi_width = len({p[3] for p in panels}) > 1
     for ax, (variant, metric, K, width, extra, g) in zip(axes, panels):
         names = _names(g)
@@ -310,8 +320,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
         _x_axis(ax, g["T"], "denoising steps T")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
-        ax.set_title(f"{variant}, K = {K}" + (f", d = {width}" if multi_width else "") + (f"\n{extra}" if extra else ""),
-                     fontsize=10 if extra else None)
+        _facet_title(ax, f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""), extra)
         _legend(ax, len(lines), title="model (K x L)", fontsize=8, loc=_loc(metric))
     fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{_seed_note(panels[0][-1])}")
     _tight(fig)
@@ -463,8 +472,8 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
     if not panels:
         raise MissingData("compute needs evaluations at two or more forward-pass budgets T x L_s")
     _theme()
-    wide = max(g["model_key"].nunique() + g["L_s"].nunique() for *_, g in panels) > LEGEND_INSIDE
-    fig, axes = _grid(len(panels), w=6.0 + LEGEND_WIDTH * wide, h=4.4, cols=2 if len(panels) < 6 else 3)
+    most = max(g["model_key"].nunique() + g["L_s"].nunique() for *_, g in panels)
+    fig, axes = _grid(len(panels), w=_panel_width(6.0, most), h=4.4, cols=2 if len(panels) < 6 else 3)
     markers = "osD^vP*X"
     for ax, (variant, metric, extra, d) in zip(axes, panels):
         names = _names(d)
@@ -479,23 +488,25 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
             _line(ax, g, "forward_passes", None, colors[key], marker=mk, ls="-" if row["L_s"] == row["L_t"] else "--")
         adaptive = _adaptive_rows(data, variant, metric, d, opts.split)
         adaptive = adaptive[adaptive["model_key"].isin(colors)]
-        kinds = sorted({(smp.split("+", 1)[1], int(cap)) for smp, cap in zip(adaptive["sampler"], adaptive["L_s"])})
+        kind = lambda smp, cap: (smp.split("+", 1)[1], int(cap))  # ('adaptive(0.9)', 3)
+        kinds = sorted({kind(smp, cap) for smp, cap in zip(adaptive["sampler"], adaptive["L_s"])})
         for (key, smp, cap), g in adaptive.groupby(["model_key", "sampler", "L_s"]):
             g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
-            mk = "*XPh"[kinds.index((smp.split("+", 1)[1], int(cap))) % 4]
+            mk = ADAPTIVE_MARKERS[kinds.index(kind(smp, cap)) % len(ADAPTIVE_MARKERS)]
             _line(ax, g, "forward_passes_mean", None, colors[key], marker=mk, ls=":")
         if metric in DEFAULT_THRESHOLD:
             ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
         _x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
-        ax.set_title(variant + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
+        _facet_title(ax, variant, extra)
         # one entry per model (its color) and one per sampling depth (its marker), not one per line
-        handles = [Line2D([], [], color=colors[k], lw=2, label=_model_label(d[d["model_key"] == k].iloc[0], names))
-                   for k in models]
+        row_of = first.set_index("model_key", drop=False)
+        handles = [Line2D([], [], color=colors[k], lw=2, label=_model_label(row_of.loc[k], names)) for k in models]
         handles += [Line2D([], [], color="0.35", marker=markers[i % len(markers)], ls="none", label=f"L_s = {v}")
                     for i, v in enumerate(ls_values)]
-        handles += [Line2D([], [], color="0.35", marker="*XPh"[i % 4], ls=":", label=f"{a}, L_s <= {c}")
+        handles += [Line2D([], [], color="0.35", marker=ADAPTIVE_MARKERS[i % len(ADAPTIVE_MARKERS)], ls=":",
+                           label=f"{a}, L_s <= {c}")
                     for i, (a, c) in enumerate(kinds)]
         _legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth", fontsize=7,
                 loc=_loc(metric))
@@ -669,8 +680,8 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
     panels = [(v, extra, g) for v in sorted(h["task_variant"].unique())
               for extra, g in _facets(h[h["task_variant"] == v])]
     _theme()
-    wide = max(g["model_key"].nunique() for *_, g in panels) > LEGEND_INSIDE
-    fig, axes = _grid(len(panels), w=5.6 + LEGEND_WIDTH * wide, h=4.0, cols=3)
+    fig, axes = _grid(len(panels), w=_panel_width(5.6, max(g["model_key"].nunique() for *_, g in panels)), h=4.0,
+                      cols=3)
     for ax, (variant, extra, g) in zip(axes, panels):
         names = _names(g)
         lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["K"].iloc[0], kg[1]["L_t"].iloc[0], names[kg[0]]))
@@ -684,7 +695,7 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
                 ax.fill_between(curve["step"], curve["min"], curve["max"], color=colors[key], alpha=0.15, lw=0)
         ax.set_xlabel("training step")
         ax.set_ylabel("training loss (ELBO, mean over loops)")
-        ax.set_title(variant + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
+        _facet_title(ax, variant, extra)
         _legend(ax, len(lines), title="model (K x L_t)", fontsize=8, loc="upper right")
     fig.suptitle(f"{data.name}: training curves")
     _tight(fig)

@@ -38,7 +38,6 @@ from model.costs import bf16_peak_flops, train_flops_per_step  # noqa: E402
 from model.sampler import sample  # noqa: E402
 from tasks.sudoku import Sudoku, SudokuConfig  # noqa: E402
 
-# dense bf16 tensor-core peaks, TFLOP/s (vendor data sheets, without sparsity); first match wins
 def bf16_peak(name: str) -> float | None:
     """TFLOP/s of the CUDA device `name` (model.costs.BF16_PEAK_TFLOPS), None when unknown."""
     got = bf16_peak_flops(name)

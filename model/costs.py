@@ -27,10 +27,9 @@ BF16_PEAK_TFLOPS = (
 def bf16_peak_flops(device: str) -> float | None:
     """FLOP/s of a device given by its --device key (`h100`) or its CUDA name (`NVIDIA H100 80GB HBM3`)."""
     key = device.strip().lower()
-    for k, name, tflops in BF16_PEAK_TFLOPS:
-        if key == k:
-            return tflops * 1e12
-    return next((tflops * 1e12 for _, name, tflops in BF16_PEAK_TFLOPS if name.lower() in key), None)
+    by_key = next((t for k, _, t in BF16_PEAK_TFLOPS if k == key), None)
+    tflops = by_key if by_key is not None else next((t for _, n, t in BF16_PEAK_TFLOPS if n.lower() in key), None)
+    return tflops * 1e12 if tflops is not None else None
 
 
 def heads_run(n_loops: int, train_cfg: TrainConfig) -> int:

@@ -81,8 +81,7 @@ def _trainable(config: dict) -> None:
     attempt = start_attempt(store, run.run_id, "run")
     try:
         execute(run, store, config["code_version"], report=tune.report, attempt=attempt,
-                nan_at_step=config.get("faults", {}).get(run.run_id),
-                hold_at_step=config.get("holds", {}).get(run.run_id))
+                **fault_steps(config, run.run_id))
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
         store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
@@ -92,6 +91,16 @@ def _trainable(config: dict) -> None:
 # fault injection for tests, "RUN_ID:STEP[,RUN_ID:STEP...]", read by the driver, sent to the trials
 FAULT_ENV = "RMDM_FAULT_NAN_AT"  # the run's weights turn to NaN before that training step (every attempt)
 HOLD_ENV = "RMDM_FAULT_HOLD_AT"  # the run's first attempt stops before that step and waits to be killed
+
+
+def fault_config() -> dict:
+    """The faults this environment injects, as a driver sends them to its trials (in the param space)."""
+    return {"faults": injected_faults(), "holds": injected_faults(env=HOLD_ENV)}
+
+
+def fault_steps(config: dict, run_id: str) -> dict:
+    """`execute`'s fault arguments for one run, from a trial's config (see fault_config)."""
+    return {"nan_at_step": config.get("faults", {}).get(run_id), "hold_at_step": config.get("holds", {}).get(run_id)}
 
 
 def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, int]:
@@ -298,7 +307,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     if not plan.todo:
         return 1 if plan.failed else 0
 
-    faults, holds = injected_faults(), injected_faults(env=HOLD_ENV)
+    faults = fault_config()  # a malformed spec fails here, before Ray starts
     t0 = time.time()
     try:
         ray, started = init_ray(address, num_cpus)
@@ -350,7 +359,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     "faults": faults, "holds": holds},
+                     **faults},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(

@@ -157,6 +157,8 @@ def _trainable(config: dict) -> None:
     import torch
     from ray import tune
 
+    from study.runner import fault_steps
+
     values = {k: config[k] for k in config["param_keys"]}
     run = with_values(run_from_resolved(config["base"]), values)
     store = Store(config["results"], run.study)
@@ -187,8 +189,7 @@ def _trainable(config: dict) -> None:
         run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": every}))
     attempt = start_attempt(store, run.run_id, "tune")
     row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                  nan_at_step=config.get("faults", {}).get(run.run_id),
-                  hold_at_step=config.get("holds", {}).get(run.run_id))
+                  **fault_steps(config, run.run_id))
     value = objective_from_store(run, metric, store, row)
     final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
     if value is not None and math.isfinite(value):
@@ -384,7 +385,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.runner import HOLD_ENV, injected_faults
+    from study.runner import fault_config
 
     search = grid.search
     base = tuning_run(group.run, search)
@@ -406,7 +407,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         tune.with_resources(_trainable, PlacementGroupFactory([bundle])),
         param_space={"base": trial_payload(base), "param_keys": sorted(search.params), "results": abs_results,
                      "code_version": version, "metric": search.metric.model_dump(), "eval_every": eval_every,
-                     "faults": injected_faults(), "holds": injected_faults(env=HOLD_ENV)},
+                     **fault_config()},
         tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent),
                                     scheduler=scheduler, num_samples=todo, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
