@@ -335,7 +335,10 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
     names = differing(looped["model_key"].unique(), ("model.K", "model.L"))
     info = {k: rows[rows["model_key"] == k].iloc[0] for k in keys}
 
-    by_point = {kt: g.to_dict("records") for kt, g in rows.groupby(["model_key", "T"])}
+    by_point: dict[tuple, list[dict]] = {}  # (model, T) -> its runs' rows, only the fields `value` reads
+    for k, T, rid, ek, n, v in zip(*(rows[c].to_numpy() for c in
+                                     ("model_key", "T", "run_id", "eval_key", "n_examples", "value"))):
+        by_point.setdefault((k, T), []).append({"run_id": rid, "eval_key": ek, "n_examples": n, "value": v})
 
     def value(k: str, T: int) -> tuple[float, np.ndarray] | None:
         recs = by_point.get((k, T))

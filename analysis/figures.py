@@ -7,7 +7,6 @@ The numbers come from the pure functions of analysis.tables.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import textwrap
@@ -17,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -141,20 +141,56 @@ def _legend(ax, n_entries: int, **kw) -> None:
 
 
 def _line(ax, g: pd.DataFrame, x: str, label: str | None, color, marker: str = "o", ls: str = "-") -> None:
-    """Seed-mean metric vs x with its interval as a band; bars of +-1 s.d. across seeds when several."""
+    """Seed-mean metric vs x with its interval as a band; bars of +-1 s.d. across seeds when several.
+
+    The bands and bars of all lines of one axes become one artist each (see _flush_bands): a
+    100-model figure then draws a few hundred artists fewer in each of its layout and save passes."""
     one_split(g, "a line")
     if g.duplicated(x).any():
         raise ValueError(f"a line was given two rows at one {x}: group by model_key first")
     g = g.sort_values(x)
-    ax.plot(g[x], g["value"], marker=marker, ls=ls, color=color, label=label if label is not None else "_nolegend_")
-    ax.fill_between(g[x], g["ci_low"], g["ci_high"], color=color, alpha=0.15, lw=0)
+    xs, v = g[x].to_numpy(dtype=float), g["value"].to_numpy(dtype=float)
+    ax.plot(xs, v, marker=marker, ls=ls, color=color, label=label if label is not None else "_nolegend_")
+    _band(ax, xs, g["ci_low"].to_numpy(dtype=float), g["ci_high"].to_numpy(dtype=float), color)
     if (g["n_seeds"] > 1).any():
-        # as errorbar(yerr=seed_sd, capsize=3) draws them, in two artists instead of errorbar's five
-        # (errorbar was a third of drawing a 100-model figure)
-        xs, v, sd = g[x].to_numpy(), g["value"].to_numpy(), g["seed_sd"].fillna(0).to_numpy()
-        ax.vlines(xs, v - sd, v + sd, colors=[color], lw=1)
-        ax.plot(np.r_[xs, xs], np.r_[v - sd, v + sd], ls="none", marker="_", ms=6, mew=1, color=color,
-                label="_nolegend_")
+        sd = g["seed_sd"].fillna(0).to_numpy(dtype=float)
+        _pending(ax)["bars"] += [(xi, a, b, color) for xi, a, b in zip(xs, v - sd, v + sd)]
+
+
+def _pending(ax) -> dict:
+    return ax.__dict__.setdefault("_rmdm_bands", {"bands": [], "bars": []})
+
+
+def _band(ax, xs: np.ndarray, lo: np.ndarray, hi: np.ndarray, color) -> None:
+    """fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0), drawn with the axes' other bands as one
+    artist by _flush_bands: one polygon per run of points with a finite interval (fill_between leaves
+    gaps at NaN too)."""
+    ok = np.isfinite(xs) & np.isfinite(lo) & np.isfinite(hi)
+    for run in np.split(np.arange(len(xs)), np.flatnonzero(np.diff(ok.astype(int))) + 1):
+        run = run[ok[run]]
+        if len(run):
+            _pending(ax)["bands"].append((np.r_[np.c_[xs[run], lo[run]], np.c_[xs[run], hi[run]][::-1]], color))
+
+
+def _flush_bands(fig) -> None:
+    """Draw the bands and seed bars _line collected, per axes: one PolyCollection of bands (alpha 0.15,
+    below the lines), one LineCollection of bars and one scatter of their caps (as errorbar(capsize=3)
+    draws them)."""
+    for ax in fig.axes:
+        pending = ax.__dict__.pop("_rmdm_bands", None)
+        if not pending:
+            continue
+        if pending["bands"]:
+            polys, colors = zip(*pending["bands"])
+            ax.add_collection(PolyCollection(polys, facecolors=colors, alpha=0.15, linewidths=0, zorder=1),
+                              autolim=False)  # the limits from the vertices at once, not path by path
+            ax.update_datalim(np.concatenate(polys))
+        if pending["bars"]:
+            xs, lo, hi, colors = (list(c) for c in zip(*pending["bars"]))
+            ax.add_collection(LineCollection([[(x, a), (x, b)] for x, a, b in zip(xs, lo, hi)], colors=colors,
+                                             linewidths=1, zorder=2), autolim=False)
+            ax.scatter(xs + xs, lo + hi, marker="_", s=36, linewidths=1, c=colors + colors, zorder=2)
+        ax.autoscale_view()
 
 
 def _x_axis(ax, values, label: str, max_ticks: int = 9) -> None:
@@ -187,9 +223,15 @@ def _loc(metric: str) -> str:
     return "upper right" if metric in LOWER_IS_BETTER else "lower right"
 
 
+RATE_TICKS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
 def _rate_ylim(ax, metric: str) -> None:
+    """A rate's axis: 0 to 1 with fixed ticks (what the automatic locator picks there, without its
+    formatter's work on every layout and draw)."""
     if metric in ("vpr", "rtr", "exact", "cell_acc"):
         ax.set_ylim(-0.02, 1.02)
+        ax.set_yticks(RATE_TICKS, [f"{v:.1f}" for v in RATE_TICKS])
 
 
 def _seed_note(d: pd.DataFrame) -> str:
@@ -207,31 +249,23 @@ def _grid(n: int, w: float = 4.6, h: float = 3.8, cols: int = 4):
     return fig, flat[:n]
 
 
-@contextlib.contextmanager
-def _only_visible(fig, ax):
-    """Hide every other axes of `fig` for the block (those it creates stay visible); restore them after."""
-    hidden = [a for a in fig.axes if a is not ax and a.get_visible()]
-    for a in hidden:
-        a.set_visible(False)
-    try:
-        yield
-    finally:
-        for a in hidden:
-            a.set_visible(True)
-
-
 def _tight(fig) -> None:
-    """tight_layout below the figure's suptitle (tight_layout alone lets a tall grid's first row of
-    titles run into it)."""
-    top = 1.0
-    if fig._suptitle is not None:
+    """tight_layout with the figure's suptitle (wrapped to the figure's width) above the first row.
+
+    The suptitle is pinned a fixed 0.1 inch below the top edge: at its default height (98% of the
+    figure) a tall grid's title sits far below the edge, and tight_layout, which reserves only the
+    title's own height, lets the first row's titles run into it. Pinned, one tight_layout pass is
+    enough (a `rect` would measure every panel twice)."""
+    st = fig._suptitle
+    if st is not None:
         width = max(40, int(fig.get_size_inches()[0] * 7.5))  # characters of a 12 pt title per line
-        text = fig._suptitle.get_text()
+        text = st.get_text()
         if any(len(line) > width for line in text.split("\n")):
-            fig._suptitle.set_text("\n".join(textwrap.fill(line, width) for line in text.split("\n")))
-        lines = fig._suptitle.get_text().count("\n") + 1
-        top = 1.0 - (0.25 + 0.25 * lines) / fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, 0, 1, top))
+            st.set_text("\n".join(textwrap.fill(line, width) for line in text.split("\n")))
+        st.set_y(1.0 - 0.1 / fig.get_size_inches()[1])
+        st.set_verticalalignment("top")
+    _flush_bands(fig)
+    fig.tight_layout()
 
 
 def _palette(keys) -> dict:
@@ -259,7 +293,9 @@ def save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
     try:
         for ext in ("png", fmt):
             p = os.path.join(out_dir, f"{name}.{ext}")
-            fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox)
+            # zlib level 3, not 6: a third less time encoding a large figure for a file about 4% larger
+            fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox,
+                        **({"pil_kwargs": {"compress_level": 3}} if ext == "png" else {}))
             paths.append(p)
     finally:
         fig._layout_engine = engine
@@ -268,15 +304,14 @@ def save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
 
 
 def _tight_bbox(fig, dpi: float):
-    """The box savefig(bbox_inches="tight", dpi=dpi) would crop a PNG to (inches, padded)."""
+    """The box savefig(bbox_inches="tight", dpi=dpi) would crop a PNG to (inches, padded), measured
+    without savefig's extra draw: after tight_layout the artists' extents are final, and the same
+    boxes come out (checked on every figure of the demo, CPU and 1,000-run stores)."""
     old = fig.dpi
     fig.set_dpi(dpi)
     try:
-        renderer = fig.canvas.get_renderer()
-        with renderer._draw_disabled():
-            fig.draw(renderer)
         pad = matplotlib.rcParams["savefig.pad_inches"]
-        return fig.get_tightbbox(renderer).padded(pad, pad)
+        return fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad, pad)
     finally:
         fig.set_dpi(old)
 
@@ -290,6 +325,14 @@ def save_table(df: pd.DataFrame, out_dir: str, name: str) -> str:
 
 def _theme() -> None:
     sns.set_theme(style="whitegrid", context="notebook")
+    # titles at a fixed height above their axes: matplotlib's automatic placement lays out the whole
+    # y axis on every draw of every titled panel, only to dodge tick labels on top (we never put any
+    # there): a fifth of a large figure's drawing
+    matplotlib.rcParams["axes.titley"] = 1.0
+    # SVG text as <text> elements, not glyph outlines: editable and searchable in the figure a paper
+    # reuses, smaller, and a fifth quicker to write (the viewer needs a sans-serif font; DejaVu Sans
+    # is what the PNG uses)
+    matplotlib.rcParams["svg.fonttype"] = "none"
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -533,6 +576,28 @@ def _default_T(families: list[tuple]) -> int:
     return tied[(len(tied) - 1) // 2]  # the middle one: low T saturates at 0, high T at the ceiling
 
 
+def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str) -> None:
+    """m as an annotated heatmap (rows top to bottom, one cell per value, two decimals, a colorbar
+    beside), as sns.heatmap(annot=True, fmt=".2f", cmap="viridis", linewidths=0.5, linecolor="white")
+    draws it, without its whole-figure draw to test whether tick labels overlap (a few short labels
+    here never do; that draw was a third of a large study's cross-depth figure)."""
+    values = np.ma.masked_invalid(m.to_numpy(dtype=float))
+    mesh = ax.pcolormesh(values, cmap="viridis", vmin=vmin, vmax=vmax, linewidths=0.5, edgecolors="white")
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set(xlim=(0, m.shape[1]), ylim=(m.shape[0], 0))
+    cb = ax.figure.colorbar(mesh, ax=ax, label=label)
+    cb.outline.set_linewidth(0)
+    ax.set_xticks(np.arange(m.shape[1]) + 0.5, [str(c) for c in m.columns])
+    ax.set_yticks(np.arange(m.shape[0]) + 0.5, [str(i) for i in m.index], va="center")
+    ax.grid(False)
+    mesh.update_scalarmappable()
+    for (i, j), face in zip(np.ndindex(*m.shape), mesh.get_facecolors()):
+        if values.mask is np.ma.nomask or not values.mask[i, j]:
+            dark = sns.utils.relative_luminance(face) <= 0.408  # seaborn's rule: white text on dark cells
+            ax.text(j + 0.5, i + 0.5, f"{values[i, j]:.2f}", color="w" if dark else ".15", ha="center", va="center")
+
+
 def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """Heatmap of the metric over training depth L_t x sampling depth L_s at one T."""
     families = []
@@ -555,8 +620,8 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
         have = sorted({int(t) for *_, g in families for t in g["T"].unique()})
         raise MissingData(f"cross-depth has no evaluation at T = {T} (T values present: {have})")
     _theme()
-    fig, axes = _grid(len(mats), w=max(4.8, 0.75 * max(m.shape[1] for *_, m in mats) + 2.5),
-                      h=max(3.4, 0.6 * max(m.shape[0] for *_, m in mats) + 2.0), cols=2)
+    panel_w = max(4.8, 0.75 * max(m.shape[1] for *_, m in mats) + 2.5)
+    fig, axes = _grid(len(mats), w=panel_w, h=max(3.4, 0.6 * max(m.shape[0] for *_, m in mats) + 2.0), cols=2)
     # what else (beyond K, schedule, loss) tells the families of a variant apart, from one model of each
     names: dict[str, str] = {}
     for variant in {v for v, *_ in mats}:
@@ -565,23 +630,18 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
     paths, used = [], set()
     for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
         rate = metric in ("vpr", "rtr", "exact", "cell_acc")
-        # sns.heatmap draws the whole figure to see whether its tick labels overlap: with the panels
-        # drawn so far hidden, that draw costs one panel, not all of them (the labels' extents depend
-        # on their own axes only, so the verdict is the same)
-        with _only_visible(fig, ax):
-            sns.heatmap(m, ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0 if rate else None,
-                        vmax=1 if rate else None, cbar_kws={"label": METRIC_LABEL.get(metric, metric)},
-                        linewidths=0.5, linecolor="white")
-        ax.grid(False)
-        ax.tick_params(axis="y", rotation=0)
+        _heatmap(ax, m, vmin=0 if rate else None, vmax=1 if rate else None,
+                 label=METRIC_LABEL.get(metric, metric))
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
             if lt in list(m.columns):
                 ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xlabel("sampling depth L_s (loops per step)")
         ax.set_ylabel("training depth L_t")
         extra = f", {names[rep]}" if names[rep] else ""
-        ax.set_title(f"{variant}, K = {K}, {schedule} schedule, {loss} loss{extra}\nT = {T}; red: L_s = L_t",
-                     fontsize=10)
+        # wrapped to the panel (about 11 characters of 10 pt text per inch): long family names ran
+        # into the next column's title
+        title = textwrap.fill(f"{variant}, K = {K}, {schedule} schedule, {loss} loss{extra}", int(panel_w * 11))
+        ax.set_title(f"{title}\nT = {T}; red: L_s = L_t", fontsize=10)
         name = f"cross_depth_K{K}_{schedule}_{loss}_d{width}_T{T}"
         name = next(f"{name}_{i}" for i in range(1, len(mats) + 2) if f"{name}_{i}" not in used) \
             if name in used else name  # two families with one name: number the later ones
@@ -684,19 +744,24 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
                       cols=3)
     for ax, (variant, extra, g) in zip(axes, panels):
         names = _names(g)
-        lines = sorted(g.groupby("model_key"), key=lambda kg: (kg[1]["K"].iloc[0], kg[1]["L_t"].iloc[0], names[kg[0]]))
-        colors = _palette([k for k, _ in lines])
-        for key, gm in lines:
-            curve = gm.groupby("step")["train_loss"].agg(["mean", "min", "max"]).reset_index()
-            seeds = gm["run_id"].nunique()
+        first = g.drop_duplicates("model_key").set_index("model_key", drop=False)
+        keys = sorted(first.index, key=lambda k: (first.at[k, "K"], first.at[k, "L_t"], names[k]))
+        colors = _palette(keys)
+        seeds = g.groupby("model_key")["run_id"].nunique()
+        curves = g.groupby(["model_key", "step"])["train_loss"].agg(["mean", "min", "max"]).reset_index()
+        by_model = dict(list(curves.groupby("model_key")))
+        for key in keys:  # legend order: by K, L_t, then what else tells them apart
+            curve = by_model[key].sort_values("step")
+            n = int(seeds[key])
             ax.plot(curve["step"], curve["mean"], color=colors[key],
-                    label=_model_label(gm.iloc[0], names) + (f" ({seeds} seeds)" if seeds > 1 else ""))
-            if seeds > 1:
-                ax.fill_between(curve["step"], curve["min"], curve["max"], color=colors[key], alpha=0.15, lw=0)
+                    label=_model_label(first.loc[key], names) + (f" ({n} seeds)" if n > 1 else ""))
+            if n > 1:
+                _band(ax, curve["step"].to_numpy(dtype=float), curve["min"].to_numpy(dtype=float),
+                      curve["max"].to_numpy(dtype=float), colors[key])
         ax.set_xlabel("training step")
         ax.set_ylabel("training loss (ELBO, mean over loops)")
         _facet_title(ax, variant, extra)
-        _legend(ax, len(lines), title="model (K x L_t)", fontsize=8, loc="upper right")
+        _legend(ax, len(keys), title="model (K x L_t)", fontsize=8, loc="upper right")
     fig.suptitle(f"{data.name}: training curves")
     _tight(fig)
     return save(fig, out_dir, "training_curves", opts.fmt)
@@ -761,16 +826,18 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
             ct = c[c["T"] == T].sort_values("n_params")
             ax.plot(ct["n_params"], ct["fit"], color=colors[T], lw=1.5, label=f"T = {T}: single pass, monotone fit")
             ax.scatter(ct["n_params"], ct["value"], marker="s", color=colors[T], s=36, zorder=3)
-            for r in t[t["T"] == T].itertuples():
-                if r.where == IN_RANGE:
-                    lo = r.m_low * r.n_params if np.isfinite(r.m_low) else r.equiv_params
-                    hi = r.m_high * r.n_params if np.isfinite(r.m_high) else ct["n_params"].max()
-                    ax.errorbar([r.equiv_params], [r.value], xerr=[[r.equiv_params - lo], [hi - r.equiv_params]],
-                                fmt=markers[r.L], color=colors[T], mec="k", ms=7, capsize=3, zorder=4)
-                else:
-                    edge = ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()
-                    ax.scatter([edge], [r.value], marker=">" if r.where == ABOVE else "<", color=colors[T],
-                               edgecolor="k", s=70, zorder=4)
+            tt = t[t["T"] == T]
+            # one artist per (T, L) and per side out of range, not one per model (a large sweep has hundreds)
+            for L, r in tt[tt["where"] == IN_RANGE].groupby("L"):
+                lo = np.where(np.isfinite(r["m_low"]), r["m_low"] * r["n_params"], r["equiv_params"])
+                hi = np.where(np.isfinite(r["m_high"]), r["m_high"] * r["n_params"], ct["n_params"].max())
+                ax.errorbar(r["equiv_params"], r["value"], xerr=[r["equiv_params"] - lo, hi - r["equiv_params"]],
+                            fmt=markers[L], color=colors[T], mec="k", ms=7, capsize=3, zorder=4)
+            for where, r in tt[tt["where"] != IN_RANGE].groupby("where"):
+                edge = ct["n_params"].max() if where == ABOVE else ct["n_params"].min()
+                ax.scatter([edge] * len(r), r["value"], marker=">" if where == ABOVE else "<", color=colors[T],
+                           edgecolor="k", s=70, zorder=4)
+            for r in tt.itertuples():
                 ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else
                                       (ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()), r.value),
                             textcoords="offset points", xytext=(5, -10), fontsize=7)

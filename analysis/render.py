@@ -43,8 +43,10 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
             except MissingData as e:
                 out[n] = str(e)
         return out
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
-                                      else "spawn")
+    ctx = _context()
+    from analysis.figures import _agg
+
+    _agg(data)  # aggregated once here and sent with the study, not once in every worker
     # the slowest figures first, so the last worker to finish does not start a long one at the end
     order = sorted(names, key=lambda n: SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST))
     with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init,
@@ -62,6 +64,24 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
 
 # measured at 1,000 runs (benchmarks/store_scale.py): the longest first
 SLOW_FIRST = ["compute", "effective-params", "cross-depth", "iso-flop", "iso-param", "text8", "pareto"]
+
+
+def _context():
+    return multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                       else "spawn")
+
+
+def prestart() -> None:
+    """Start the fork server draw()'s workers come from, with the drawing modules already imported,
+    so that its start (about a second of imports) overlaps the caller's reading of the store instead
+    of following it. Idempotent; nothing to do where there is no fork server."""
+    ctx = _context()
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    ctx.set_forkserver_preload(["__main__", "analysis.figures", "analysis.effective"])
+    forkserver.ensure_running()
 
 
 def _init(data: StudyData) -> None:

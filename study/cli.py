@@ -300,6 +300,10 @@ def report(
         typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
         raise typer.Exit(2)
     _results_or_exit(results)
+    if len(names) > 1 and jobs != 1:
+        from analysis.render import prestart
+
+        prestart()  # the drawing workers' fork server imports while the store is read
     try:
         data = load_study(results, study)
     except (MissingData, ValueError) as e:
