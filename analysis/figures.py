@@ -176,20 +176,22 @@ def _flush_bands(fig) -> None:
     """Draw the bands and seed bars _line collected, per axes: one PolyCollection of bands (alpha 0.15,
     below the lines), one LineCollection of bars and one scatter of their caps (as errorbar(capsize=3)
     draws them)."""
+    # colors as an (n, 4) array: a list of two colors would read as one (color, alpha) pair
+    rgba = lambda colors: np.array([matplotlib.colors.to_rgba(c) for c in colors])
     for ax in fig.axes:
         pending = ax.__dict__.pop("_rmdm_bands", None)
         if not pending:
             continue
         if pending["bands"]:
             polys, colors = zip(*pending["bands"])
-            ax.add_collection(PolyCollection(polys, facecolors=colors, alpha=0.15, linewidths=0, zorder=1),
+            ax.add_collection(PolyCollection(polys, facecolors=rgba(colors), alpha=0.15, linewidths=0, zorder=1),
                               autolim=False)  # the limits from the vertices at once, not path by path
             ax.update_datalim(np.concatenate(polys))
         if pending["bars"]:
             xs, lo, hi, colors = (list(c) for c in zip(*pending["bars"]))
-            ax.add_collection(LineCollection([[(x, a), (x, b)] for x, a, b in zip(xs, lo, hi)], colors=colors,
+            ax.add_collection(LineCollection([[(x, a), (x, b)] for x, a, b in zip(xs, lo, hi)], colors=rgba(colors),
                                              linewidths=1, zorder=2), autolim=False)
-            ax.scatter(xs + xs, lo + hi, marker="_", s=36, linewidths=1, c=colors + colors, zorder=2)
+            ax.scatter(xs + xs, lo + hi, marker="_", s=36, linewidths=1, c=rgba(colors + colors), zorder=2)
         ax.autoscale_view()
 
 
@@ -232,6 +234,25 @@ def _rate_ylim(ax, metric: str) -> None:
     if metric in ("vpr", "rtr", "exact", "cell_acc"):
         ax.set_ylim(-0.02, 1.02)
         ax.set_yticks(RATE_TICKS, [f"{v:.1f}" for v in RATE_TICKS])
+        ax.__dict__["_rmdm_rate"] = True  # _outer_y_labels may leave its labels to its left neighbour
+
+
+def _outer_y_labels(fig) -> None:
+    """A rate panel whose left neighbour in the grid has the same y label (same metric, same fixed
+    0..1 ticks) shows neither: the row's first panel labels the row (fewer texts to lay out and draw
+    in a large figure, and a less cluttered one)."""
+    at = {}
+    for ax in fig.axes:
+        ss = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if ss is not None and ax.get_visible():
+            at[(id(ss.get_gridspec()), ss.rowspan.start, ss.colspan.start)] = ax
+    label = {k: ax.get_ylabel() for k, ax in at.items()}  # before any is cleared
+    for (gs, row, col), ax in at.items():
+        left = at.get((gs, row, col - 1))
+        if (left is not None and ax.__dict__.get("_rmdm_rate") and left.__dict__.get("_rmdm_rate")
+                and label[(gs, row, col)] == label[(gs, row, col - 1)]):
+            ax.set_ylabel("")
+            ax.tick_params(labelleft=False)
 
 
 def _seed_note(d: pd.DataFrame) -> str:
@@ -265,6 +286,7 @@ def _tight(fig) -> None:
         st.set_y(1.0 - 0.1 / fig.get_size_inches()[1])
         st.set_verticalalignment("top")
     _flush_bands(fig)
+    _outer_y_labels(fig)
     fig.tight_layout()
 
 
@@ -576,18 +598,19 @@ def _default_T(families: list[tuple]) -> int:
     return tied[(len(tied) - 1) // 2]  # the middle one: low T saturates at 0, high T at the ceiling
 
 
-def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str) -> None:
+def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str | None):
     """m as an annotated heatmap (rows top to bottom, one cell per value, two decimals, a colorbar
     beside), as sns.heatmap(annot=True, fmt=".2f", cmap="viridis", linewidths=0.5, linecolor="white")
     draws it, without its whole-figure draw to test whether tick labels overlap (a few short labels
-    here never do; that draw was a third of a large study's cross-depth figure)."""
+    here never do; that draw was a third of a large study's cross-depth figure). label=None: no
+    colorbar (the caller draws one for several panels). Returns the mesh."""
     values = np.ma.masked_invalid(m.to_numpy(dtype=float))
     mesh = ax.pcolormesh(values, cmap="viridis", vmin=vmin, vmax=vmax, linewidths=0.5, edgecolors="white")
     for side in ax.spines.values():
         side.set_visible(False)
     ax.set(xlim=(0, m.shape[1]), ylim=(m.shape[0], 0))
-    cb = ax.figure.colorbar(mesh, ax=ax, label=label)
-    cb.outline.set_linewidth(0)
+    if label is not None:
+        ax.figure.colorbar(mesh, ax=ax, label=label).outline.set_linewidth(0)
     ax.set_xticks(np.arange(m.shape[1]) + 0.5, [str(c) for c in m.columns])
     ax.set_yticks(np.arange(m.shape[0]) + 0.5, [str(i) for i in m.index], va="center")
     ax.grid(False)
@@ -596,6 +619,7 @@ def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str) -> None:
         if values.mask is np.ma.nomask or not values.mask[i, j]:
             dark = sns.utils.relative_luminance(face) <= 0.408  # seaborn's rule: white text on dark cells
             ax.text(j + 0.5, i + 0.5, f"{values[i, j]:.2f}", color="w" if dark else ".15", ha="center", va="center")
+    return mesh
 
 
 def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
@@ -628,10 +652,14 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
         names.update(differing([key[-1] for v, _, key, _ in mats if v == variant],
                                (*SHAPE_FIELDS, "train.schedule", "train.loss")))
     paths, used = [], set()
+    rate_metrics = ("vpr", "rtr", "exact", "cell_acc")
+    # panels of one rate metric share the 0..1 scale: one colorbar beside the first row serves them all
+    # (a colorbar per panel was a third of a large study's cross-depth figure)
+    shared = len(mats) > 1 and len({metric for _, metric, *_ in mats}) == 1 and mats[0][1] in rate_metrics
     for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
-        rate = metric in ("vpr", "rtr", "exact", "cell_acc")
-        _heatmap(ax, m, vmin=0 if rate else None, vmax=1 if rate else None,
-                 label=METRIC_LABEL.get(metric, metric))
+        rate = metric in rate_metrics
+        mesh = _heatmap(ax, m, vmin=0 if rate else None, vmax=1 if rate else None,
+                        label=None if shared else METRIC_LABEL.get(metric, metric))
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
             if lt in list(m.columns):
                 ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
@@ -647,6 +675,10 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
             if name in used else name  # two families with one name: number the later ones
         used.add(name)
         paths.append(save_table(m.reset_index(), out_dir, name))
+    if shared:
+        cax = axes[min(1, len(axes) - 1)].inset_axes([1.05, 0.0, 0.05, 1.0])
+        fig.colorbar(mesh, cax=cax, label=f"{METRIC_LABEL.get(mats[0][1], mats[0][1])}, every panel"
+                     ).outline.set_linewidth(0)
     fig.suptitle(f"{data.name}: cross-depth — train at L_t, sample at L_s (T = {T})")
     _tight(fig)
     return save(fig, out_dir, "cross_depth", opts.fmt) + paths
@@ -805,7 +837,8 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
 
     Left: the single-pass models (squares) and their monotone fit per T; each looped model drawn at the
     parameters it performs like, with its bootstrap interval (seeds and examples); a model beyond the
-    single-pass range as a triangle at the range's edge (not extrapolated). Right: m against L on log
+    single-pass range as a triangle at the range's edge (not extrapolated); each looped model is named
+    once, beside its point at its largest T. Right: m against L on log
     axes with the fitted L^beta and its interval. Tables effective_params.csv and effective_beta.csv
     beside it."""
     from analysis.effective import ABOVE, IN_RANGE, cached, effective_tables
@@ -822,6 +855,7 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
         Ls = sorted(t["L"].unique())
         markers = dict(zip(Ls, "oD^vP*X"))
         metric = t["metric"].iloc[0]
+        last_T = t.groupby("model")["T"].max()
         for T in Ts:
             ct = c[c["T"] == T].sort_values("n_params")
             ax.plot(ct["n_params"], ct["fit"], color=colors[T], lw=1.5, label=f"T = {T}: single pass, monotone fit")
@@ -837,7 +871,9 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
                 edge = ct["n_params"].max() if where == ABOVE else ct["n_params"].min()
                 ax.scatter([edge] * len(r), r["value"], marker=">" if where == ABOVE else "<", color=colors[T],
                            edgecolor="k", s=70, zorder=4)
-            for r in tt.itertuples():
+            # each model named once, at its largest T (named at every T, a large sweep's panel is a
+            # block of overlapping labels)
+            for r in tt[tt["T"] == last_T[tt["model"]].to_numpy()].itertuples():
                 ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else
                                       (ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()), r.value),
                             textcoords="offset points", xytext=(5, -10), fontsize=7)

@@ -3,7 +3,7 @@
 Drawing is most of a large study's report (a 100-model sweep's `--figure all` draws a few hundred
 panels) and matplotlib draws on one core, so `draw` spreads the figures over `jobs` processes. The
 workers are started by a fork server (a clean process: never a fork of a caller that holds Ray's or
-Arrow's threads) and receive the study as the caller read it (pickled once per worker), so every
+Arrow's threads) and receive the study as the caller read it (pickled once, to a private file), so every
 worker draws from the same rows and none reads the store again. Figures are returned in the order
 asked, and a figure the data cannot support comes back as its MissingData message, as it does in
 one process.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 from analysis.load import MissingData, StudyData
@@ -49,10 +51,17 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
     _agg(data)  # aggregated once here and sent with the study, not once in every worker
     # the slowest figures first, so the last worker to finish does not start a long one at the end
     order = sorted(names, key=lambda n: SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST))
-    with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init,
-                             initargs=(data,)) as pool:
-        futures = {n: pool.submit(_draw_one, n, out_dir, opts) for n in order}
-        results = {n: f.result() for n, f in futures.items()}
+    # the study pickled once, into a private directory every worker reads it from (as initargs it is
+    # pickled again for each worker and pushed through its pipe one after the other: tens of MB
+    # for a 1,000-run study, half a second before the last worker starts drawing)
+    with tempfile.TemporaryDirectory(prefix="rmdm_draw_") as tmp:  # mode 0700: this user's only
+        path = os.path.join(tmp, "study.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init,
+                                 initargs=(path,)) as pool:
+            futures = {n: pool.submit(_draw_one, n, out_dir, opts) for n in order}
+            results = {n: f.result() for n, f in futures.items()}
     out = {}
     for n in names:
         got, memo = results[n]
@@ -63,7 +72,7 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
 
 
 # measured at 1,000 runs (benchmarks/store_scale.py): the longest first
-SLOW_FIRST = ["compute", "effective-params", "cross-depth", "iso-flop", "iso-param", "text8", "pareto"]
+SLOW_FIRST = ["compute", "cross-depth", "iso-flop", "effective-params", "iso-param", "text8", "pareto"]
 
 
 def _context():
@@ -84,9 +93,10 @@ def prestart() -> None:
     forkserver.ensure_running()
 
 
-def _init(data: StudyData) -> None:
+def _init(path: str) -> None:
     global _DATA
-    _DATA = data
+    with open(path, "rb") as f:
+        _DATA = pickle.load(f)  # written by draw() in its own private directory, a moment ago
 
 
 def _draw_one(name: str, out_dir: str, opts):

@@ -40,11 +40,10 @@ def open_storage(path: str):
 
 def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, float], str]]:
     """[(optuna study name, completed trials (number, value, best_so_far, params...), importances, direction)]."""
-    import optuna
-
     path = find_storage(study_dir)
     if path is None:
         raise MissingData(f"no Optuna study at {study_dir}/optuna.* (run `study tune GRID` first)")
+    import optuna  # after the check: importing it is a quarter second a study without a search need not pay
     storage = open_storage(path)
     out = []
     for name in optuna.study.get_all_study_names(storage):

@@ -120,3 +120,51 @@ def test_tick_values_are_thinned_to_about_nine_spread_over_the_axis():
     assert F._thin([1, 2, 4, 8], 9, log=True) == [1, 2, 4, 8]
     gaps = [b / a for a, b in zip(ticks, ticks[1:])]
     assert min(gaps[:-1]) >= 1.5, ticks  # no two neighbours crowded (the last may sit closer)
+
+
+def test_bands_and_seed_bars_keep_each_lines_color():
+    """_line gathers an axes' bands and bars into one artist each: every band and bar keeps its own
+    line's color (two colors once read as one (color, alpha) pair: every band took the first)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    from analysis.figures import _flush_bands, _line
+
+    fig, ax = plt.subplots()
+    red, blue = (0.8, 0.1, 0.1), (0.1, 0.2, 0.8)
+    for color, base in ((red, 0.2), (blue, 0.5)):
+        g = pd.DataFrame({"T": [1, 2, 4], "value": [base, base + 0.1, base + 0.2], "split": "test",
+                          "ci_low": [base - 0.05] * 3, "ci_high": [base + 0.25] * 3, "n_seeds": 3,
+                          "seed_sd": [0.01, np.nan, 0.02]})
+        _line(ax, g, "T", None, color)
+    _flush_bands(fig)
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(bands) == 1 and len(bars) == 1
+    assert np.allclose(bands[0].get_facecolors(), [(*red, 0.15), (*blue, 0.15)])
+    assert np.allclose(bars[0].get_colors(), [(*red, 1)] * 3 + [(*blue, 1)] * 3)
+    lo, hi = ax.get_ylim()
+    assert lo <= 0.15 and hi >= 0.75  # the limits hold the bands, not only the lines
+    plt.close(fig)
+    assert matplotlib.get_backend().lower() == "agg"
+
+
+def test_a_rate_panel_leaves_its_y_labels_to_a_left_neighbour_of_the_same_metric():
+    import matplotlib.pyplot as plt
+
+    from analysis.figures import _grid, _outer_y_labels, _rate_ylim
+
+    fig, axes = _grid(6, cols=3)  # two rows of three
+    for i, ax in enumerate(axes):
+        metric = "rtr" if i == 5 else "vpr"
+        _rate_ylim(ax, metric)
+        ax.set_ylabel(metric)
+    _outer_y_labels(fig)
+    shown = [ax.get_ylabel() for ax in axes]
+    assert shown == ["vpr", "", "", "vpr", "", "rtr"]  # each row's first; a different metric keeps its own
+    ticks = [any(t.get_visible() for t in ax.get_yticklabels()) for ax in axes]
+    assert ticks == [True, False, False, True, False, True]
+    plt.close(fig)
