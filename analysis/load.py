@@ -48,6 +48,7 @@ class StudyData:
     history: pd.DataFrame  # training curves (train_loss, depth = L_t of that step) joined with the run columns
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
     configs: dict[str, dict] = field(default_factory=dict)  # run_id -> configs/<run_id>.json
+    config_texts: dict[str, str] = field(default_factory=dict)  # run_id -> that file's text, as read
     store: Store | None = None
     # runs left out: a newer run has the same whole training configuration, seed included (a retraining
     # under another id); columns run_id, kept (the run analysed instead), reason
@@ -73,7 +74,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
-    configs = _configs(store)
+    configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     evals, left_evals = dedupe_evals(store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner"))
     history = store.read("history")
@@ -82,7 +83,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
-                     configs=configs, store=store, superseded=superseded, left_out_evals=left_evals)
+                     configs=configs, config_texts=config_texts, store=store, superseded=superseded, left_out_evals=left_evals)
 
 
 def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -223,17 +224,23 @@ def task_variant(task: str, p: dict) -> str:
     return task
 
 
-def _configs(store: Store) -> dict[str, dict]:
+def _configs(store: Store) -> tuple[dict[str, dict], dict[str, str]]:
+    """({run_id: parsed config}, {run_id: the file's text}) of configs/*.json; a file that does not
+    parse is {"error": ...} with no text."""
     sel = pafs.FileSelector(f"{store.dir}/configs", allow_not_found=True)
     infos = [i for i in store.fs.get_file_info(sel)
              if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
     # one round trip per file on an object store: read them in parallel
     with ThreadPoolExecutor(16 if not store.local else 4) as pool:
         datas = list(pool.map(lambda i: store.read_bytes(i.path), infos))
-    out = {}
+    out, texts = {}, {}
     for info, data in zip(infos, datas):
+        run_id = info.base_name[: -len(".json")]
         try:
-            out[info.base_name[: -len(".json")]] = json.loads(data) if data else {}
-        except json.JSONDecodeError as e:
-            out[info.base_name[: -len(".json")]] = {"error": f"unreadable config: {e}"}
-    return out
+            out[run_id] = json.loads(data) if data else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            out[run_id] = {"error": f"unreadable config: {e}"}
+        else:
+            if data:
+                texts[run_id] = data.decode("utf-8")
+    return out, texts

@@ -64,9 +64,9 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
             results = {n: f.result() for n, f in futures.items()}
     out = {}
     for n in names:
-        got, memo = results[n]
-        if memo:  # effective-params computed in a worker: the report's tables reuse it
-            data.__dict__.setdefault("_effective", {}).update(memo)
+        got, memos = results[n]
+        for key, kept in memos.items():  # tables a worker computed (effective parameters, crossings,
+            data.__dict__.setdefault(key, {}).update(kept)  # iso-FLOP pairs): the report's tables reuse them
         out[n] = got
     return out
 
@@ -106,4 +106,5 @@ def _draw_one(name: str, out_dir: str, opts):
         got = FIGURES[name](_DATA, out_dir, opts)
     except MissingData as e:
         got = str(e)
-    return got, _DATA.__dict__.get("_effective") if name == "effective-params" else None
+    # the worker's memoised tables so far (a few small frames), for the report's tables
+    return got, {k: _DATA.__dict__[k] for k in ("_effective", "_memo") if _DATA.__dict__.get(k)}

@@ -13,9 +13,9 @@ import os
 
 import pandas as pd
 
-from analysis.figures import FIGURES, Options, _agg, crossings_table
+from analysis.figures import FIGURES, Options, _agg, crossings_table, pairs_of
 from analysis.load import MissingData, StudyData
-from analysis.tables import iso_flop_pairs, param_table, text8_table
+from analysis.tables import param_table, text8_table
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1200px;color:#222;
@@ -83,7 +83,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                     "models (fewest parameters and steps).", c))
     except MissingData as e:
         out.append(("Threshold crossings", "", str(e)))
-    pairs = iso_flop_pairs(data.runs).drop(columns=["key_recursive", "key_single"])
+    pairs = pairs_of(data).drop(columns=["key_recursive", "key_single"])
     out.append(("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per "
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
@@ -227,7 +227,8 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     md += ["## Provenance", "", "Code versions of the runs (runs.code_version):", "", md_table(versions), "",
            f"Per run ({len(data.configs)} resolved configs in `configs/`):", "", md_table(per_run), ""]
     for run_id in sorted(data.configs):
-        text = json.dumps(data.configs[run_id], indent=2, sort_keys=True, default=str)
+        # the file's own text when read (written as this dump would write it), else the dump
+        text = data.config_texts.get(run_id) or json.dumps(data.configs[run_id], indent=2, sort_keys=True, default=str)
         h.append(f"<details><summary>configs/{html.escape(run_id)}.json</summary><pre>{html.escape(text)}</pre>"
                  "</details>")
     md += [f"The resolved configs are in `{data.dir}/configs/<run_id>.json`.", ""]

@@ -217,14 +217,13 @@ def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
         return json.dumps({f: v for f, v in model_fields(key).items()
                            if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
 
-    single_core = {k: core(k) for k in single["model_key"]}
+    partners: dict[tuple, list] = {}  # (K, core) -> the single-pass models with them, in table order
+    for s in single.itertuples(index=False):
+        partners.setdefault((s.K, core(s.model_key)), []).append(s)
     names = differing(rec["model_key"])
     rows = []
     for r in rec.itertuples(index=False):
-        c = core(r.model_key)
-        for s in single[single["K"] == r.K * r.L_t].itertuples(index=False):
-            if single_core[s.model_key] != c:
-                continue
+        for s in partners.get((r.K * r.L_t, core(r.model_key)), []):
             rows.append({"task_variant": r.task_variant, "d_model": r.d_model, "K": r.K, "L": r.L_t,
                          "KL": r.K * r.L_t, "schedule": r.schedule, "loss": r.loss, "differs": names[r.model_key],
                          "params_recursive": int(r.n_params), "params_single": int(s.n_params),

@@ -16,8 +16,11 @@ files that are new or changed. So:
   a cache, checked entry by entry against the listing;
 - a file rewritten within the mtime granularity of the version indexed (1 s on S3) could show
   the same size and mtime: like git's "racily clean" entries, a file is indexed only when its
-  mtime is older than the newest mtime of the listing by more than `RACY_S`, so any later
-  rewrite gets a later mtime;
+  mtime is older than the newest mtime of the listing by more than the store's granularity, so
+  any later rewrite gets a later mtime. That window is `RACY_S` where every listed mtime is a
+  whole second (S3, FAT, ext3, HFS+: coarse clocks) and `FINE_RACY_S` where any is not (ext4,
+  xfs, btrfs, tmpfs, NTFS: stamps from a clock of a few milliseconds at most), so that on a local
+  disk only the last moments of a sweep are read again, not its last two seconds of files;
 - unreadable files are never indexed: every read parses them again and names them.
 Tables whose rows are too big to copy (samples) index the verdict only (readable, row count).
 """
@@ -36,6 +39,7 @@ import pyarrow.parquet as pq
 INDEX_DIR = "_index"
 VERSION = "1"
 RACY_S = 2.0  # coarsest mtime granularity in use (FAT: 2 s; S3 and ext3: 1 s)
+FINE_RACY_S = 0.05  # sub-second mtimes: the kernel's file-time clock ticks every 1-10 ms
 ROWS_TABLES = ("runs", "evals", "history")  # indexed with their rows; others (samples) by verdict only
 META = [("_file", pa.string()), ("_size", pa.int64()), ("_mtime_ns", pa.int64())]
 VERDICT = pa.schema([*META, ("_rows", pa.int64())])
@@ -52,6 +56,13 @@ def list_files(store, table: str) -> list[pafs.FileInfo]:
     infos = store.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
     return sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
                    and i.base_name[0] not in "._"), key=lambda i: i.path)
+
+
+def racy_window(files: list[pafs.FileInfo]) -> float:
+    """Seconds a file's mtime must precede the listing's newest to be indexed: RACY_S when every mtime
+    is a whole second (a coarse clock, or a store that reports seconds), else FINE_RACY_S."""
+    fine = any((i.mtime_ns or 0) % 1_000_000_000 for i in files)
+    return FINE_RACY_S if fine else RACY_S
 
 
 def _ident(info: pafs.FileInfo) -> tuple[int, int]:
@@ -144,13 +155,14 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True):
             for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
                 out[name] = int(n)
     newest = max((i.mtime_ns or 0 for i in files), default=0)
+    racy_s = racy_window(files)
     indexable = []
     for info, t in parsed:
         if t is None:
             continue
         name = rel[info.path]
         out[name] = t if keep_rows else t.num_rows
-        if (newest - (info.mtime_ns or 0)) / 1e9 > RACY_S:
+        if (newest - (info.mtime_ns or 0)) / 1e9 > racy_s:
             indexable.append(info)
     if len(indexable) >= MIN_NEW or (index is not None and len(hits) + len(indexable) < len(cached) - MIN_NEW):
         _write(store, table, files, rel, out, keep_rows, schema, {i.path for i in indexable}, set(hits))

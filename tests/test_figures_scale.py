@@ -168,3 +168,20 @@ def test_a_rate_panel_leaves_its_y_labels_to_a_left_neighbour_of_the_same_metric
     ticks = [any(t.get_visible() for t in ax.get_yticklabels()) for ax in axes]
     assert ticks == [True, False, False, True, False, True]
     plt.close(fig)
+
+
+def test_a_line_refuses_two_rows_at_one_x_and_draws_in_x_order():
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import pytest
+
+    from analysis.figures import _line
+
+    fig, ax = plt.subplots()
+    g = pd.DataFrame({"T": [4, 1, 2], "value": [0.9, 0.1, 0.5], "ci_low": 0.0, "ci_high": 1.0, "n_seeds": 1,
+                      "seed_sd": 0.0, "split": "test"})
+    _line(ax, g, "T", "a", "C0")
+    assert list(ax.lines[0].get_xdata()) == [1, 2, 4] and list(ax.lines[0].get_ydata()) == [0.1, 0.5, 0.9]
+    with pytest.raises(ValueError, match="two rows at one T"):
+        _line(ax, pd.concat([g, g.iloc[:1]]), "T", "b", "C1")
+    plt.close(fig)
