@@ -231,12 +231,13 @@ def _loc(metric: str) -> str:
 
 
 RATE_TICKS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+UNIT_METRICS = ("vpr", "rtr", "exact", "cell_acc")  # metrics on a 0..1 axis (rates and cell accuracy)
 
 
 def _rate_ylim(ax, metric: str) -> None:
     """A rate's axis: 0 to 1 with fixed ticks (what the automatic locator picks there, without its
     formatter's work on every layout and draw)."""
-    if metric in ("vpr", "rtr", "exact", "cell_acc"):
+    if metric in UNIT_METRICS:
         ax.set_ylim(-0.02, 1.02)
         ax.set_yticks(RATE_TICKS, [f"{v:.1f}" for v in RATE_TICKS])
         ax.__dict__["_rmdm_rate"] = True  # _outer_y_labels may leave its labels to its left neighbour
@@ -675,12 +676,11 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
         names.update(differing([key[-1] for v, _, key, _ in mats if v == variant],
                                (*SHAPE_FIELDS, "train.schedule", "train.loss")))
     paths, used = [], set()
-    rate_metrics = ("vpr", "rtr", "exact", "cell_acc")
     # panels of one rate metric share the 0..1 scale: one colorbar beside the first row serves them all
     # (a colorbar per panel was a third of a large study's cross-depth figure)
-    shared = len(mats) > 1 and len({metric for _, metric, *_ in mats}) == 1 and mats[0][1] in rate_metrics
+    shared = len(mats) > 1 and len({metric for _, metric, *_ in mats}) == 1 and mats[0][1] in UNIT_METRICS
     for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
-        rate = metric in rate_metrics
+        rate = metric in UNIT_METRICS
         mesh = _heatmap(ax, m, vmin=0 if rate else None, vmax=1 if rate else None,
                         label=None if shared else METRIC_LABEL.get(metric, metric))
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
@@ -890,15 +890,14 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
                 hi = np.where(np.isfinite(r["m_high"]), r["m_high"] * r["n_params"], ct["n_params"].max())
                 ax.errorbar(r["equiv_params"], r["value"], xerr=[r["equiv_params"] - lo, hi - r["equiv_params"]],
                             fmt=markers[L], color=colors[T], mec="k", ms=7, capsize=3, zorder=4)
+            edge = lambda where: ct["n_params"].max() if where == ABOVE else ct["n_params"].min()  # out of range
             for where, r in tt[tt["where"] != IN_RANGE].groupby("where"):
-                edge = ct["n_params"].max() if where == ABOVE else ct["n_params"].min()
-                ax.scatter([edge] * len(r), r["value"], marker=">" if where == ABOVE else "<", color=colors[T],
-                           edgecolor="k", s=70, zorder=4)
+                ax.scatter([edge(where)] * len(r), r["value"], marker=">" if where == ABOVE else "<",
+                           color=colors[T], edgecolor="k", s=70, zorder=4)
             # each model named once, at its largest T (named at every T, a large sweep's panel is a
             # block of overlapping labels)
             for r in tt[tt["T"] == last_T[tt["model"]].to_numpy()].itertuples():
-                ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else
-                                      (ct["n_params"].max() if r.where == ABOVE else ct["n_params"].min()), r.value),
+                ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else edge(r.where), r.value),
                             textcoords="offset points", xytext=(5, -10), fontsize=7)
         ax.set_xscale("log")
         ax.set_xlabel("parameters (single-pass models; looped models at the parameters they perform like)")

@@ -22,6 +22,7 @@ from analysis.load import MissingData, StudyData
 PARALLEL_FROM_RUNS = 200
 
 _DATA: StudyData | None = None
+_SENT: set[tuple] = set()  # (memo, key) a worker already sent back
 
 
 def auto_jobs(data: StudyData, n_figures: int) -> int:
@@ -106,5 +107,11 @@ def _draw_one(name: str, out_dir: str, opts):
         got = FIGURES[name](_DATA, out_dir, opts)
     except MissingData as e:
         got = str(e)
-    # the worker's memoised tables so far (a few small frames), for the report's tables
-    return got, {k: _DATA.__dict__[k] for k in ("_effective", "_memo") if _DATA.__dict__.get(k)}
+    # the tables this figure memoised (a few small frames), each sent back once, for the report's tables
+    memos = {}
+    for k in ("_effective", "_memo"):
+        new = {key: v for key, v in _DATA.__dict__.get(k, {}).items() if (k, key) not in _SENT}
+        if new:
+            memos[k] = new
+            _SENT.update((k, key) for key in new)
+    return got, memos

@@ -58,11 +58,14 @@ def list_files(store, table: str) -> list[pafs.FileInfo]:
                    and i.base_name[0] not in "._"), key=lambda i: i.path)
 
 
-def racy_window(files: list[pafs.FileInfo]) -> float:
-    """Seconds a file's mtime must precede the listing's newest to be indexed: RACY_S when every mtime
-    is a whole second (a coarse clock, or a store that reports seconds), else FINE_RACY_S."""
-    fine = any((i.mtime_ns or 0) % 1_000_000_000 for i in files)
-    return FINE_RACY_S if fine else RACY_S
+def racy_window(files: list[pafs.FileInfo]) -> tuple[int, float]:
+    """(the listing's newest mtime in ns, seconds a file's mtime must precede it to be indexed): RACY_S
+    when every mtime is a whole second (a coarse clock, or a store that reports seconds), else
+    FINE_RACY_S. One pass over the listing."""
+    mtimes = np.fromiter((i.mtime_ns or 0 for i in files), dtype=np.int64, count=len(files))
+    if not len(mtimes):
+        return 0, RACY_S
+    return int(mtimes.max()), FINE_RACY_S if (mtimes % 1_000_000_000).any() else RACY_S
 
 
 def _ident(info: pafs.FileInfo) -> tuple[int, int]:
@@ -154,8 +157,7 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True):
         else:
             for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
                 out[name] = int(n)
-    newest = max((i.mtime_ns or 0 for i in files), default=0)
-    racy_s = racy_window(files)
+    newest, racy_s = racy_window(files)
     indexable = []
     for info, t in parsed:
         if t is None:

@@ -118,7 +118,7 @@ def test_sub_second_mtimes_index_all_but_the_last_moments_and_still_see_a_racy_r
             p = os.path.join(d, f)
             t = newest_ns if f"r{N_RUNS - 1:02d}" in p else racy_ns if "r03" in p else settled_ns
             os.utime(p, ns=(t, t))
-    assert index.racy_window(index.list_files(store, "evals")) == index.FINE_RACY_S
+    assert index.racy_window(index.list_files(store, "evals")) == (newest_ns, index.FINE_RACY_S)
     assert sorted(store.read("evals")["value"]) == sorted(i / 100 for i in range(N_RUNS) for _ in KEYS)
     idx = pd.read_parquet(f"{store.dir}/_index/evals.parquet")
     indexed = {f.split("/")[0] for f in idx["_file"]}
@@ -133,7 +133,7 @@ def test_sub_second_mtimes_index_all_but_the_last_moments_and_still_see_a_racy_r
     assert got.loc[("r03", "T1_a"), "value"] == 0.77
     # whole-second mtimes (S3, FAT): the coarse window
     age_all(store, OLD)
-    assert index.racy_window(index.list_files(store, "evals")) == index.RACY_S
+    assert index.racy_window(index.list_files(store, "evals"))[1] == index.RACY_S
 
 
 def test_damaged_or_half_written_index_is_harmless(tmp_path):
