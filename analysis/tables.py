@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import MODEL_KEYS, MissingData
-from stats import mean_ci_from_sd, wilson
+from stats import SEED_METHOD, seed_interval, wilson  # noqa: F401 (wilson: tests check the one copy)
 
 # the split every figure and table reads unless told otherwise (never several at once)
 DEFAULT_SPLIT = "test"
@@ -82,12 +82,15 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     (analysis.load.dedupe_evals), else ValueError: two evaluations of one run are never averaged.
 
     value: mean over seeds. n_seeds, seed_sd (sample s.d. across seeds; 0 for one seed), seed_min,
-    seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: for rate
-    metrics, the 95% Wilson interval of the pooled count (k = sum of value * n over seeds); for other
-    metrics, the stored interval when there is one seed, else mean +- 1.96 s.d. / sqrt(n_seeds).
+    seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: the 95%
+    interval of the value (stats.seed_interval): Student's t over the seed means with two or more seeds
+    (the seed means carry both seed-to-seed and test-set variation; the same test examples are scored by
+    every seed, so seeds x examples are never pooled as independent trials), the evaluation's own
+    interval with one seed, the pooled evaluation interval when all seeds scored the same value.
+    ci_method: which of these (SEED_METHOD's text). The value always lies inside its interval.
     """
     if evals.empty:
-        return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[])
+        return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[], ci_method=[])
     keys = [c for c in MODEL_KEYS + POINT_KEYS if c in evals.columns]
     per_run = keys + ["run_id"]
     twice = evals[evals.duplicated(["run_id", *POINT_KEYS], keep=False)]
@@ -112,16 +115,16 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
         forward_passes=("forward_passes", "mean"))
     g["seed_sd"] = g["seed_sd"].fillna(0.0)
-    lo, hi = [], []
-    for r in g.itertuples(index=False):
-        if r.metric in RATE_METRICS and r.n_examples > 0:
-            a, b = wilson(r.k, int(r.n_examples))
-        elif r.n_seeds > 1:
-            a, b = mean_ci_from_sd(r.value, r.seed_sd, int(r.n_seeds))
-        else:
-            a, b = r.ci_low, r.ci_high
+    # the per-seed values and evaluation intervals of each aggregated row, in the groupby's order
+    seeds = runs.groupby(keys, dropna=False, sort=True)[["value", "n_examples", "ci_low", "ci_high"]]
+    lo, hi, how = [], [], []
+    for r, (_, s) in zip(g.itertuples(index=False), seeds):
+        a, b, m = seed_interval(s["value"].tolist(), r.metric in RATE_METRICS, s["n_examples"].tolist(),
+                                s["ci_low"].tolist(), s["ci_high"].tolist())
         lo.append(a)
         hi.append(b)
+        how.append(SEED_METHOD[m])
+    g["ci_method"] = how
     g["ci_low"], g["ci_high"] = lo, hi
     # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
     # rows written before that was recorded
