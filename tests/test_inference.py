@@ -130,3 +130,115 @@ def test_the_value_lies_inside_its_interval_and_one_seed_keeps_its_evaluation_in
     vals = rng.integers(0, 41, size=(300, 3)) / 40
     agg = aggregate(_evals(vals, 40, rate=True))
     assert ((agg.ci_low <= agg.value + 1e-12) & (agg.value <= agg.ci_high + 1e-12)).all()
+
+
+# ---- paired comparisons -----------------------------------------------------------------------
+def _paired_examples(n: int, pa: float, pb: float, rho: float, rng: np.random.Generator):
+    """Two models on one freshly drawn test set: example i solved by A when Phi(sqrt(rho) g_i +
+    sqrt(1 - rho) e) < pa, by B likewise with its own e: shared difficulty makes them correlated."""
+    g = rng.standard_normal(n)
+    za = torch.special.ndtr(torch.from_numpy(math.sqrt(rho) * g + math.sqrt(1 - rho) * rng.standard_normal(n)))
+    zb = torch.special.ndtr(torch.from_numpy(math.sqrt(rho) * g + math.sqrt(1 - rho) * rng.standard_normal(n)))
+    return (za.numpy() < pa).astype(float), (zb.numpy() < pb).astype(float)
+
+
+def test_paired_interval_over_examples_covers_a_known_difference():
+    from stats import paired_difference
+
+    rng = np.random.default_rng(11)
+    for pa, pb in [(0.6, 0.4), (0.5, 0.5), (0.9, 0.8)]:
+        hit = 0
+        for _ in range(1000):
+            a, b = _paired_examples(300, pa, pb, 0.5, rng)
+            d, lo, hi, how, used = paired_difference({0: a.mean()}, {0: b.mean()}, True, {0: a}, {0: b})
+            assert how == "examples" and used == 1 and lo <= d <= hi
+            hit += lo <= pa - pb <= hi
+        assert 0.93 <= hit / 1000 <= 0.97, (pa, pb, hit)
+
+
+def test_paired_t_over_matched_seeds_covers_a_known_difference():
+    from stats import paired_difference
+
+    rng = np.random.default_rng(12)
+    for S in (2, 3, 5):
+        hit = 0
+        for _ in range(1000):
+            base = rng.normal(0.0, 0.05, S)  # what a seed does to both models (shared data order, puzzles)
+            a = 0.7 + base + rng.normal(0, 0.03, S)
+            b = 0.6 + base + rng.normal(0, 0.03, S)
+            d, lo, hi, how, used = paired_difference(dict(enumerate(a)), dict(enumerate(b)), True)
+            assert how == "seeds" and used == S and lo <= d <= hi
+            hit += lo <= 0.1 <= hi
+        assert 0.93 <= hit / 1000 <= 0.97, (S, hit)
+
+
+def test_verdicts_follow_the_stated_rule():
+    from stats import verdict
+
+    assert verdict(0.01, 0.2) == "ahead" and verdict(-0.2, -0.01) == "behind"
+    assert verdict(-0.01, 0.2) == "no detectable difference"
+    assert verdict(-0.3, -0.1, lower_is_better=True) == "ahead"  # a lower NLL is better
+    assert verdict(0.1, 0.3, lower_is_better=True) == "behind"
+
+
+def _paired_store(root: str, delta: float, n: int = 400, seeds=(0,)):
+    """A study of (1 x 2) and its iso-parameter partner (1 x 1), per-example scores for every example in
+    the samples files, A solving (0.5 + delta) and B 0.5 of the same puzzles in expectation."""
+    from store import Store
+    from test_analysis_data import eval_row, run_row
+
+    store = Store(root, "paired")
+    rng = np.random.default_rng(5)
+    tp = {"n": 9, "mask_rate": 0.3}
+    for seed in seeds:
+        draws = {T: _paired_examples(n, 0.5 + delta, 0.5, 0.5, rng) for T in (1, 2)}
+        for i, (K, L) in enumerate([(1, 2), (1, 1)]):
+            run = run_row("paired", "sudoku", tp, K, L, seed=seed)
+            store.write_rows("runs", [run], f"{run['run_id']}.parquet")
+            store.write_config(run["run_id"], {"run_id": run["run_id"], "model": {"K": K, "L": L}})
+            for T, ab in draws.items():
+                y = ab[i]
+                ev = eval_row(run, T, L, "vpr", float(y.mean()))
+                ev.update(n_examples=n, ci_low=wilson(y.sum(), n)[0], ci_high=wilson(y.sum(), n)[1])
+                store.write_rows("evals", [ev], run["run_id"], f"{ev['eval_key']}.parquet")
+                store.write_rows("samples", [{"run_id": run["run_id"], "eval_key": ev["eval_key"], "T": T, "L_s": L,
+                                              "example": j, "input": None, "output": None, "reference": None,
+                                              "score": float(v), "scores": json.dumps({"vpr": float(v)})}
+                                             for j, v in enumerate(y)], run["run_id"], f"{ev['eval_key']}.parquet")
+    return store
+
+
+@pytest.mark.parametrize("delta,expected", [(0.2, "ahead"), (0.0, "no detectable difference"), (-0.2, "behind")])
+def test_report_compares_paired_samples_of_known_difference(tmp_path, delta, expected):
+    from analysis.compare import compare
+    from analysis.load import load_study
+
+    _paired_store(str(tmp_path), delta)
+    c = compare(load_study(str(tmp_path), "paired"))
+    assert len(c) == 2 and list(c["T"]) == [1, 2]
+    r = c.iloc[0]
+    assert (r.comparison, r.A, r.B, r["T"]) == ("iso-parameter", "(1 x 2)", "(1 x 1)", 1)
+    assert r.method.startswith("paired over test examples") and r.seeds == "1 / 1 (1 paired)"
+    assert r.ci_low <= delta <= r.ci_high and r.ci_low <= r.difference <= r.ci_high
+    assert r.verdict == expected
+    # pairing makes the interval narrower than the two Wilson intervals combined would be
+    data = load_study(str(tmp_path), "paired")
+    ev = data.evals[data.evals["T"] == 1].set_index("L_t")
+    unpaired = math.hypot(*(ev.loc[L, "ci_high"] - ev.loc[L, "ci_low"] for L in (1, 2))) / 2
+    assert (r.ci_high - r.ci_low) / 2 < unpaired
+
+
+def test_study_report_prints_comparisons_and_names_a_pair(tmp_path):
+    from tests.helpers import study
+
+    store = _paired_store(str(tmp_path), 0.2, seeds=(0, 1, 2))
+    runs = sorted(store.read("runs")["run_id"])
+    out = study("report", "--results", str(tmp_path), "--study", "paired", "--figure", "iso-param",
+                "--compare", f"{runs[0]}:{runs[-1]}")
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if "vs" in l and "T=1" in l]
+    assert any(l.strip().startswith("iso-parameter") and "seeds 3 / 3 (3 paired): ahead" in l for l in lines), out.stdout
+    assert any(l.strip().startswith("named") for l in lines), out.stdout
+    bad = study("report", "--results", str(tmp_path), "--study", "paired", "--figure", "iso-param",
+                "--compare", "nope:also-nope")
+    assert bad.returncode == 2 and "no run 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

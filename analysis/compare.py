@@ -1,0 +1,158 @@
+"""Paired comparisons of two models scored on the same test examples, with a verdict computed from the
+interval of the difference (stats.paired_difference, stats.verdict): every iso-parameter pair
+((K x L) vs (K x 1)), every iso-FLOP pair ((K x L) vs (KL x 1)), and any two models a user names,
+at every T both were evaluated at, each sampled at its own training depth (L_s = L_t).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import MissingData, StudyData
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, RATE_METRICS, SHAPE_FIELDS,
+                             differing, iso_flop_pairs, model_fields, models, primary_metric, select)
+from stats import PAIR_METHOD, VERDICT_RULE, paired_difference, verdict
+
+COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
+           "ci_low", "ci_high", "verdict", "method"]
+
+
+def _core(key: str) -> str:
+    return json.dumps({f: v for f, v in model_fields(key).items()
+                       if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
+
+
+def iso_param_pairs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each recursive (K x L), L > 1, with its single-pass (K x 1) partner: the same K and every other
+    training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS)."""
+    m = models(runs)
+    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1]
+    partners: dict[tuple, list] = {}
+    for s in single.itertuples(index=False):
+        partners.setdefault((s.K, _core(s.model_key)), []).append(s)
+    rows = [{"task_variant": r.task_variant, "key_a": r.model_key, "key_b": s.model_key}
+            for r in rec.itertuples(index=False) for s in partners.get((r.K, _core(r.model_key)), [])]
+    return pd.DataFrame(rows, columns=["task_variant", "key_a", "key_b"])
+
+
+def study_pairs(data: StudyData, named: list[tuple[str, str]] = ()) -> pd.DataFrame:
+    """(comparison, task_variant, key_a, key_b) of every iso-parameter and iso-FLOP pair of the study,
+    then the pairs of runs a user named (`named`: (run id A, run id B); any seed's run names its model)."""
+    ip = iso_param_pairs(data.runs).assign(comparison="iso-parameter")
+    fl = iso_flop_pairs(data.runs)
+    fl = pd.DataFrame({"comparison": "iso-FLOP", "task_variant": fl["task_variant"], "key_a": fl["key_recursive"],
+                       "key_b": fl["key_single"]})
+    key_of = dict(zip(data.runs["run_id"], data.runs["model_key"]))
+    variant_of = dict(zip(data.runs["run_id"], data.runs["task_variant"]))
+    rows = []
+    for a, b in named:
+        missing = [r for r in (a, b) if r not in key_of]
+        if missing:
+            raise MissingData(f"--compare: no run {missing[0]!r} in study {data.name!r} "
+                              f"(runs: {', '.join(sorted(key_of)[:6])}{', ...' if len(key_of) > 6 else ''})")
+        if variant_of[a] != variant_of[b]:
+            raise MissingData(f"--compare {a}:{b}: the runs are of different tasks ({variant_of[a]} vs "
+                              f"{variant_of[b]}), never scored on the same examples")
+        rows.append({"comparison": "named", "task_variant": variant_of[a], "key_a": key_of[a], "key_b": key_of[b]})
+    cols = ["comparison", "task_variant", "key_a", "key_b"]
+    return pd.concat([ip[cols], fl[cols], pd.DataFrame(rows, columns=cols)], ignore_index=True)
+
+
+class _Scores:
+    """Per-example scores of one evaluation of one run, read from its samples file on first use; None
+    where the file does not hold every evaluated example (stores written before that was kept)."""
+
+    def __init__(self, data: StudyData):
+        self.data, self.cache = data, {}
+
+    def get(self, run_id: str, eval_key: str, metric: str, n: int) -> np.ndarray | None:
+        k = (run_id, eval_key)
+        if k not in self.cache:
+            self.cache[k] = self._read(run_id, eval_key, n)
+        rows = self.cache[k]
+        if rows is None:
+            return None
+        vals = [r.get(metric) for r in rows]
+        return None if any(v is None for v in vals) else np.asarray(vals, dtype=float)
+
+    def _read(self, run_id: str, eval_key: str, n: int) -> list[dict] | None:
+        store = self.data.store
+        if store is None:
+            return None
+        t = store.read_file("samples", run_id, f"{eval_key}.parquet")
+        if t is None or "scores" not in t.column_names:
+            return None
+        d = t.select(["example", "scores"]).to_pandas()
+        d = d[d["scores"].notna()].drop_duplicates("example").sort_values("example")
+        if len(d) != n or d["example"].tolist() != list(range(n)):
+            return None
+        return [json.loads(s) for s in d["scores"]]
+
+
+def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT,
+            agg: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per pair (study_pairs) and T both models were evaluated at (each at L_s = its L_t, the
+    default sampler, one split): the difference A - B in the task's primary metric with its paired 95%
+    interval (stats.paired_difference; `method` says which) and the verdict (stats.VERDICT_RULE)."""
+    from analysis.tables import aggregate
+
+    pairs = study_pairs(data, named)
+    if pairs.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    agg = aggregate(data.evals) if agg is None else agg
+    ev = data.evals[data.evals["split"] == split]
+    label = {}  # (K x L) and, where models of one task variant differ otherwise, what differs
+    for _, g in pairs.groupby("task_variant"):
+        names = differing(pd.concat([g["key_a"], g["key_b"]]))
+        for k, extra in names.items():
+            f = model_fields(k)
+            label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
+    scores = _Scores(data)
+    rows = []
+    for p in pairs.itertuples(index=False):
+        va = agg[agg["task_variant"] == p.task_variant]
+        if va.empty:
+            continue
+        metric = primary_metric(va["task"].iloc[0], va["metric"].unique())
+        sa = select(va[va["model_key"] == p.key_a], metric, split=split)
+        sb = select(va[va["model_key"] == p.key_b], metric, split=split)
+        sa, sb = sa[sa["L_s"] == sa["L_t"]], sb[sb["L_s"] == sb["L_t"]]
+        if sa.empty or sb.empty or sa["sampler"].iloc[0] != sb["sampler"].iloc[0]:
+            continue
+        sampler = sa["sampler"].iloc[0]
+        for T in sorted(set(sa["T"]) & set(sb["T"])):
+            ra, rb = sa[sa["T"] == T].iloc[0], sb[sb["T"] == T].iloc[0]
+            ea = _seed_rows(ev, p.key_a, T, int(ra["L_s"]), sampler, metric)
+            eb = _seed_rows(ev, p.key_b, T, int(rb["L_s"]), sampler, metric)
+            if ea.empty or eb.empty:
+                continue
+            same_n = ea["n_examples"].nunique() == 1 and set(ea["n_examples"]) == set(eb["n_examples"])
+            a_vals, b_vals = dict(zip(ea["seed"], ea["value"])), dict(zip(eb["seed"], eb["value"]))
+            a_sc = b_sc = None
+            if same_n and (len(set(a_vals) & set(b_vals)) < 2):  # per-example scores only where they are used
+                a_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in ea.itertuples()}
+                b_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in eb.itertuples()}
+            diff, lo, hi, how, used = paired_difference(
+                a_vals, b_vals, metric in RATE_METRICS, a_sc, b_sc,
+                (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))
+            rows.append({"comparison": p.comparison, "task_variant": p.task_variant, "A": label[p.key_a],
+                         "B": label[p.key_b], "metric": metric, "T": int(T),
+                         "seeds": f"{len(a_vals)} / {len(b_vals)}" + (f" ({used} paired)" if how in ("seeds", "examples") else ""),
+                         "value_A": float(ra["value"]), "value_B": float(rb["value"]), "difference": diff,
+                         "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi, metric in LOWER_IS_BETTER),
+                         "method": PAIR_METHOD[how]})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _seed_rows(ev: pd.DataFrame, key: str, T: int, L_s: int, sampler: str, metric: str) -> pd.DataFrame:
+    return ev[(ev["model_key"] == key) & (ev["T"] == T) & (ev["L_s"] == L_s) & (ev["sampler"] == sampler)
+              & (ev["metric"] == metric)]
+
+
+EXPLANATION = ("Each pair of models scored on the same test examples, at every T both were evaluated at (each "
+               "sampled at its training depth): difference = A - B in the task's primary metric, with a paired "
+               "95% interval (method: t over the per-seed differences when two or more seeds are matched; "
+               "otherwise paired over the test examples within a seed, Agresti-Min for rates; Welch over seed "
+               "means when seeds are not matched). Verdict: " + VERDICT_RULE + ".")
