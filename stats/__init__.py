@@ -159,3 +159,106 @@ def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int]
 
 def _num(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and not math.isnan(x)
+
+
+# ---- paired comparisons ----------------------------------------------------------------------
+PAIR_METHOD = {
+    "seeds": "paired t over matched seeds (difference per seed, n - 1 df)",
+    "welch": "Welch t over seed means (seeds not matched)",
+    "examples": "paired over test examples within each seed pair",
+    "unpaired": "unpaired: the two intervals combined (no per-example scores stored)",
+}
+VERDICT_RULE = ("ahead / behind: the whole 95% interval of the difference (A - B) lies on A's better / worse "
+                "side of 0 (higher is better, except for losses and NLL); otherwise no detectable difference")
+
+
+def verdict(low: float, high: float, lower_is_better: bool = False) -> str:
+    """'ahead', 'behind' or 'no detectable difference' for the interval of A - B (VERDICT_RULE)."""
+    if not (_num(low) and _num(high)):
+        return "no detectable difference"
+    if lower_is_better:
+        low, high = -high, -low
+    return "ahead" if low > 0 else "behind" if high < 0 else "no detectable difference"
+
+
+def _examples_interval(pairs: list[tuple[Sequence[float], Sequence[float]]], rate: bool) -> tuple[float, float]:
+    """95% interval of the mean over seed pairs of mean(a_i - b_i), a and b scored on the same examples.
+
+    Rates: Agresti-Min's adjusted interval per seed pair (half a discordant pair added to each cell, so two
+    models that agree on every example still get a width); other metrics: t over the per-example
+    differences. Seed pairs are independent: their variances add, over k^2."""
+    centres, variances = [], []
+    for a, b in pairs:
+        n = len(a)
+        if rate:
+            up = sum(1 for x, y in zip(a, b) if x > y) + 0.5
+            down = sum(1 for x, y in zip(a, b) if x < y) + 0.5
+            nn = n + 2
+            centres.append((up - down) / nn)
+            variances.append(((up + down) - (up - down) ** 2 / nn) / (nn * nn))
+        else:
+            d = [x - y for x, y in zip(a, b)]
+            m = math.fsum(d) / n
+            var = math.fsum((x - m) ** 2 for x in d) / (n - 1) / n if n > 1 else 0.0
+            centres.append(m)
+            variances.append(var * (t_quantile(0.975, n - 1) / Z95) ** 2 if n > 1 else 0.0)
+    k = len(pairs)
+    c = math.fsum(centres) / k
+    half = Z95 * math.sqrt(math.fsum(variances)) / k
+    return (c - half, c + half)
+
+
+def paired_difference(a: dict, b: dict, rate: bool, a_scores: dict | None = None, b_scores: dict | None = None,
+                      a_interval: tuple[float, float] | None = None,
+                      b_interval: tuple[float, float] | None = None) -> tuple[float, float, float, str, int]:
+    """(difference A - B, low, high, method key of PAIR_METHOD, seeds used) of two models scored on the
+    same test examples. a, b: seed -> value; a_scores, b_scores: seed -> per-example scores (same example
+    order for both models), or None where not stored; a_interval, b_interval: each model's own interval
+    (the unpaired fallback).
+
+    Two or more matched seeds: t over the per-seed differences (they vary with the seed and with the
+    examples). Otherwise, where per-example scores exist: paired over examples within each seed pair
+    (matched seeds, or the one seed of each). Seeds not matched, two or more each: Welch. Else unpaired.
+    The difference always lies inside its interval."""
+    common = sorted(set(a) & set(b))
+    mean = lambda xs: math.fsum(xs) / len(xs)
+    if len(common) >= 2:
+        d = [a[s] - b[s] for s in common]
+        diff = mean(d)
+        if len({round(x, 12) for x in d}) > 1:
+            _, lo, hi = t_ci(d)
+            return (diff, lo, hi, "seeds", len(common))
+        seed_pairs = [(s, s) for s in common]
+    elif common:
+        seed_pairs = [(common[0], common[0])]
+    elif len(a) >= 2 and len(b) >= 2:
+        va, vb = list(a.values()), list(b.values())
+        ma, mb = mean(va), mean(vb)
+        sa2 = math.fsum((x - ma) ** 2 for x in va) / (len(va) - 1) / len(va)
+        sb2 = math.fsum((x - mb) ** 2 for x in vb) / (len(vb) - 1) / len(vb)
+        se2 = sa2 + sb2
+        if se2 > 0:
+            df = se2 ** 2 / (sa2 ** 2 / (len(va) - 1) + sb2 ** 2 / (len(vb) - 1))
+            half = t_quantile(0.975, df) * math.sqrt(se2)
+            return (ma - mb, ma - mb - half, ma - mb + half, "welch", min(len(va), len(vb)))
+        seed_pairs = []
+    elif len(a) == 1 and len(b) == 1:
+        seed_pairs = [(next(iter(a)), next(iter(b)))]
+    else:
+        seed_pairs = []
+    used_a, used_b = [sa for sa, _ in seed_pairs], [sb for _, sb in seed_pairs]
+    have = (seed_pairs and a_scores is not None and b_scores is not None
+            and all(a_scores.get(sa) is not None and b_scores.get(sb) is not None
+                    and len(a_scores[sa]) == len(b_scores[sb]) > 0 for sa, sb in seed_pairs))
+    if have:
+        diff = mean([a[s] for s in used_a]) - mean([b[s] for s in used_b])
+        lo, hi = _examples_interval([(a_scores[sa], b_scores[sb]) for sa, sb in seed_pairs], rate)
+        return (diff, min(lo, diff), max(hi, diff), "examples", len(seed_pairs))
+    diff = mean(list(a.values())) - mean(list(b.values()))
+    if a_interval is None or b_interval is None:
+        return (diff, math.nan, math.nan, "unpaired", min(len(a), len(b)))
+    ma, mb = mean(list(a.values())), mean(list(b.values()))
+    # each side's distance to its interval's ends, added in quadrature (A's low end with B's high end)
+    down = math.hypot(ma - a_interval[0], b_interval[1] - mb)
+    up = math.hypot(a_interval[1] - ma, mb - b_interval[0])
+    return (diff, diff - down, diff + up, "unpaired", min(len(a), len(b)))
