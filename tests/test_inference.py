@@ -242,3 +242,24 @@ def test_study_report_prints_comparisons_and_names_a_pair(tmp_path):
     bad = study("report", "--results", str(tmp_path), "--study", "paired", "--figure", "iso-param",
                 "--compare", "nope:also-nope")
     assert bad.returncode == 2 and "no run 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_reproduction_verdicts_are_generated_from_the_store(tmp_path):
+    import importlib.util
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("reproduction_tables", f"{ROOT}/docs/reproduction_tables.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+    _paired_store(str(tmp_path), 0.2, seeds=(0, 1, 2))
+    text = rt.verdicts(str(tmp_path), ["paired"])
+    rows = [l for l in text.splitlines() if l.startswith("| iso-parameter")]
+    assert len(rows) == 2 and all("**ahead**" in l and "3 / 3 (3 paired)" in l for l in rows), text
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{rt.BEGIN}\nstale\n{rt.END}\nafter\n")
+    rt.write_between_markers(str(doc), text)
+    got = doc.read_text()
+    assert "stale" not in got and got.startswith("before\n") and got.endswith("after\n") and "**ahead**" in got
+    # the block is in docs/REPRODUCTION.md
+    assert rt.BEGIN in open(f"{ROOT}/docs/REPRODUCTION.md").read()
