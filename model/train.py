@@ -285,6 +285,9 @@ def load_state(src, map_location="cpu", name: str | None = None) -> dict:
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{name}: not a readable checkpoint (truncated or damaged?): {first}") from None
+    except Exception as e:  # text or other bytes the weights-only unpickler trips on (KeyError, IndexError...)
+        raise CheckpointError(f"{name}: not a readable checkpoint (not a torch file: {type(e).__name__} "
+                              f"{str(e)[:100]})") from None
     if not isinstance(sd, dict) or "model" not in sd:
         raise CheckpointError(f"{name}: not a checkpoint of this project (no 'model' entry)")
     return sd

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Optional
@@ -71,6 +72,24 @@ def _results_or_exit(results: str, create: bool = False) -> None:
             os.makedirs(results, exist_ok=True)
         except OSError as e:
             _fail(f"--results {results}: cannot create the results directory ({e.strerror or e})")
+
+
+def _study_or_exit(study: Optional[str], results: str) -> str:
+    """--study (default: the newest study of the store), a plain name of a study present under
+    `results`; exit 2 naming what is wrong otherwise (`report` and `verify` alike)."""
+    from store import Store, is_safe_name, list_studies
+
+    if study is None:
+        studies = list_studies(results)
+        if not studies:
+            _fail(f"no study with results under {results!r}")
+        return studies[-1][0]
+    if not is_safe_name(study):
+        _fail(f"--study {study!r} is not a study name")
+    store = Store(results, study)
+    if not store.exists(store.dir):
+        _fail(f"no study {study!r} under {results!r}")
+    return study
 
 
 def _writable_dir_or_exit(path: str, option: str) -> None:
@@ -197,13 +216,15 @@ def run(
     results: str = RESULTS,
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run again the runs recorded as failed"),
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
     progress_every: float = typer.Option(30.0, "--progress-every",
                                          help="seconds between progress lines when not on a terminal"),
 ):
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each."""
     from study.runner import check_address, run_grid
 
+    if not (math.isfinite(progress_every) and progress_every > 0):
+        _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")
     g = _grid_or_exit(grid)
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
@@ -248,7 +269,7 @@ def tune(
     grid: str,
     results: str = RESULTS,
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the embedded local Ray"),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     from study.tune import TuneError, tune_grid
@@ -299,16 +320,20 @@ def report(
     if split not in SPLITS:
         typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
         raise typer.Exit(2)
+    if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
+        _fail(f"--threshold {threshold}: a success rate in (0, 1] is meant (VPR or RTR)")
     _results_or_exit(results)
+    study = _study_or_exit(study, results)
     if len(names) > 1 and jobs != 1:
         from analysis.render import prestart
 
         prestart()  # the drawing workers' fork server imports while the store is read
     try:
         data = load_study(results, study)
-    except (MissingData, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+    except MissingData as e:  # a study with no runs yet: what `study run` would write is missing
+        _fail(str(e))
+    except ValueError as e:  # the store itself is damaged
+        _fail(str(e), 1)
     for path, why in sorted(data.store.unreadable.items()):
         typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
     opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split)
@@ -339,22 +364,11 @@ def verify(
     results: str = RESULTS,
 ):
     """Re-score every stored sample and check the store's invariants; exit 1 on any disagreement."""
-    from store import Store, is_safe_name, list_studies
+    from store import Store
     from study.verify import verify_study
 
-    if study is None:
-        studies = list_studies(results)
-        if not studies:
-            typer.echo(f"error: no study with results under {results!r}", err=True)
-            raise typer.Exit(2)
-        study = studies[-1][0]
-    if not is_safe_name(study):
-        typer.echo(f"error: --study {study!r} is not a study name", err=True)
-        raise typer.Exit(2)
+    study = _study_or_exit(study, results)
     store = Store(results, study)
-    if not store.exists(store.dir):
-        typer.echo(f"error: no study {study!r} under {results!r}", err=True)
-        raise typer.Exit(2)
     verdict = verify_study(store)
     typer.echo(verdict.render())
     raise typer.Exit(0 if verdict.ok else 1)
@@ -376,6 +390,11 @@ def eval_cmd(
     from study.puzzles import EvalError, evaluate_puzzles
     from tasks.sudoku import PuzzleFileError
 
+    from study.grid import BOUNDS
+
+    for opt, v, cap in (("--T", T, BOUNDS["eval.T"]), ("--L-s", L_s, BOUNDS["eval.L_s"])):
+        if v is not None and v > cap:
+            _fail(f"{opt} {v}: beyond the bound {cap:,} (study/grid.py BOUNDS, as for a grid's eval section)")
     _results_or_exit(results)
     if os.path.isdir(puzzles):
         _fail(f"--puzzles {puzzles}: is a directory; give a puzzle file")

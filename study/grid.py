@@ -284,35 +284,121 @@ class _GridLoader(yaml.SafeLoader):
                     continue  # `<<: *defaults`: keys given here override merged ones, as YAML intends
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                    first = seen.setdefault(key, key_node)
                 except TypeError:
                     continue  # an unhashable key: SafeLoader reports it itself
-                if first != key_node.start_mark.line + 1:
+                if first is not key_node:  # by node: `{d_model: 16, d_model: 32}` is one line, two keys
+                    at, again = first.start_mark, key_node.start_mark
+                    where = (f"line {at.line + 1} column {at.column + 1}, again at column {again.column + 1}"
+                             if at.line == again.line else f"line {at.line + 1}, again at line {again.line + 1}")
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {_short(key)} (first at line {first}, again at line "
-                                    f"{key_node.start_mark.line + 1}): give each key once", key_node.start_mark)
+                        None, None, f"duplicate key {_short(key)} (first at {where}): give each key once",
+                        key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# A grid file is read whole before parsing, within these bounds (a hostile or mistaken file -- a
+# FIFO, /dev/zero, a 50 MB line, a structure nested thousands deep -- is refused in one line, never
+# read without end): the largest grid shipped is a few kB.
+MAX_GRID_BYTES = 1 << 20  # 1 MiB
+MAX_GRID_LINE = 1 << 16  # characters a line
+MAX_GRID_DEPTH = 32  # nested mappings / lists
+
+
+def read_regular_file(path: str, what: str, max_bytes: int | None = None, exc: type[Exception] = ValueError):
+    """A binary file object of `path` once it is known to be a regular file (of at most `max_bytes`):
+    opened without blocking (a FIFO with no writer would wait forever), refused otherwise with `exc`
+    naming the file (a directory, a FIFO, a device such as /dev/zero, a socket)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise exc(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise exc(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise exc(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise exc(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+            raise exc(f"{path}: is {kind}, not a regular file: give a {what}")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise exc(f"{path}: {st.st_size:,} bytes; a {what} is at most {max_bytes:,} bytes")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _grid_text(path: str) -> str:
+    """The text of grid file `path`, within MAX_GRID_BYTES and MAX_GRID_LINE (GridError otherwise)."""
+    f = read_regular_file(path, "grid file", MAX_GRID_BYTES, GridError)
+    lines, total = [], 0
+    with f:
+        for ln, line in enumerate(iter(lambda: f.readline(MAX_GRID_LINE * 4 + 1), b""), 1):
+            total += len(line)
+            if total > MAX_GRID_BYTES:  # grew while read
+                raise GridError(f"{path}: more than {MAX_GRID_BYTES:,} bytes; a grid file is at most that")
+            if len(line) > MAX_GRID_LINE and len(line.rstrip(b"\r\n").decode("utf-8", "replace")) > MAX_GRID_LINE:
+                raise GridError(f"{path}:{ln}: a line longer than {MAX_GRID_LINE:,} characters; break it up "
+                                f"(YAML lists and mappings may span lines)")
+            lines.append(line)
+    try:
+        return b"".join(lines).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
+
+
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether `obj` nests mappings / lists deeper than `limit` (iteratively: no recursion)."""
+    stack = [(obj, 0)]
+    seen: set[int] = set()
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d >= limit:
+                return True
+            if id(v) in seen:  # a YAML alias: the same object, already walked
+                continue
+            seen.add(id(v))
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+            if isinstance(v, dict):
+                stack.extend((k, d + 1) for k in v)
+    return False
+
+
+def _yaml_error(path: str, e: yaml.YAMLError) -> str:
+    """One line: file:line:column, what YAML expected and what it found."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+    what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+    return f"{where}: not valid YAML: {' '.join(what.split())}"
 
 
 def load_grid(path: str) -> Grid:
     """Read, validate and expand a grid file. Raises GridError naming file and key."""
+    text = _grid_text(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            loader = _GridLoader(f)  # a yaml.SafeLoader subclass: plain data only, nothing is constructed
-            try:
-                raw = loader.get_single_data()
-            finally:
-                loader.dispose()
-    except FileNotFoundError:
-        raise GridError(f"{path}: no such grid file") from None
-    except IsADirectoryError:
-        raise GridError(f"{path}: is a directory, not a grid file (give the path of a .yaml file)") from None
-    except UnicodeDecodeError as e:
-        raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
-    except OSError as e:
-        raise GridError(f"{path}: cannot read the grid file ({e.strerror or e})") from None
+        loader = _GridLoader(text)  # a yaml.SafeLoader subclass: plain data only, nothing is constructed
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
+                        f"{MAX_GRID_DEPTH})") from None
     except yaml.YAMLError as e:
-        raise GridError(_cut(f"{path}: not valid YAML: {e}")) from None
+        raise GridError(_cut(_yaml_error(path, e))) from None
+    if _too_deep(raw, MAX_GRID_DEPTH):
+        raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
+                        f"a few")
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
     return expand(raw, path)
@@ -340,7 +426,12 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
             if not isinstance(g, dict):
                 err(where, "must be a mapping")
             _check_keys(g, GROUP_KEYS, where + ".", err)
-            specs.append((str(g.get("name", i)), g, where + "."))
+            gname = str(g.get("name", i))
+            twin = next((w for n, _, w in specs if n == gname), None)
+            if twin is not None:  # their runs would be stored, reported and searched as one group
+                err(where + ".name", f"group name {_short(gname)} is also the name of {twin.rstrip('.')}: "
+                                     f"give each group its own name")
+            specs.append((gname, g, where + "."))
         for k in ("axes", "couple", "constraints", "include", "exclude"):
             if k in raw:
                 err(k, "cannot be used at the top level together with `groups`: put it in each group")
@@ -500,6 +591,9 @@ def _deep_update(dst: dict, src: dict) -> None:
 
 
 def _canon_key(key: str, where: str, err: _Err) -> str:
+    if not isinstance(key, str):  # `axes: {1: [1]}`: YAML reads the key as a number
+        err(where + _short(key), f"an axis key is a name ('section.field' or a short name such as K), "
+                                 f"not {type(key).__name__} {_short(key)}")
     key = ALIASES.get(key, key)
     sec, _, fld = key.partition(".")
     if sec not in SECTIONS or not fld:
@@ -514,15 +608,24 @@ def _canon_key(key: str, where: str, err: _Err) -> str:
 def _point(d: Any, where: str, err: _Err) -> dict:
     if not isinstance(d, dict) or not d:
         err(where, "a point is a non-empty mapping of axis key -> value")
-    return {_canon_key(k, where + ".", err): v for k, v in d.items()}
+    out: dict = {}
+    for k, v in d.items():
+        ck = _canon_key(k, where + ".", err)
+        if ck in out:  # `{L: 2, model.L: 3}`: one field given twice, one value would be dropped
+            err(f"{where}.{k}", f"names {ck} again: give each field once")
+        out[ck] = v
+    return out
 
 
 def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
     """(point, listed in `include`?): included points are taken as written, past the constraints."""
     axes = _mapping(spec.get("axes", {}), where + "axes", err)
-    lists = []
+    lists, named = [], {}
     for k, vals in axes.items():
         ck = _canon_key(k, where + "axes.", err)
+        if ck in named:  # `L` and `model.L`: one axis would silently replace the other
+            err(f"{where}axes.{k}", f"names the same field as axis {named[ck]!r} ({ck}): give it once")
+        named[ck] = k
         if not isinstance(vals, list) or not vals:
             err(f"{where}axes.{k}", f"must be a non-empty list of values (got {_short(vals)})")
         lists.append([{ck: v} for v in vals])
@@ -641,4 +744,85 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
         err("train.truncate_k", f"must be <= L ({model.L}) (got {train.truncate_k})")
     if train.min_depth > model.L:
         err("train.min_depth", f"must be <= L ({model.L}) (got {train.min_depth})")
+    _check_bounds(task, model, train, ev, res, retries, err)  # before any model or data is built
     return Run(study=study, task=task, model=model, train=train, eval=ev, resources=res, retries=retries, group=group)
+
+
+# ---- bounds --------------------------------------------------------------------------------
+# Every size a grid sets is bounded here, before anything is built (a model of 100,000 layers, a
+# width of 10^9 or a billion loops would take minutes to plan, or crash, or never finish): explicit
+# caps far above any study this tool runs, and the estimate of a training step's peak memory
+# (model/costs.train_step_memory with a lower bound of the parameters) against MAX_STEP_BYTES,
+# more than any single device or host a trial runs on holds. Numbers must also be finite and fit
+# a 64-bit integer (seeds are given to torch and numpy).
+BOUNDS = {
+    "model.K": 1024, "model.L": 1024, "model.d_model": 65536, "model.n_heads": 1024, "model.mlp_ratio": 64,
+    "train.steps": 10_000_000, "train.batch_size": 1 << 20, "train.warmup": 10_000_000,
+    "train.truncate_k": 1024, "train.min_depth": 1024, "train.checkpoint_every": 10_000_000,
+    "train.log_every": 10_000_000, "eval.T": 65536, "eval.L_s": 1024, "eval.n_examples": 10_000_000,
+    "eval.n_samples_kept": 10_000_000, "eval.adaptive.max_loops": 1024, "task.seq_len": 65536,
+    "task.n_train": 100_000_000, "resources.cpu": 4096, "resources.gpu": 1024, "retries": 100,
+}
+MAX_STEP_BYTES = 1 << 40  # 1 TiB: a training step's estimated peak memory (weights, AdamW, activations)
+MAX_SEQ_LEN = BOUNDS["task.seq_len"]
+
+
+def _check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: EvalConfig, res: Resources,
+                  retries: int, err: _Err) -> None:
+    sections = {"task": task, "model": model, "train": train, "eval": ev, "resources": res}
+    for sec, cfg in sections.items():
+        for key, v in _numbers(cfg.model_dump(), sec):
+            if isinstance(v, float) and not math.isfinite(v):
+                err(key, f"must be a finite number (got {v})")
+            if isinstance(v, int) and abs(v) >= 1 << 63:
+                err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {_short(v)})")
+            cap = BOUNDS.get(_unindexed(key))
+            if cap is not None and isinstance(v, (int, float)) and v > cap:
+                err(key, f"{_short(v)} is beyond the bound {cap:,} (study/grid.py BOUNDS: more than any "
+                         f"study here can train or evaluate)")
+    if retries > BOUNDS["retries"]:
+        err("retries", f"{retries} is beyond the bound {BOUNDS['retries']}")
+    seq_len, vocab = _task_shape(task.name, task.model_dump_json())
+    if seq_len > MAX_SEQ_LEN:
+        err("task", f"task {task.name} gives sequences of {seq_len:,} tokens; the bound is {MAX_SEQ_LEN:,} "
+                    f"(study/grid.py BOUNDS)")
+    from model.costs import train_step_memory
+
+    d = model.d_model
+    n_params = model.K * int((4 + 2 * model.mlp_ratio) * d * d) + (vocab + seq_len) * d  # a lower bound
+    mem = train_step_memory(model, train, seq_len, vocab, n_params)["total"]
+    if mem > MAX_STEP_BYTES:
+        err("model", f"a training step needs about {mem / 2**30:,.0f} GiB (K={model.K}, L={model.L}, "
+                     f"d_model={d}, batch_size={train.batch_size}, {seq_len} tokens; at least {n_params:,} "
+                     f"parameters at 16 bytes each with AdamW, and the activations); the bound is "
+                     f"{MAX_STEP_BYTES / 2**30:,.0f} GiB (study/grid.py MAX_STEP_BYTES)")
+
+
+def _numbers(d: Any, key: str):
+    """(dotted key, value) of every number in a dumped config, lists indexed (`eval.T[2]`)."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _numbers(v, f"{key}.{k}")
+    elif isinstance(d, (list, tuple)):
+        for i, v in enumerate(d):
+            yield from _numbers(v, f"{key}[{i}]")
+    elif isinstance(d, (int, float)) and not isinstance(d, bool):
+        yield key, d
+
+
+def _unindexed(key: str) -> str:
+    import re
+
+    return re.sub(r"\[\d+\]", "", key)
+
+
+@functools.lru_cache(maxsize=256)
+def _task_shape(task_name: str, task_json: str) -> tuple[int, int]:
+    """(sequence length, vocabulary size) of a task, without its data (a text8 `seq_len` is checked
+    before its position ids are built)."""
+    cfg = TASKS[task_name][0].model_validate_json(task_json)
+    declared = getattr(cfg, "seq_len", None)
+    if isinstance(declared, int) and declared > MAX_SEQ_LEN:
+        return declared, 1
+    task = make_task(cfg)
+    return len(task.pos_ids()), task.vocab_size

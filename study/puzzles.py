@@ -9,7 +9,6 @@ import io
 import json
 import math
 import os
-import re
 import time
 
 import torch
@@ -104,9 +103,8 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             raise EvalError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
         for _ in iter_puzzles(puzzles, task.n, chunk):  # every line checked before the first is sampled
             pass
-        digest = _file_digest(puzzles)
-        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(puzzles))[0])[:40].strip("._")
-        key = f"ext-{stem or 'file'}-{digest}-T{T}-Ls{L_s}-{sampler}-s{seed}"
+        # keyed by the file's content, not its name: one file under two names is one evaluation point
+        key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
 
         metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
         for pf in iter_puzzles(puzzles, task.n, chunk):
@@ -168,12 +166,12 @@ def _open_out(out: str):
 
 
 def _file_digest(path: str) -> str:
-    """The first 8 hex digits of the file's SHA-256, read a block at a time."""
+    """The first 16 hex digits of the file's SHA-256, read a block at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()[:8]
+    return h.hexdigest()[:16]
 
 
 class _Running:

@@ -418,22 +418,40 @@ def _contradiction(g: np.ndarray, n: int) -> str:
     return "contradicting givens"
 
 
+MAX_LINE = 1 << 16  # characters of a puzzle file's line: a 25x25 quiz and its solution are 1,251
+
+
 def _open_lines(path: str):
-    """Numbered lines of a UTF-8 file (a byte-order mark is dropped), read as they come."""
-    try:
-        f = open(path, encoding="utf-8-sig", newline=None)
+    """Numbered lines of a regular UTF-8 file (a byte-order mark is dropped), read as they come, each at
+    most MAX_LINE characters: a FIFO, a device (/dev/zero) or a line without end is refused, never
+    waited on or held in memory."""
+    import stat
+
+    try:  # without blocking: a FIFO with no writer would wait forever in open()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise PuzzleFileError(f"{path}: no such puzzle file") from None
     except IsADirectoryError:
         raise PuzzleFileError(f"{path}: is a directory, not a puzzle file") from None
     except OSError as e:
         raise PuzzleFileError(f"{path}: cannot read the puzzle file ({e.strerror or e})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise PuzzleFileError(f"{path}: is {kind}, not a puzzle file")
+    os.set_blocking(fd, True)
+    f = open(fd, encoding="utf-8-sig", newline=None)
 
     def lines():
         with f:
             ln = 0
             try:
-                for ln, raw in enumerate(f, 1):
+                for ln, raw in enumerate(iter(lambda: f.readline(MAX_LINE + 2), ""), 1):
+                    if len(raw) > MAX_LINE + 1 or (len(raw) == MAX_LINE + 1 and not raw.endswith(("\n", "\r"))):
+                        raise PuzzleFileError(f"{path}:{ln}: a line longer than {MAX_LINE:,} characters; a "
+                                              f"puzzle line holds n*n cells (and a comment)")
                     yield ln, raw.rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise PuzzleFileError(f"{path}:{ln + 1}: not UTF-8 text ({e.reason})") from None

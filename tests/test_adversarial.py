@@ -1,0 +1,241 @@
+"""The hostile user's table (issue 22, "Everything bounded" and "One line, exit 2"): every bad input
+below is refused in one line naming the file, key or option, with exit 2, within seconds -- never a
+traceback, an "internal error", a hang or memory without bound. Real CLI (typer's CliRunner on
+`study.cli.app`), real files, FIFOs and devices, a real tiny trained 4x4 Sudoku run for `eval` and
+`verify`. Grow the tables rather than adding one-off tests.
+
+Run: pytest tests/test_adversarial.py -q
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from store import Store
+from study.cli import app
+from study.grid import expand
+from study.trial import execute
+
+TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\n"
+MODEL = "model: {d_model: 16, n_heads: 2}\n"
+QUIZ = "1.3.3.1.2.4.4.2."
+SECONDS = 15  # every refusal here comes well within this (the bugs took minutes, or never ended)
+
+
+def cli(*args: str):
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, list(args))
+    assert time.monotonic() - t0 < SECONDS, (args, time.monotonic() - t0)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output and "internal error" not in r.output, r.output
+    return r
+
+
+def refused(*args: str, words: tuple[str, ...], code: int = 2) -> str:
+    r = cli(*args)
+    assert r.exit_code == code, (r.exit_code, r.output)
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and len(r.output.strip().splitlines()) <= 2, r.output  # one line (a warning at most)
+    for w in words:
+        assert w in lines[0], (w, r.output)
+    return lines[0]
+
+
+# ---- grids: sizes, numbers, keys -----------------------------------------------------------
+BAD_GRIDS = [
+    # sizes: bounded by explicit caps (study/grid.py BOUNDS) or by the memory a step needs
+    ("model: {d_model: 16, n_heads: 2, K: 100000}\n", ("model.K", "100000", "1,024")),
+    ("model: {d_model: 16, n_heads: 2, L: 1000000000}\n", ("model.L", "1,024")),
+    ("model: {d_model: 1000000000, n_heads: 2}\n", ("model.d_model", "65,536")),
+    ("model: {d_model: 16384, n_heads: 2, K: 1000}\n", ("'model'", "GiB", "MAX_STEP_BYTES")),
+    (MODEL + "train: {steps: 1000000000}\n", ("train.steps", "10,000,000")),
+    (MODEL + "train: {batch_size: 1000000000000}\n", ("train.batch_size",)),
+    (MODEL + "eval: {T: [1, 1000000000]}\n", ("eval.T[1]", "65,536")),
+    (MODEL + "eval: {L_s: [100000000]}\n", ("eval.L_s[0]", "1,024")),
+    (MODEL + "eval: {n_examples: 1000000000000}\n", ("eval.n_examples",)),
+    (MODEL + "eval: {adaptive: [{max_loops: 100000000, threshold: 0.9}]}\n", ("eval.adaptive[0].max_loops",)),
+    (MODEL + "train: {seed: 100000000000000000000000}\n", ("train.seed", "64-bit")),
+    (MODEL + "retries: 1000000\n", ("retries",)),
+    ("task: {name: text8, seq_len: 100000000}\n" + MODEL, ("task.seq_len", "65,536")),
+    # numbers that only a trial would have found
+    (MODEL + "train: {lr: .inf}\n", ("train.lr", "finite")),
+    (MODEL + "train: {lr: .nan}\n", ("train.lr", "nan")),
+    (MODEL + "train: {grad_clip: .inf}\n", ("train.grad_clip", "finite")),
+    (MODEL + "eval: {temperature: .inf}\n", ("eval.temperature", "finite")),
+    # keys
+    (MODEL + "axes: {1: [1]}\n", ("axes.1", "not int")),
+    ("model: {d_model: 16, n_heads: 2, d_model: 32}\n", ("duplicate key 'd_model'", "line 3")),
+    (MODEL + "axes: {L: [1, 2], model.L: [3]}\n", ("axes.model.L", "'L'", "model.L")),
+    (MODEL + "include: [{L: 2, model.L: 3}]\n", ("include[0].model.L", "again")),
+    (MODEL + "groups: [{name: a, axes: {L: [1]}}, {name: a, axes: {L: [2]}}]\n", ("groups[1].name", "'a'",
+                                                                                  "groups[0]")),
+    # nesting
+    (MODEL + "description: " + "[" * 5000 + "]" * 5000 + "\n", ("nested",)),
+    (MODEL + "description: " + "[" * 40 + "]" * 40 + "\n", ("nested deeper than 32",)),
+]
+
+
+@pytest.mark.parametrize("body, words", BAD_GRIDS, ids=[f"grid{i}" for i in range(len(BAD_GRIDS))])
+def test_bad_grid_is_one_line_exit_2(tmp_path, body, words):
+    p = tmp_path / "g.yaml"
+    p.write_text("study: g\n" + ("" if body.startswith("task:") else TASK) + body)
+    refused("plan", str(p), words=(str(p), *words))
+
+
+def test_bounds_leave_the_shipped_grids_alone():
+    """Every grid of the repository still plans (the caps sit far above any study here)."""
+    from glob import glob
+
+    from study.grid import load_grid
+
+    for path in sorted(glob("grids/**/*.yaml", recursive=True)):
+        assert load_grid(path).runs, path
+
+
+# ---- grid and puzzle files that are no regular files, or too large -------------------------
+def _fifo(tmp_path, name: str) -> str:
+    p = str(tmp_path / name)
+    os.mkfifo(p)
+    return p
+
+
+def test_grid_files_bounded(tmp_path):
+    refused("plan", _fifo(tmp_path, "fifo.yaml"), words=("fifo.yaml", "FIFO"))
+    refused("plan", "/dev/zero", words=("/dev/zero", "device"))
+    big = tmp_path / "big.yaml"
+    big.write_text("study: big\ndescription: " + "x" * 3_000_000 + "\n")
+    refused("plan", str(big), words=(str(big), "1,048,576 bytes"))
+    long = tmp_path / "long.yaml"
+    long.write_text("study: long\ndescription: " + "x" * 100_000 + "\n" + TASK + MODEL)
+    refused("plan", str(long), words=(f"{long}:2", "longer than 65,536"))
+
+
+# ---- command-line values ---------------------------------------------------------------------
+@pytest.fixture
+def grid(tmp_path) -> str:
+    p = tmp_path / "g.yaml"
+    p.write_text("study: g\n" + TASK + MODEL + "train: {steps: 2, batch_size: 4}\neval: {T: [1], n_examples: 4}\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--num-cpus", "0"), ("--num-cpus",)),
+    (("--num-cpus", "-3"), ("--num-cpus",)),
+    (("--progress-every", "-1"), ("--progress-every", "> 0")),
+    (("--progress-every", "nan"), ("--progress-every",)),
+])
+def test_bad_run_options(tmp_path, grid, args, words):
+    r = cli("run", grid, "--results", str(tmp_path / "r"), *args)
+    assert r.exit_code == 2, r.output
+    for w in words:
+        assert w in r.output, (w, r.output)
+    assert not (tmp_path / "r" / "g").exists()  # refused before anything ran
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    g = {"study": "adv", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
+         "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
+         "eval": {"T": [1], "n_examples": 8}}
+    run = expand(g, "adv.yaml").runs[0]
+    execute(run, Store(str(root), "adv"), code_version="test")
+    return str(root), run.run_id
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--threshold", "nan"), ("--threshold", "(0, 1]")),
+    (("--threshold", "2"), ("--threshold",)),
+    (("--study", "nope"), ("no study 'nope'",)),
+    (("--study", "../etc"), ("'../etc'", "not a study name")),
+])
+def test_bad_report_options(trained, tmp_path, args, words):
+    root, _ = trained
+    refused("report", "--results", root, "--out", str(tmp_path / "figs"), *args, words=words)
+
+
+@pytest.mark.parametrize("cmd", ["report", "verify"])
+def test_report_and_verify_on_an_empty_store(tmp_path, cmd):
+    (tmp_path / "empty").mkdir()
+    refused(cmd, "--results", str(tmp_path / "empty"), words=("no study",))
+    refused(cmd, "--results", str(tmp_path / "empty"), "--study", "../etc", words=("not a study name",))
+
+
+# ---- study eval and verify -----------------------------------------------------------------
+def test_eval_puzzle_files_bounded(trained, tmp_path):
+    root, run_id = trained
+    refused("eval", run_id, "--puzzles", "/dev/zero", "--results", root, words=("/dev/zero", "device"))
+    fifo = _fifo(tmp_path, "p.fifo")
+    refused("eval", run_id, "--puzzles", fifo, "--results", root, words=(fifo, "FIFO"))
+    long = tmp_path / "long.txt"
+    long.write_text(QUIZ + "\n" + "." * 1_000_000 + "\n")
+    refused("eval", run_id, "--puzzles", str(long), "--results", root, words=(f"{long}:2", "longer than"))
+
+
+def test_a_writer_less_fifo_never_blocks_a_reader(trained, tmp_path):
+    """open() of a FIFO with no writer blocks forever; the reader must refuse it without opening it so."""
+    root, run_id = trained
+    fifo = _fifo(tmp_path, "g.yaml")
+    done = threading.Event()
+    got = {}
+
+    def plan():
+        got["r"] = CliRunner().invoke(app, ["plan", fifo])
+        done.set()
+
+    threading.Thread(target=plan, daemon=True).start()
+    if not done.wait(SECONDS):  # unblock the reader (a writer opens and closes) so the thread ends
+        with open(fifo, "w"):
+            pass
+        done.wait(5)
+        raise AssertionError("a FIFO grid blocked the reader")
+    assert got["r"].exit_code == 2 and "FIFO" in got["r"].output
+
+
+@pytest.mark.parametrize("opt, value, words", [
+    ("--L-s", "100000000", ("--L-s", "1,024")),
+    ("--T", "100000000", ("--T", "65,536")),
+])
+def test_eval_sizes_bounded(trained, tmp_path, opt, value, words):
+    root, run_id = trained
+    src = tmp_path / "p.txt"
+    src.write_text(QUIZ + "\n")
+    refused("eval", run_id, "--puzzles", str(src), "--results", root, opt, value, words=words)
+
+
+def test_one_puzzle_file_under_two_names_is_one_eval_point(trained, tmp_path):
+    root, run_id = trained
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(QUIZ + "\n")
+    shutil.copy(a, b)
+    for p in (a, b):
+        r = cli("eval", run_id, "--puzzles", str(p), "--results", root)
+        assert r.exit_code == 0, r.output
+    evals = Store(root, "adv").read("evals", run_id)
+    ext = evals[evals["split"].str.startswith("external:")]
+    assert ext["eval_key"].nunique() == 1, ext[["eval_key", "split"]]
+
+
+@pytest.mark.parametrize("damage", ["text", "symlink"])
+def test_weights_that_are_text_or_a_system_file_are_named(tmp_path, trained, damage):
+    root0, run_id = trained
+    root = str(tmp_path / "r")
+    shutil.copytree(root0, root)
+    w = os.path.join(root, "adv", "weights", f"{run_id}.pt")
+    os.remove(w)
+    if damage == "text":
+        with open(w, "w") as f:
+            f.write("these are not weights\n")
+    else:
+        os.symlink("/etc/passwd", w)
+    src = tmp_path / "p.txt"
+    src.write_text(QUIZ + "\n")
+    line = refused("eval", run_id, "--puzzles", str(src), "--results", root, words=(f"{run_id}.pt",))
+    assert "passwd" not in line or damage == "symlink"
+    r = cli("verify", "--results", root, "--study", "adv")
+    assert r.exit_code == 1 and f"{run_id}.pt" in r.output, r.output
