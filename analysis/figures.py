@@ -41,6 +41,7 @@ class Options:
     T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the middle T of those with most cells)
     pareto_x: str = "T"  # pareto y-axis: "T" (at L_s = L_t) or "forward_passes" (T * L_s, any L_s)
     split: str = DEFAULT_SPLIT  # the one evaluation split every figure and table reads
+    compare: tuple = ()  # (run id A, run id B) pairs the report compares beside its iso pairs
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -307,9 +308,13 @@ def _needs_T(d: pd.DataFrame, what: str) -> None:
         raise MissingData(f"{what} plots the metric against T and needs at least two values of T (have T = {Ts})")
 
 
-def save(fig, out_dir: str, name: str, fmt: str) -> list[str]:
+def save(fig, out_dir: str | None, name: str, fmt: str) -> list:
+    """Write fig as PNG and `fmt` into out_dir and close it: the paths. out_dir None (the Python API,
+    rmdm_study): write nothing and hand the Figure back, laid out and open."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if out_dir is None:
+        return [fig]
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     # savefig(bbox_inches="tight") draws the whole figure once only to measure it, per file: with a
@@ -344,7 +349,10 @@ def _tight_bbox(fig, dpi: float):
         fig.set_dpi(old)
 
 
-def save_table(df: pd.DataFrame, out_dir: str, name: str) -> str:
+def save_table(df: pd.DataFrame, out_dir: str | None, name: str):
+    """Write df as out_dir/name.csv: the path (out_dir None: the DataFrame, nothing written)."""
+    if out_dir is None:
+        return df
     os.makedirs(out_dir, exist_ok=True)
     p = os.path.join(out_dir, f"{name}.csv")
     df.to_csv(p, index=False)
@@ -370,7 +378,7 @@ def iso_param(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     for variant, metric, d in _by_variant(data, "iso-param", opts.split):
         d = d[d["L_s"] == d["L_t"]]
         for (K, width), gk in d.groupby(["K", "d_model"]):
-            have.append(f"{variant} K={K}: L={sorted(gk['L_t'].unique())}")
+            have.append(f"{variant} K={K}: L={sorted(int(x) for x in gk['L_t'].unique())}")
             for extra, g in _facets(gk):
                 if g["L_t"].nunique() >= 2:
                     panels.append((variant, metric, K, width, extra, g))
@@ -720,8 +728,8 @@ def mask_rate(data: StudyData, out_dir: str, opts: Options = Options()) -> list[
     sizes = {n: sorted(g["mask_rate"].dropna().unique()) for n, g in s.groupby("sudoku_n")}
     sizes = {n: r for n, r in sizes.items() if len(r) >= 2}
     if not sizes:
-        have = "; ".join(f"{int(n)}x{int(n)} at " + ", ".join(f"{round(100 * x)}%" for x in sorted(g["mask_rate"].unique()))
-                         for n, g in s.groupby("sudoku_n")) or "no VPR at L_s = L_t"
+        # by variant name: a [low, high] mask range (mask_rate None) is named, never a panel of its own
+        have = "; ".join(sorted(s["task_variant"].unique())) or "no VPR at L_s = L_t"
         raise MissingData(f"mask-rate needs Sudoku runs of one grid size at two or more mask rates (have {have})")
     panels = [(n, r, s[(s["sudoku_n"] == n) & (s["mask_rate"] == r)]) for n, rates in sizes.items() for r in rates]
     _needs_T(pd.concat([g for *_, g in panels]), "mask-rate")
@@ -823,34 +831,23 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
 
 
 def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
-    """The text8 NLL / BPC / perplexity table (with a bar chart of NLL), and training curves of any study."""
-    paths, missing = [], []
-    try:
-        table = text8_table(_agg(data), split=opts.split)
-    except MissingData as e:
-        missing.append(str(e))
-    else:
-        paths.append(save_table(table, out_dir, "text8_table"))
-        _theme()
-        labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
-        colors = [sns.color_palette("deep")[3] if lt == 1 else sns.color_palette("deep")[0] for lt in table["L_t"]]
-        bars = ax.bar(labels, table["nll"], color=colors)
-        for b, nll, bpc, ppl in zip(bars, table["nll"], table["bpc"], table["ppl"]):
-            ax.annotate(f"{nll:.3f} nats\n{bpc:.3f} bpc\nppl {ppl:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                        ha="center", va="bottom", fontsize=7, textcoords="offset points", xytext=(0, 2))
-        ax.set_ylabel("NLL bound (nats / char), lower is better")
-        ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
-        ax.set_ylim(0, table["nll"].max() * 1.3)
-        ax.set_title(f"{data.name}: text8 likelihood")
-        _tight(fig)
-        paths = save(fig, out_dir, "text8_nll", opts.fmt) + paths
-    try:
-        paths += training_curves(data, out_dir, opts)
-    except MissingData as e:
-        missing.append(str(e))
-    if not paths:
-        raise MissingData("; ".join(missing))
+    """The text8 NLL / BPC / perplexity table, with a bar chart of NLL (training curves: `training-curves`)."""
+    table = text8_table(_agg(data), split=opts.split)
+    paths = [save_table(table, out_dir, "text8_table")]
+    _theme()
+    labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
+    colors = [sns.color_palette("deep")[3] if lt == 1 else sns.color_palette("deep")[0] for lt in table["L_t"]]
+    bars = ax.bar(labels, table["nll"], color=colors)
+    for b, nll, bpc, ppl in zip(bars, table["nll"], table["bpc"], table["ppl"]):
+        ax.annotate(f"{nll:.3f} nats\n{bpc:.3f} bpc\nppl {ppl:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=7, textcoords="offset points", xytext=(0, 2))
+    ax.set_ylabel("NLL bound (nats / char), lower is better")
+    ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
+    ax.set_ylim(0, table["nll"].max() * 1.3)
+    ax.set_title(f"{data.name}: text8 likelihood")
+    _tight(fig)
+    paths = save(fig, out_dir, "text8_nll", opts.fmt) + paths
     return paths
 
 
@@ -951,6 +948,7 @@ FIGURES = {
     "losses": losses,
     "schedules": schedules,
     "text8": text8,
+    "training-curves": training_curves,
     "effective-params": effective_params,
 }
 

@@ -1,0 +1,131 @@
+"""rmdm-study's Python API: a results store's tables as pandas DataFrames, figures as matplotlib Figures.
+
+    import rmdm_study as rs
+
+    res = rs.open("results")                  # a local results directory, or "s3://bucket/prefix"
+    res.studies()                             # ['demo_sudoku', ...], oldest first
+    s = res.study("demo_sudoku")              # default: the most recently written study
+    s.runs, s.evals, s.history                # joined with each run's columns, deduplicated as the report does
+    s.samples()                               # per-example outputs and scores (s.samples(run_id) for one run)
+    s.table()                                 # aggregated over seeds: value, ci_low, ci_high, ci_method, n_seeds
+    s.compare()                               # paired comparisons with verdicts, as `study report` prints them
+    fig = s.figure("iso-param")               # a matplotlib Figure (or a list of them); saving is yours
+
+`rmdm_study` is the one documented name. The project also installs the packages `study`, `model`,
+`tasks`, `store`, `stats` and `analysis` (the layout the tool was asked for); importing `rmdm_study`
+checks that each of those names is this project's own and raises ImportError naming any other package
+that shadows one, so a clash never passes silently.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+__all__ = ["open", "Results", "Study", "PACKAGES"]
+
+PACKAGES = ("study", "model", "tasks", "store", "stats", "analysis")
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _check_packages() -> None:
+    """Where Python would import each of PACKAGES from (found, not imported): this project, or ImportError."""
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        origin = (spec.origin if spec is not None else None) or "not found"
+        where = os.path.dirname(os.path.dirname(os.path.abspath(origin))) if spec is not None else None
+        if where != _HERE:
+            raise ImportError(f"rmdm_study: the module {name!r} is {origin!r}, not this project's "
+                              f"({_HERE}/{name}): another package of that name shadows it; uninstall it or use "
+                              f"a separate virtual environment")
+
+
+_check_packages()
+
+import pandas as pd  # noqa: E402
+
+from analysis.load import StudyData, latest_study, load_study  # noqa: E402
+from store import Store, list_studies  # noqa: E402
+
+
+def open(results: str = "results") -> "Results":  # noqa: A001 (the API's verb, as in the README)
+    """A results store: a local directory or any pyarrow URI (s3://, gs://...)."""
+    return Results(results)
+
+
+class Results:
+    """A results store holding one directory per study."""
+
+    def __init__(self, results: str):
+        self.results = results
+
+    def studies(self) -> list[str]:
+        """Names of the studies with runs, oldest first (by their newest runs file)."""
+        return [name for name, _ in list_studies(self.results)]
+
+    def study(self, name: str | None = None) -> "Study":
+        """One study, read once (default: the most recently written)."""
+        return Study(load_study(self.results, name or latest_study(self.results)))
+
+    def __repr__(self) -> str:
+        return f"rmdm_study.Results({self.results!r})"
+
+
+class Study:
+    """One study's tables, read once from the store (the report reads the same rows)."""
+
+    def __init__(self, data: StudyData):
+        self.data = data
+        self.name = data.name
+        self._table: dict[str, pd.DataFrame] = {}
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        """One row per run (superseded retrainings left out), with model_key, task_variant, seed."""
+        return self.data.runs
+
+    @property
+    def evals(self) -> pd.DataFrame:
+        """One row per run, evaluation point and metric, joined with the run's columns."""
+        return self.data.evals
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """Training curves (train_loss per step; depth = the L_t of that step), joined with the run's columns."""
+        return self.data.history
+
+    def samples(self, run_id: str | None = None) -> pd.DataFrame:
+        """Per-example rows: input, output, reference (for the examples whose text is kept) and scores."""
+        return self.data.store.read("samples", filter_run=run_id)
+
+    def table(self, split: str = "test") -> pd.DataFrame:
+        """Seeds aggregated: one row per model, evaluation point and metric of one split, with its
+        95% interval and the method (analysis.tables.aggregate)."""
+        if split not in self._table:
+            from analysis.tables import aggregate
+
+            agg = aggregate(self.data.evals)
+            self._table[split] = agg[agg["split"] == split].reset_index(drop=True)
+        return self._table[split]
+
+    def compare(self, *named: tuple[str, str], split: str = "test") -> pd.DataFrame:
+        """Every iso-parameter and iso-FLOP pair (and the (run A, run B) pairs named) at every common T:
+        the difference, its paired 95% interval, the verdict (analysis.compare.compare)."""
+        from analysis.compare import compare
+
+        return compare(self.data, list(named), split)
+
+    def figure(self, name: str, **options):
+        """Draw one figure of `study report` (names: analysis.figures.FIGURES) and return it as a matplotlib
+        Figure (a list where the figure has several parts); nothing is written. options: those of
+        `study report` (split, threshold, T, pareto_x)."""
+        from matplotlib.figure import Figure
+
+        from analysis.figures import FIGURES, Options
+
+        if name not in FIGURES:
+            raise ValueError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}")
+        got = [x for x in FIGURES[name](self.data, None, Options(**options)) if isinstance(x, Figure)]
+        return got[0] if len(got) == 1 else got
+
+    def __repr__(self) -> str:
+        return f"rmdm_study.Study({self.name!r}: {len(self.runs)} runs, {len(self.evals)} evals rows)"

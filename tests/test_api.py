@@ -1,0 +1,98 @@
+"""The Python API (rmdm_study): the README's example runs as written and gives the numbers `study report`
+prints; figures come back as matplotlib Figures with nothing written; a shadowing package is named.
+Run: .venv/bin/python -m pytest tests/test_api.py -q
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, study
+from test_analysis_data import write_paper
+
+
+def readme_example() -> str:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("### Results in Python", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results directory holding a hand-made study under the README's name (demo_sudoku)."""
+    base = tmp_path_factory.mktemp("api")
+    root = str(base / "results")
+    store = write_paper(root)
+    shutil.copytree(store.dir, os.path.join(root, "demo_sudoku"))
+    shutil.rmtree(store.dir)
+    return base
+
+
+def test_readme_example_runs_and_matches_study_report(results):
+    code = readme_example()
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPLBACKEND": "Agg"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=results, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "['demo_sudoku']" in run.stdout
+    assert os.path.getsize(results / "iso_param.png") > 5000
+    # the same numbers as the report: the API's comparisons against the lines `study report` prints
+    import rmdm_study as rs
+
+    s = rs.open(str(results / "results")).study("demo_sudoku")
+    api = s.compare()
+    assert len(api) > 0 and set(api["verdict"]) <= {"ahead", "behind", "no detectable difference"}
+    runs = sorted(s.runs["run_id"])
+    rep = study("report", "--results", str(results / "results"), "--study", "demo_sudoku", "--figure", "iso-param",
+                "--out", str(results / "fig"), "--compare", f"{runs[0]}:{runs[1]}")
+    assert rep.returncode == 0, rep.stderr
+    printed = [l.strip() for l in rep.stdout.splitlines() if l.startswith("  ") and " vs " in l]
+    mine = [l for l in printed if not l.startswith("named")]
+    assert len(mine) == len(api)
+    for line, r in zip(mine, api.itertuples(index=False)):
+        assert f"{r.A} vs {r.B}" in line and f"T={r.T}:" in line, (line, r)
+        assert f"difference {r.difference:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]" in line and line.endswith(r.verdict)
+    # the aggregated table is the report's (analysis.tables.aggregate of the rows load_study reads)
+    from analysis.load import load_study
+    from analysis.tables import aggregate
+
+    agg = aggregate(load_study(str(results / "results"), "demo_sudoku").evals)
+    t = s.table()
+    assert len(t) == (agg["split"] == "test").sum()
+    assert t["value"].tolist() == agg[agg["split"] == "test"]["value"].tolist()
+    assert "ci_method" in t
+
+
+def test_figures_come_back_as_figures_and_nothing_is_written(results):
+    from matplotlib.figure import Figure
+
+    import rmdm_study as rs
+
+    s = rs.open(str(results / "results")).study()
+    before = sorted(os.listdir(s.data.dir))
+    for name in ("iso-param", "pareto", "training-curves"):
+        fig = s.figure(name)
+        assert isinstance(fig, Figure) and fig.axes, name
+    assert sorted(os.listdir(s.data.dir)) == before
+    with pytest.raises(ValueError, match="unknown figure 'nope'; known: iso-param"):
+        s.figure("nope")
+    assert len(s.samples()) >= 0 and set(s.runs["run_id"]) == set(s.evals["run_id"])
+
+
+def test_a_package_shadowing_one_of_ours_is_named(tmp_path):
+    fake = tmp_path / "stats"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = subprocess.run([sys.executable, "-c", "import rmdm_study"], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "the module 'stats' is" in r.stderr and "shadows it" in r.stderr
+    ok = subprocess.run([sys.executable, "-c", "import rmdm_study; print(rmdm_study.PACKAGES)"], cwd=ROOT,
+                        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "'analysis'" in ok.stdout, ok.stderr
