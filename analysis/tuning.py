@@ -38,6 +38,9 @@ def open_storage(path: str):
     return JournalStorage(JournalFileBackend(path))
 
 
+IMPORTANCE_METHOD = "PED-ANOVA"  # optuna.importance.PedAnovaImportanceEvaluator, asked for by name
+
+
 def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, float], str]]:
     """[(optuna study name, completed trials (number, value, best_so_far, params...), importances, direction)]."""
     path = find_storage(study_dir)
@@ -60,7 +63,10 @@ def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, flo
         imp: dict[str, float] = {}
         varied = [p for p in df.columns[3:] if df[p].nunique() > 1]
         if len(done) >= 2 and varied:
-            imp = optuna.importance.get_param_importances(st, params=varied)
+            # named, not the version's default (fANOVA up to Optuna 4, PED-ANOVA from 5), so the label
+            # says what was computed; fANOVA would also need scikit-learn
+            imp = optuna.importance.get_param_importances(
+                st, params=varied, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
         out.append((name, df.reset_index(drop=True), dict(imp), direction))
     if not out:
         raise MissingData(f"the Optuna storage {path} holds no completed single-objective trial")
@@ -85,7 +91,8 @@ def tuning(data: StudyData, out_dir: str, opts) -> list[str]:
         if imp:
             names = list(imp)[::-1]
             ax_i.barh(names, [imp[n] for n in names], color=sns.color_palette("deep")[2])
-            ax_i.set_xlabel("importance (fANOVA, share of objective variance)")
+            ax_i.set_xlabel(f"importance ({IMPORTANCE_METHOD}: how far each parameter's top-trial values stand "
+                            "out; normalised to sum 1)")
             ax_i.set_xlim(0, 1)
             ax_i.set_title(f"{name}: parameter importances", fontsize=10)
         else:
@@ -98,8 +105,9 @@ def tuning(data: StudyData, out_dir: str, opts) -> list[str]:
 
 
 def importances_table(searches) -> pd.DataFrame:
-    rows = [{"search": name, "parameter": p, "importance": v} for name, _, imp, _ in searches for p, v in imp.items()]
-    return pd.DataFrame(rows, columns=["search", "parameter", "importance"])
+    rows = [{"search": name, "parameter": p, "importance": v, "method": IMPORTANCE_METHOD}
+            for name, _, imp, _ in searches for p, v in imp.items()]
+    return pd.DataFrame(rows, columns=["search", "parameter", "importance", "method"])
 
 
 def _safe(name: str) -> str:
