@@ -1,0 +1,44 @@
+"""The install the README describes is the one CI runs and tests: the test command is .ci/run's, both
+set-up commands use constraints.txt, and the installed versions are the pinned ones.
+Run: .venv/bin/python -m pytest tests/test_install.py -q
+"""
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+
+from tests.helpers import ROOT
+
+
+def _blocks() -> list[str]:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    setup = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+
+
+def test_readme_test_command_is_ci_run_and_both_use_the_constraints():
+    demo, tests = _blocks()[:2]
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    assert tests in ci.splitlines()
+    for cmd in (demo, tests):
+        assert "pip install torch==2.13.0 && .venv/bin/pip install -c constraints.txt -e " in cmd
+
+
+def test_installed_versions_are_the_constrained_ones():
+    pins = {}
+    for line in open(os.path.join(ROOT, "constraints.txt"), encoding="utf-8"):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name] = version
+    assert {"ray", "optuna", "pandas", "pyarrow", "matplotlib", "seaborn", "pydantic"} <= set(pins)
+    assert "torch" not in pins  # a GPU machine installs its own build
+    wrong = {n: (v, metadata.version(n)) for n, v in pins.items() if metadata.version(n) != v}
+    assert not wrong, f"installed versions differ from constraints.txt (pinned, installed): {wrong}"
+
+
+def test_python_version_of_readme_matches_pyproject():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    assert "## Set-up (fresh machine, Python 3.11)" in readme and 'requires-python = ">=3.11"' in pyproject
