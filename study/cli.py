@@ -10,7 +10,6 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from study.grid import GridError, load_grid
 
 
 class _Commands(TyperGroup):
@@ -55,10 +54,46 @@ def _fail(msg: str, code: int = 2):
 
 
 def _grid_or_exit(path: str):
+    from study.grid import GridError
+
     try:
         return load_grid(path)
     except GridError as e:
         _fail(str(e))
+
+
+def load_grid(path: str):
+    """study.grid.load_grid, imported on first use, not at the top: `study run` on a study another driver
+    holds is refused before study.grid brings torch in (seconds on a loaded machine; _refuse_if_leased)."""
+    from study.grid import load_grid as load
+
+    return load(path)
+
+
+def _refuse_if_leased(grid_path: str, results: str, wait: bool) -> None:
+    """Exit 2 at once, naming it, when a live driver holds the lease of GRID's study: read from the grid's
+    `study:` key alone, before the grid is validated (which loads torch). Anything unusual (a file that is
+    not a small regular one, YAML that does not parse) is left to the full checks that follow."""
+    if wait:
+        return
+    try:
+        if "://" not in results and not os.path.isdir(results):
+            return
+        if not os.path.isfile(grid_path) or os.path.getsize(grid_path) > 1 << 20:
+            return
+        import yaml
+
+        with open(grid_path) as f:
+            raw = yaml.safe_load(f)
+        name = (raw.get("study") if isinstance(raw, dict) else None) or os.path.splitext(os.path.basename(grid_path))[0]
+        from store import Store, is_safe_name
+        from store.lease import held_by
+
+        held = held_by(Store(results, name)) if is_safe_name(name) else None
+    except Exception:
+        return
+    if held:
+        _fail(held)
 
 
 def _results_or_exit(results: str, create: bool = False) -> None:
@@ -219,8 +254,12 @@ def run(
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
     progress_every: float = typer.Option(30.0, "--progress-every",
                                          help="seconds between progress lines when not on a terminal"),
+    wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
+                              "ends (default: refuse, naming it)"),
 ):
-    """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each."""
+    """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
+    One driver per study: a second one is refused (exit 2) unless --wait."""
+    _refuse_if_leased(grid, results, wait)  # first: a second driver is refused before torch is imported
     from study.runner import check_address, run_grid
 
     if not (math.isfinite(progress_every) and progress_every > 0):
@@ -235,8 +274,14 @@ def run(
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    raise typer.Exit(run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                              echo=typer.echo, progress_every_s=progress_every))
+    from store.lease import LeaseHeld
+
+    try:
+        code = run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
+                        echo=typer.echo, progress_every_s=progress_every, wait=wait)
+    except LeaseHeld as e:
+        _fail(str(e))
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -262,6 +307,9 @@ def status(
             typer.echo(f"unreadable, skipped: {path} ({why})", err=True)
     else:
         typer.echo(render(g, store, statuses))
+        from store.lease import status_line
+
+        typer.echo(status_line(store))  # which driver holds the study, and whether it still beats
 
 
 @app.command()
@@ -270,15 +318,19 @@ def tune(
     results: str = RESULTS,
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
+    wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
+                              "ends (default: refuse, naming it)"),
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
+    _refuse_if_leased(grid, results, wait)
+    from store.lease import LeaseHeld
     from study.tune import TuneError, tune_grid
 
     g = _grid_or_exit(grid)
     _results_or_exit(results, create=True)
     try:
-        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo)
-    except TuneError as e:
+        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo, wait=wait)
+    except (TuneError, LeaseHeld) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     raise typer.Exit(code)

@@ -78,9 +78,13 @@ def _trainable(config: dict) -> None:
 
     run = run_from_resolved(config["run"])
     store = Store(config["results"], run.study)
+    from store.lease import fence
+
+    held = fence(store, config.get("lease"))  # a trial whose driver lost the study's lease stops (store/lease.py)
+    held()
     attempt = start_attempt(store, run.run_id, "run")
     try:
-        execute(run, store, config["code_version"], report=tune.report, attempt=attempt,
+        execute(run, store, config["code_version"], report=lambda m: (held(), tune.report(m)), attempt=attempt,
                 **fault_steps(config, run.run_id))
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
@@ -295,8 +299,34 @@ def _storage(store: Store) -> tuple[str, object]:
 
 
 def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed: bool = False,
-             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0) -> int:
-    """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete)."""
+             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False) -> int:
+    """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
+
+    Holds the study's lease throughout (store/lease.py): while another driver holds it, raises
+    store.lease.LeaseHeld naming that driver, or with `wait` waits until it is free."""
+    from store.lease import acquire
+
+    lease = acquire(Store(results, grid.study), "run", wait=wait, echo=echo, on_lost=_lease_lost(echo))
+    try:
+        return _run_grid(grid, results, address, retry_failed, num_cpus, echo, progress_every_s, lease)
+    finally:
+        lease.release()
+
+
+def _lease_lost(echo):
+    """What a driver does when a newer driver took its lease over (it sent no heartbeat in time): say so
+    and stop its trials as Ctrl-C does; its trials stop on their own at their next report (the fence)."""
+    import signal
+
+    def lost(newer) -> None:
+        echo(f"error: this driver lost the study's lease to {newer.describe()}; stopping (its finished runs are kept)")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    return lost
+
+
+def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool, num_cpus: int | None, echo,
+              progress_every_s: float, lease) -> int:
     store = Store(results, grid.study)
     store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
     plan = classify(grid, store, retry_failed)
@@ -359,7 +389,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     **faults},
+                     "lease": lease.fence, **faults},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
@@ -376,6 +406,9 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
     )
     try:
         result_grid = tuner.fit()
+        if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
+            echo(f"study {grid.study}: stopped: the lease was taken over by {lease.lost.describe()}")
+            return 1
         if placement.reason:
             echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
                  f"`resources`, then run again (finished runs are kept)")

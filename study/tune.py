@@ -307,14 +307,22 @@ def _recover(study, TrialState, echo) -> None:
 
 
 def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: int | None = None,
-              echo: Callable[[str], None] = print) -> int:
-    """Run or resume every search group of `grid`; write best.yaml. Returns an exit code."""
+              echo: Callable[[str], None] = print, wait: bool = False) -> int:
+    """Run or resume every search group of `grid`; write best.yaml. Returns an exit code.
+    Holds the study's lease as `study run` does (store/lease.py: LeaseHeld, or `wait`)."""
     if grid.search is None:
         raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
     if "://" in results:
         raise TuneError(f"study tune needs a local results directory for {DB_NAME} (got {results})")
     store = Store(results, grid.study)
     os.makedirs(store.dir, exist_ok=True)
+    from store.lease import acquire
+
+    with acquire(store, "tune", wait=wait, echo=echo):  # one driver per study, `study run` included
+        return _tune_flocked(grid, store, results, address, num_cpus, echo)
+
+
+def _tune_flocked(grid, store, results, address, num_cpus, echo) -> int:
     lock = open(os.path.join(store.dir, ".tune.lock"), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

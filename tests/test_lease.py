@@ -1,0 +1,345 @@
+"""One driver per study (store/lease.py): a second driver is refused within 10 s naming the holder, or
+waits (--wait); a dead holder's lease is taken over and no run trains twice; the same on moto S3.
+
+The drivers are real `study run` processes; every wait below is on an observable state (a lease file,
+a heartbeat, an output line), never on a sleep, so a slow machine only makes the tests slower. A first
+attempt of each run is held mid-training (RMDM_FAULT_HOLD_AT) so the first driver cannot finish early.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.helpers import ROOT, alive, check_resumed, kill_all, study_cmd, tiny_grid, wait_training
+from tests.test_s3 import s3_env, s3_root  # noqa: F401  (the moto server fixtures, reused)
+
+# short heartbeats so that they run during the tests; the timeout stays far above them (same-machine
+# death is detected from the process itself, so nothing here waits for a timeout)
+LEASE_ENV = {"RMDM_LEASE_BEAT_S": "1", "RMDM_LEASE_TTL_S": "60", "RMDM_LEASE_POLL_S": "0.5"}
+HOLD_AT = 15  # after the checkpoint at step 10
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": ROOT, **LEASE_ENV, **extra}
+
+
+def _start(gpath, results, out, env) -> subprocess.Popen:
+    return subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2",
+                                      "--progress-every", "2"), cwd=ROOT, env=env, start_new_session=True,
+                            stdout=open(out, "w"), stderr=subprocess.STDOUT)
+
+
+def _held_by(store, pid: int, drv, out, timeout: float = 300) -> dict:
+    from store.lease import current
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert drv.poll() is None, open(out).read()
+        h = current(store)
+        if h is not None and h.info.get("pid") == pid and h.info.get("state") == "held":
+            return h.info
+        time.sleep(0.2)
+    raise AssertionError(f"no lease held by pid {pid} within {timeout:.0f} s: " + open(out).read())
+
+
+def _refused_fast(gpath, results, holder_pid: int, env) -> str:
+    """A second `study run` exits 2 within 10 s with one line naming the holder (host, PID, since)."""
+    t0 = time.time()
+    r = subprocess.run(study_cmd("run", str(gpath), "--results", results), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120, start_new_session=True)
+    took = time.time() - t0
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert took < 10, f"refused after {took:.1f} s"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and not r.stdout.strip(), r.stdout + r.stderr
+    assert f"pid {holder_pid} " in lines[0] and socket.gethostname() in lines[0] and " since 20" in lines[0], lines
+    assert "--wait" in lines[0]
+    return lines[0]
+
+
+def _attempts(store, run_id: str) -> list[str]:
+    return (store.read_bytes(store.path("logs", f"{run_id}.attempts")) or b"").decode().splitlines()
+
+
+def _held_trials(store, drv) -> list[int]:
+    """PIDs of the held trials (from their heartbeats), each checked to be a process of `drv`."""
+    from study.procs import descendants
+
+    pids = [int(b["pid"]) for b in store.read_progress().values() if b.get("phase") == "train"]
+    mine = set(descendants(drv.pid))
+    assert pids and set(pids) <= mine, (pids, sorted(mine))
+    return pids
+
+
+# ---- the lease itself, in this process -------------------------------------------------------------
+def test_lease_refuses_releases_and_takes_over(tmp_path, monkeypatch):
+    from store import Store
+    from store.lease import LeaseHeld, LeaseLost, acquire, current, fence, status_line
+
+    for k, v in LEASE_ENV.items():
+        monkeypatch.setenv(k, v)
+    store = Store(str(tmp_path), "unit")
+    first = acquire(store, "run")
+    with pytest.raises(LeaseHeld) as e:
+        acquire(store, "run")
+    assert f"pid {os.getpid()} " in str(e.value) and socket.gethostname() in str(e.value)
+    assert "heartbeat fresh" in status_line(store)
+    check = fence(store, first.fence)
+    check()  # still ours
+    first.release()
+    assert "free" in status_line(store) and "released" in status_line(store)
+
+    # released: the next one takes the next generation
+    second = acquire(store, "tune")
+    assert second.gen == first.gen + 1 and current(store).info["command"] == "tune"
+    # a holder on another machine that stopped beating 61 s ago (its own clock) is taken over...
+    second.release()
+    third = acquire(store, "run")
+    third._stop.set()  # its heartbeat stops, as a lost machine's would
+    third._thread.join()
+    forged = dict(third.info, host="elsewhere.example", beat=time.time() - 61)
+    with open(third.path, "w") as f:
+        json.dump(forged, f)
+    assert "heartbeat stale" in status_line(store)
+    said = []
+    fourth = acquire(store, "run", echo=said.append)
+    assert fourth.gen == third.gen + 1 and "no heartbeat for over 60s" in said[0] and "elsewhere.example" in said[0]
+    # ... and the old holder, should it wake up, finds it lost the lease and stops; so do its trials
+    assert third.beat() is False and third.lost.info["token"] == fourth.token
+    third.lost = None
+    third.release()  # marks nothing: a newer generation exists
+    assert current(store).info["token"] == fourth.token and current(store).info["state"] == "held"
+    with pytest.raises(LeaseLost):
+        fence(store, third.fence)()
+    # ... but one on another machine that beat a moment ago holds it
+    fourth._stop.set()
+    fourth._thread.join()
+    with open(fourth.path, "w") as f:
+        json.dump(dict(fourth.info, host="elsewhere.example", beat=time.time()), f)
+    with pytest.raises(LeaseHeld):
+        acquire(store, "run")
+
+    # a holder on this machine whose process is gone is taken over at once, whatever its heartbeat says
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with open(fourth.path, "w") as f:
+        json.dump(dict(fourth.info, pid=gone.pid, beat=time.time()), f)
+    assert "process has ended" in status_line(store)
+    said.clear()
+    fifth = acquire(store, "run", echo=said.append)
+    assert "its process has ended" in said[0]
+    fourth.release()  # a lease taken over is not marked released by its old holder
+    assert current(store).info["token"] == fifth.token and current(store).info["state"] == "held"
+    fifth.release()
+    # old generations are pruned: the newest and the one it replaced remain
+    assert len(os.listdir(tmp_path / "unit" / "lease")) == 2
+
+
+def test_bad_lease_settings_are_one_line(tmp_path, monkeypatch):
+    from store import Store
+    from store.lease import acquire
+
+    monkeypatch.setenv("RMDM_LEASE_TTL_S", "nan")
+    with pytest.raises(ValueError, match="RMDM_LEASE_TTL_S"):
+        acquire(Store(str(tmp_path), "bad"), "run")
+    monkeypatch.setenv("RMDM_LEASE_TTL_S", "1")
+    monkeypatch.setenv("RMDM_LEASE_BEAT_S", "1")
+    with pytest.raises(ValueError, match="at least twice"):
+        acquire(Store(str(tmp_path), "bad"), "run")
+
+
+# ---- two real drivers ------------------------------------------------------------------------------
+def test_second_driver_refused_then_waits_then_runs(tmp_path):
+    """Driver A holds the study (its runs held mid-training); B is refused within 10 s naming A; W
+    (--wait) waits; status names A; once A ends (its held trials killed, retried, finished), W and then C
+    run and find nothing to do: every run was started by A only (attempt logs)."""
+    from store import Store
+    from study.grid import load_grid
+    from study.runner import HOLD_ENV
+
+    gpath = tmp_path / "lease.yaml"
+    gpath.write_text(tiny_grid("lease", steps=30))
+    grid = load_grid(str(gpath))
+    results = str(tmp_path / "results")
+    store = Store(results, "lease")
+    holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
+    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: holds}))
+    w = None
+    try:
+        info = _held_by(store, a.pid, a, tmp_path / "a.out")
+        wait_training(a, store, tmp_path / "a.out", n=2)
+        line = _refused_fast(gpath, results, a.pid, _env())
+        assert time.strftime("%Y-%m-%d", time.gmtime(info["since"])) in line
+
+        w = subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--wait"), cwd=ROOT, env=_env(),
+                             start_new_session=True, stdout=open(tmp_path / "w.out", "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while "waiting for it to end" not in (tmp_path / "w.out").read_text():
+            assert w.poll() is None and time.time() < deadline, (tmp_path / "w.out").read_text()
+            time.sleep(0.2)
+
+        r = subprocess.run(study_cmd("status", str(gpath), "--results", results), cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"lease: held by `study run` on {socket.gethostname()} pid {a.pid} " in r.stdout, r.stdout
+        assert "heartbeat fresh" in r.stdout, r.stdout
+
+        kill_all(_held_trials(store, a))  # A's first attempts end; Tune retries them and they finish
+        assert a.wait(timeout=600) == 0, (tmp_path / "a.out").read_text()
+        assert w.wait(timeout=300) == 0, (tmp_path / "w.out").read_text()
+    finally:
+        for p in (a, w):
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+    assert "2 done" in (tmp_path / "a.out").read_text()
+    assert "2 done, 0 to run" in (tmp_path / "w.out").read_text()
+
+    r = subprocess.run(study_cmd("run", str(gpath), "--results", results), cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert r.returncode == 0 and "2 done, 0 to run" in r.stdout, r.stdout + r.stderr
+    for run in grid.runs:
+        starts = _attempts(store, run.run_id)
+        assert len(starts) == 2 and all(" run pid " in s for s in starts), starts  # A's held attempt, A's retry
+    runs = store.read("runs")
+    assert sorted(runs.run_id) == sorted(r.run_id for r in grid.runs) and (runs.status == "done").all()
+    hist = store.read("history")
+    assert not hist.duplicated(["run_id", "step"]).any()
+    r = subprocess.run(study_cmd("status", str(gpath), "--results", results), cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert "lease: free" in r.stdout and "released" in r.stdout, r.stdout
+
+
+def test_sigterm_releases_the_lease(tmp_path):
+    """SIGTERM (a scheduler stopping the job) ends the driver as Ctrl-C does: the lease is released."""
+    from store import Store
+    from store.lease import current
+    from study.grid import load_grid
+    from study.procs import descendants
+    from study.runner import HOLD_ENV
+
+    gpath = tmp_path / "term.yaml"
+    gpath.write_text(tiny_grid("term", steps=30, axes="L: [1]"))
+    grid = load_grid(str(gpath))
+    results = str(tmp_path / "results")
+    store = Store(results, "term")
+    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: f"{grid.runs[0].run_id}:{HOLD_AT}"}))
+    tree: list[int] = []
+    try:
+        _held_by(store, a.pid, a, tmp_path / "a.out")
+        wait_training(a, store, tmp_path / "a.out", n=1)
+        tree = descendants(a.pid)
+        a.send_signal(signal.SIGTERM)
+        a.wait(timeout=300)
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGKILL)
+            a.wait()
+        kill_all([p for p in tree if alive(p)])
+    h = current(store)
+    assert h.info["pid"] == a.pid and h.info["state"] == "released", (h.info, (tmp_path / "a.out").read_text())
+
+
+def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: dict) -> None:
+    """A holds the study mid-training; B is refused; A is SIGKILLed by its handle; C takes over at once
+    (A's process is gone), resumes every run from its checkpoint, and no run trains twice."""
+    from study.procs import descendants
+    from study.runner import HOLD_ENV
+
+    holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
+    a = _start(gpath, results, tmp_path / "a.out", _env(**env_extra, **{HOLD_ENV: holds}))
+    tree: list[int] = []
+    try:
+        _held_by(store, a.pid, a, tmp_path / "a.out")
+        wait_training(a, store, tmp_path / "a.out", n=2)
+        _refused_fast(gpath, results, a.pid, _env(**env_extra))
+        tree = descendants(a.pid)
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait()
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGKILL)
+            a.wait()
+    try:
+        r = subprocess.run(study_cmd("status", str(gpath), "--results", results), cwd=ROOT, env=_env(**env_extra),
+                           capture_output=True, text=True, timeout=120)
+        assert f"pid {a.pid} " in r.stdout and "process has ended" in r.stdout, r.stdout + r.stderr
+        first = {r.run_id: _attempts(store, r.run_id) for r in grid.runs}
+        assert all(len(v) == 1 for v in first.values()), first
+
+        r = subprocess.run(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2"), cwd=ROOT,
+                           env=_env(**env_extra), capture_output=True, text=True, timeout=600, start_new_session=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"lease: took over study {grid.study} from `study run` on {socket.gethostname()} pid {a.pid} " \
+               in r.stdout and "its process has ended" in r.stdout, r.stdout
+    finally:
+        kill_all([p for p in tree if alive(p)])  # Ray's processes of the killed driver, if any outlived it
+    for run in grid.runs:
+        starts = _attempts(store, run.run_id)
+        # one start by the killed driver, one by the next: never two drivers on one run
+        assert len(starts) == 2 and starts[0] == first[run.run_id][0], starts
+    check_resumed(store, grid, [r.run_id for r in grid.runs], steps=30)
+
+
+def test_killed_holder_is_taken_over_and_no_run_trains_twice(tmp_path):
+    from store import Store
+    from study.grid import load_grid
+
+    gpath = tmp_path / "killed.yaml"
+    gpath.write_text(tiny_grid("killed", steps=30))
+    results = str(tmp_path / "results")
+    _killed_holder_taken_over(gpath, load_grid(str(gpath)), results, Store(results, "killed"), tmp_path, {})
+
+
+# ---- on S3 (moto) ----------------------------------------------------------------------------------
+def test_one_of_two_simultaneous_takers_wins_on_s3(s3_root, monkeypatch):  # noqa: F811
+    """Two contenders at the same moment on the object store (no conditional writes): exactly one holds."""
+    from store import Store
+    from store.lease import LeaseHeld, acquire, current
+
+    for k, v in LEASE_ENV.items():
+        monkeypatch.setenv(k, v)
+    for round_ in range(3):
+        barrier = threading.Barrier(2)
+        got, refused, errors = [], [], []
+
+        def contend():
+            store = Store(s3_root, "race")
+            barrier.wait()
+            try:
+                got.append(acquire(store, "run"))
+            except LeaseHeld as e:
+                refused.append(str(e))
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=contend) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and len(got) == 1 and len(refused) == 1, (round_, got, refused, errors)
+        assert current(Store(s3_root, "race")).info["token"] == got[0].token
+        got[0].release()
+
+
+def test_two_drivers_and_a_killed_holder_on_s3(s3_root, s3_env, tmp_path):  # noqa: F811
+    from store import Store
+    from study.grid import load_grid
+
+    gpath = tmp_path / "s3lease.yaml"
+    gpath.write_text(tiny_grid("s3lease", steps=30))
+    store = Store(s3_root, "s3lease")
+    try:
+        _killed_holder_taken_over(gpath, load_grid(str(gpath)), s3_root, store, tmp_path, s3_env)
+    finally:
+        import shutil
+
+        shutil.rmtree(store.data_dir(), ignore_errors=True)  # this server's study data cached here
