@@ -142,6 +142,43 @@ def test_lease_refuses_releases_and_takes_over(tmp_path, monkeypatch):
     assert len(os.listdir(tmp_path / "unit" / "lease")) == 2
 
 
+def test_one_taker_of_a_dead_holders_lease_on_disk(tmp_path, monkeypatch):
+    """Four contenders at once for a lease whose holder died: exactly one takes it (an exclusive link)."""
+    from store import Store
+    from store.lease import LeaseHeld, acquire, current
+
+    for k, v in LEASE_ENV.items():
+        monkeypatch.setenv(k, v)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for round_ in range(3):
+        store = Store(str(tmp_path), "race")
+        old = acquire(store, "run")
+        old.release()
+        with open(old.path, "w") as f:  # its holder died holding it
+            json.dump(dict(old.info, state="held", pid=gone.pid), f)
+        barrier = threading.Barrier(4)
+        got, refused, errors = [], [], []
+
+        def contend():
+            barrier.wait()
+            try:
+                got.append(acquire(Store(str(tmp_path), "race"), "run", echo=lambda m: None))
+            except LeaseHeld as e:
+                refused.append(str(e))
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=contend) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and len(got) == 1 and len(refused) == 3, (round_, got, refused, errors)
+        assert current(store).info["token"] == got[0].token and got[0].gen == old.gen + 1
+        got[0].release()
+
+
 def test_bad_lease_settings_are_one_line(tmp_path, monkeypatch):
     from store import Store
     from store.lease import acquire
@@ -245,6 +282,42 @@ def test_sigterm_releases_the_lease(tmp_path):
         kill_all([p for p in tree if alive(p)])
     h = current(store)
     assert h.info["pid"] == a.pid and h.info["state"] == "released", (h.info, (tmp_path / "a.out").read_text())
+
+
+def test_driver_that_lost_its_lease_stops(tmp_path):
+    """A driver that finds a newer generation of its lease (it was taken over while it stalled) stops its
+    trials as Ctrl-C does, writes no `failed` rows and leaves the newer holder's lease alone."""
+    from store import Store
+    from store.lease import current, lease_dir
+    from study.grid import load_grid
+    from study.procs import descendants
+    from study.runner import HOLD_ENV
+
+    gpath = tmp_path / "lost.yaml"
+    gpath.write_text(tiny_grid("lost", steps=30, axes="L: [1]"))
+    grid = load_grid(str(gpath))
+    results = str(tmp_path / "results")
+    store = Store(results, "lost")
+    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: f"{grid.runs[0].run_id}:{HOLD_AT}"}))
+    tree: list[int] = []
+    try:
+        info = _held_by(store, a.pid, a, tmp_path / "a.out")
+        wait_training(a, store, tmp_path / "a.out", n=1)
+        tree = descendants(a.pid)
+        # another driver (this test's process: alive, on this machine) took the next generation
+        newer = dict(info, gen=info["gen"] + 1, token="f" * 32, pid=os.getpid(), since=time.time(), beat=time.time())
+        with open(f"{lease_dir(store)}/g{info['gen'] + 1:010d}.json", "w") as f:
+            json.dump(newer, f)
+        code = a.wait(timeout=300)
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGKILL)
+            a.wait()
+        kill_all([p for p in tree if alive(p)])
+    out = (tmp_path / "a.out").read_text()
+    assert code == 1 and f"lost the study's lease to `study run` on {socket.gethostname()} pid {os.getpid()} " in out, out
+    assert store.read("runs").empty, store.read("runs")  # no failed row from the driver that lost
+    assert current(store).info["token"] == "f" * 32 and current(store).info["state"] == "held"
 
 
 def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: dict) -> None:
