@@ -179,6 +179,28 @@ def test_one_taker_of_a_dead_holders_lease_on_disk(tmp_path, monkeypatch):
         got[0].release()
 
 
+def test_study_tune_shares_the_lease_with_study_run(tmp_path, monkeypatch):
+    """`study tune` on a study a driver holds is refused in one line, exit 2, as `study run` is; the
+    full check (past the early one of the command line) refuses too."""
+    from store import Store
+    from store.lease import LeaseHeld, acquire
+    from study.grid import load_grid
+    from study.tune import tune_grid
+    from tests.test_tune import search_grid, write
+
+    for k, v in LEASE_ENV.items():
+        monkeypatch.setenv(k, v)
+    results = str(tmp_path / "results")
+    gpath = write(tmp_path / "tunelease.yaml", search_grid("tunelease"))
+    with acquire(Store(results, "tunelease"), "run"):
+        r = subprocess.run(study_cmd("tune", gpath, "--results", results), cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
+        assert f"`study run` on {socket.gethostname()} pid {os.getpid()} " in r.stderr, r.stderr
+        with pytest.raises(LeaseHeld):
+            tune_grid(load_grid(gpath), results, echo=lambda *_: None)
+
+
 def test_bad_lease_settings_are_one_line(tmp_path, monkeypatch):
     from store import Store
     from store.lease import acquire
