@@ -205,18 +205,27 @@ def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
 
 
 def enrich_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Add the columns derived from task_params: task_variant (a readable name), sudoku_n, mask_rate."""
+    """Add the columns derived from task_params: task_variant (a readable name), sudoku_n, mask_rate
+    (a number; None for a [low, high] range drawn per puzzle, which task_variant names)."""
     params = runs["task_params"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
     return runs.assign(task_variant=[task_variant(t, p) for t, p in zip(runs["task"], params)],
                        sudoku_n=[p.get("n") if t == "sudoku" else None for t, p in zip(runs["task"], params)],
-                       mask_rate=[p.get("mask_rate") for p in params])
+                       mask_rate=[_fixed_rate(p.get("mask_rate")) for p in params])
+
+
+def _fixed_rate(rate) -> float | None:
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
 
 
 def task_variant(task: str, p: dict) -> str:
     if task == "sudoku":
         n = p.get("n")
         rate = p.get("mask_rate")
-        masked = f", {round(100 * rate)}% masked" if rate is not None else ""
+        if isinstance(rate, (list, tuple)) and len(rate) == 2:  # drawn per puzzle in [low, high]
+            lo, hi = (round(100 * r) for r in rate)
+            masked = f", {lo}-{hi}% masked" if lo != hi else f", {lo}% masked"
+        else:
+            masked = f", {round(100 * rate)}% masked" if _fixed_rate(rate) is not None else ""
         return f"sudoku {n}x{n}{masked}"
     if task == "countdown":
         ops = p.get("n_operands") or p.get("operands") or p.get("n")

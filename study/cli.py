@@ -53,11 +53,16 @@ def _fail(msg: str, code: int = 2):
     raise typer.Exit(code)
 
 
-def _grid_or_exit(path: str):
-    from study.grid import GridError
+def _grid_or_exit(path: str, data: bool = True):
+    """The expanded grid; with `data` (plan, run, tune), also the check that each task can make the
+    examples the grid asks of it (study.grid.check_data). Exit 2 with one line otherwise."""
+    from study.grid import GridError, check_data
 
     try:
-        return load_grid(path)
+        g = load_grid(path)
+        if data:
+            check_data(g)
+        return g
     except GridError as e:
         _fail(str(e))
 
@@ -296,7 +301,7 @@ def status(
     from study.status import render, snapshot
     from store import Store
 
-    g = _grid_or_exit(grid)
+    g = _grid_or_exit(grid, data=False)
     _results_or_exit(results)
     store = Store(results, g.study)
     statuses = snapshot(g, store)

@@ -826,3 +826,24 @@ def _task_shape(task_name: str, task_json: str) -> tuple[int, int]:
         return declared, 1
     task = make_task(cfg)
     return len(task.pos_ids()), task.vocab_size
+
+
+def check_data(grid: Grid) -> None:
+    """Every run's task can make the data it asks for -- the training examples, the test split, and the
+    validation split where the run's `eval.split` or the grid's search is scored on it -- asked of the
+    task itself (`Task.check_data`), before anything is planned or dispatched: a trial would otherwise
+    search without end for examples its generator cannot make. GridError naming file, key and bound."""
+    from tasks import DataBoundError
+
+    checked = set()
+    for run in grid.runs:
+        splits = ("test", run.eval.split) + ((grid.search.split,) if grid.search is not None else ())
+        splits = tuple(dict.fromkeys(splits))
+        key = (run.task.model_dump_json(), splits)
+        if key in checked:
+            continue
+        checked.add(key)
+        try:
+            make_task(run.task).check_data(splits)
+        except DataBoundError as e:
+            raise GridError(_cut(f"{grid.path}: key '{e.key}': {e.msg}")) from None

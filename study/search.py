@@ -21,12 +21,14 @@ distributions below are sampled on top of each group's configuration::
       resources: {cpu: 1, gpu: 0.25}               # per trial (default: the grid's `resources`)
       seed: 0
       points: [{lr: 3.0e-3}]                       # tried first (warm start), optional
-      split: val                                   # what trials are scored on (default val; see below)
+      split: val                                   # what trials are scored on: val, the only one allowed
 
 Trials are scored -- the objective, ASHA's intermediate scores, val_loss -- on the task's
 validation split, drawn from the training distribution and disjoint from the test split
 that sweeps report: selecting on test would make the reported numbers optimistic. Every
-eval row a trial writes says `split: val`. `split: test` exists only to repeat an old search.
+eval row a trial writes says `split: val`. `split: test` is refused, and so is a best-values
+file that records another split than val, or none (files from before tuning read val were
+selected on test).
 
 `study tune` writes `<results>/<study>/best.yaml` (format below); a sweep grid takes the
 winners by reference, at the top level or per group::
@@ -132,7 +134,7 @@ class SearchGroup:
 
 SEARCH_KEYS = {"params", "n_trials", "metric", "mode", "pruning", "max_concurrent", "resources", "seed", "points",
                "split"}
-SEARCH_SPLITS = ("val", "test")
+SEARCH_SPLITS = ("val",)  # never test: a search selects on what it reads
 DIST_KEYS = {"loguniform": {"dist", "low", "high"}, "uniform": {"dist", "low", "high", "step"},
              "int": {"dist", "low", "high", "step", "log"}, "choice": {"dist", "values"}}
 
@@ -179,7 +181,8 @@ def parse_search(raw: Any, err, canon_key, validate, resources_cls) -> Search:
     res = validate(resources_cls, raw["resources"], "search.resources", err) if raw.get("resources") else None
     split = raw.get("split", "val")
     if split not in SEARCH_SPLITS:
-        err("search.split", f"must be one of {', '.join(SEARCH_SPLITS)} (got {split!r}); val is the default")
+        err("search.split", f"must be {', '.join(SEARCH_SPLITS)} (got {split!r}): a search selects on the split it "
+                            f"reads, and selecting on test makes the reported numbers optimistic")
 
     params_raw = raw["params"]
     if not isinstance(params_raw, dict) or not params_raw:
@@ -267,6 +270,11 @@ def parse_search(raw: Any, err, canon_key, validate, resources_cls) -> Search:
                   resources=res, seed=seed, points=tuple(points), split=split)
 
 
+def _short_value(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 def _inside(d: Dist, v: Any) -> bool:
     if d.dist == "choice":
         return v in d.values
@@ -334,6 +342,11 @@ def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
         err(where + ".file", f"cannot read {path}: {e}")
     if not isinstance(raw, dict) or raw.get("kind") != BEST_KIND or not isinstance(raw.get("groups"), dict):
         err(where + ".file", f"{path} is not a best-values file written by `study tune` (kind: {BEST_KIND})")
+    if raw.get("split") not in SEARCH_SPLITS:  # values selected on test would make a sweep's test numbers optimistic
+        got = (f"records split {_short_value(raw.get('split'))}" if "split" in raw else
+               "records no split (written before `study tune` scored on val: selected on test)")
+        err(where + ".file", f"{path} {got}; best values must come from a search scored on "
+                             f"{', '.join(SEARCH_SPLITS)}: run `study tune` again")
     groups = {}
     for g, d in raw["groups"].items():
         if not isinstance(d, dict) or not isinstance(d.get("point"), dict) or not isinstance(d.get("best"), dict):

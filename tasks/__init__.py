@@ -1,7 +1,7 @@
 """Task registry: every task the studies know, by name."""
 from __future__ import annotations
 
-from tasks.base import SPLITS, EvalSet, Task, TaskConfig, wilson
+from tasks.base import SPLITS, DataBound, DataBoundError, EvalSet, Task, TaskConfig, wilson
 from tasks.countdown import Countdown, CountdownConfig
 from tasks.sudoku import Sudoku, SudokuConfig
 from tasks.text8 import Text8, Text8Config
@@ -20,4 +20,4 @@ def make_task(cfg: TaskConfig) -> Task:
     return TASKS[name][1](cfg)
 
 
-__all__ = ["SPLITS", "TASKS", "EvalSet", "Task", "TaskConfig", "make_task", "wilson"]
+__all__ = ["SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet", "Task", "TaskConfig", "make_task", "wilson"]

@@ -46,6 +46,25 @@ class TaskConfig(BaseModel):
         return {k: getattr(self, k) for k in self.EVAL_FIELDS[self.split_of(split)]}
 
 
+class DataBoundError(ValueError):
+    """A config asks for more data than its task can give. `key` names the config key(s) at fault
+    ('task.n_train + task.n_test', 'task.n_test', ...); the message says the bound and why."""
+
+    def __init__(self, key: str, msg: str):
+        super().__init__(f"{key}: {msg}")
+        self.key, self.msg = key, msg
+
+
+@dataclass(frozen=True)
+class DataBound:
+    """The most distinct examples a task's generator can make for train, test and val together (in the
+    unit its splits are disjoint by), and what they are, for the message."""
+
+    count: int
+    what: str  # e.g. "distinct solved 4x4 grids (the generator reaches one symmetry class of the 288)"
+    exact: bool = True  # False: an upper bound (the generator may find fewer)
+
+
 @dataclass
 class EvalSet:
     """A fixed evaluation split: clean targets, conditioning mask, and a text per example."""
@@ -97,6 +116,30 @@ class Task(ABC):
     def eval_set(self, split: str = "test") -> EvalSet:
         """A fixed split: 'test' (what is reported) or 'val' (for selection: drawn from the training
         distribution, disjoint from test and from the training examples)."""
+
+    # ---- data feasibility (checked by `study plan / run / tune` before anything runs) --------------
+    def max_examples(self) -> DataBound | None:
+        """How many distinct examples train, test and val can hold together; None: more than any config
+        asks (no bound to check). Cheap: nothing is generated."""
+        return None
+
+    def check_data(self, splits: tuple[str, ...] = ("test",)) -> None:
+        """Raise DataBoundError when train plus the evaluated `splits` ('test', 'val') ask for more
+        examples than `max_examples` (the generator would search without end, or fail inside a trial).
+        Tasks whose data is a fixed corpus override this."""
+        bound = self.max_examples()
+        if bound is None:
+            return
+        c = self.cfg
+        keys, asked = ["task.n_train", "task.n_test"], c.n_train + c.n_test
+        if "val" in {c.split_of(s) for s in splits}:
+            keys.append("task.n_val" if getattr(c, "n_val", None) is not None else "task.n_val (default: n_test)")
+            asked += c.val_size
+        if asked > bound.count:
+            parts = [str(c.n_train), str(c.n_test)] + ([str(c.val_size)] if len(keys) == 3 else [])
+            most = "" if bound.exact else "at most "
+            raise DataBoundError(" + ".join(keys), f"{' + '.join(parts)} = {asked} examples asked, but the task "
+                                                   f"makes {most}{bound.count:,} {bound.what}: lower them")
 
     # ---- scoring ---------------------------------------------------------------------------
     @abstractmethod

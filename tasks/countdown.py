@@ -17,8 +17,11 @@ each use consumes one copy), and the last result equals the target.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
+import math
 import os
 import random
 import re
@@ -29,7 +32,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from tasks.base import EvalSet, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, Task, TaskConfig, save_npz
 
 OPS = "+-*/"
 EQ, PAD = 14, 15  # token ids: 0-9 digits, 10-13 OPS, 14 '=', 15 pad
@@ -124,6 +127,45 @@ def random_instance(cfg: CountdownConfig, rng: random.Random, max_tries: int = 1
 
 def instance_key(operands: list[int], target: int) -> tuple:
     return (tuple(sorted(operands)), target)
+
+
+EXACT_COUNT_MAX_MULTISETS = 1500  # above this, `count_instances` gives an upper bound (exact costs seconds)
+
+
+def count_instances(cfg: CountdownConfig) -> tuple[int, bool]:
+    """(distinct (operand multiset, target) keys `random_instance` can make, exact?). Exact when the
+    operand range holds at most EXACT_COUNT_MAX_MULTISETS multisets (every combination order and
+    operator is followed, under the generator's rules: results in 1..max_value, larger operand
+    first); otherwise the upper bound multisets x targets."""
+    return _count_instances(cfg.model_dump_json(exclude={"n_train", "n_test", "n_val", "data_seed"}))
+
+
+@functools.lru_cache(maxsize=64)
+def _count_instances(cfg_json: str) -> tuple[int, bool]:
+    cfg = CountdownConfig.model_validate_json(cfg_json)
+    k, values = cfg.n_operands, range(cfg.operand_min, cfg.operand_max + 1)
+    multisets = math.comb(len(values) + k - 1, k)
+    if multisets > EXACT_COUNT_MAX_MULTISETS:
+        return multisets * (cfg.target_max - cfg.target_min + 1), False
+
+    @functools.lru_cache(maxsize=None)
+    def reach(pool: tuple[int, ...]) -> frozenset[int]:  # final values of every way to combine a sorted pool
+        if len(pool) == 1:
+            return frozenset(pool)
+        out: set[int] = set()
+        for i in range(len(pool)):
+            for j in range(i + 1, len(pool)):
+                if j > i + 1 and pool[j] == pool[j - 1]:
+                    continue  # the same pair of values as (i, j - 1)
+                rest = pool[:i] + pool[i + 1:j] + pool[j + 1:]
+                for op in cfg.ops:
+                    c = apply_op(pool[j], op, pool[i])
+                    if c is not None and 1 <= c <= cfg.max_value:
+                        out |= reach(tuple(sorted((*rest, c))))
+        return frozenset(out)
+
+    return sum(sum(cfg.target_min <= t <= cfg.target_max for t in reach(m))
+               for m in itertools.combinations_with_replacement(values, k)), True
 
 
 def generate_split(cfg: CountdownConfig, val: bool = False) -> dict[str, np.ndarray]:
@@ -346,6 +388,15 @@ class Countdown(Task):
         if self.val is None:
             self.val = self._make_val()
         return self.val
+
+    def max_examples(self) -> DataBound:
+        """The distinct (operand multiset, target) instances the generator can make (train, test and val
+        are disjoint by them; training has no augmentation)."""
+        c = self.cfg
+        count, exact = count_instances(c)
+        return DataBound(count, f"distinct (operand multiset, target) instances with {c.n_operands} operands in "
+                                f"{c.operand_min}..{c.operand_max}, targets {c.target_min}..{c.target_max}, "
+                                f"ops {c.ops!r}, results <= {c.max_value}", exact=exact)
 
     # ---- scoring ---------------------------------------------------------------------------
     def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:

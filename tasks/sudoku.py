@@ -15,7 +15,11 @@ Train and test grids are kept in different symmetry classes with `fingerprint`, 
 digit relabeling, transposition, band/stack and row/column-within-band permutations (equal
 fingerprints do not prove equivalence, so the check is conservative: it may drop a test grid
 that was in fact new, never keep one that is not). 4x4 Sudoku has only two classes, so its
-split is disjoint by grid instead (`disjoint: auto`). The validation split (`eval_set("val")`,
+split is disjoint by grid instead (`disjoint: auto`), and a split by grid trains without symmetry
+augmentation: a symmetry maps a training grid onto other grids of its class, test and validation
+grids among them (`augment` defaults to false there, and `augment: true` is refused). The 4x4
+chain reaches 192 of the 288 solved grids, one class (`REACHABLE`): n_train + n_test (+ n_val)
+above that is refused by `Sudoku.check_data` before anything runs. The validation split (`eval_set("val")`,
 for selection and tuning) comes from the same generator on its own stream, disjoint from train
 and test in the same way, so the test set does not depend on it. Symmetry transforms augment
 the training split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from tasks.base import EvalSet, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, Task, TaskConfig, save_npz
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
@@ -51,7 +55,8 @@ class SudokuConfig(TaskConfig):
     n_val: int | None = Field(None, ge=1, description="validation puzzles (disjoint from train and test "
                                                       "like the test split); default: n_test")
     structural_pos: bool = Field(True, description="embed positions as row + column + box ids; off = one id per cell")
-    augment: bool = True
+    augment: bool = Field(True, description="random symmetry transforms of the training grids; only with a split by "
+                                            "class (default false where the split is by grid, e.g. n=4)")
     disjoint: Literal["auto", "class", "grid"] = Field(
         "auto", description="train/test disjoint by symmetry class (fingerprint) or by grid; auto: class unless n=4")
     data_seed: int = 0
@@ -71,11 +76,26 @@ class SudokuConfig(TaskConfig):
             raise ValueError(f"mask_rate must be in (0, 1], or [low, high] with 0 < low <= high <= 1 (got {v})")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _augment_default(cls, data):
+        """`augment` left out: on where the split is by symmetry class, off where it is by grid."""
+        if isinstance(data, dict) and "augment" not in data:
+            n, disjoint = data.get("n", 9), data.get("disjoint", "auto")
+            if disjoint == "grid" or (disjoint == "auto" and n == 4):
+                data = {**data, "augment": False}
+        return data
+
     @model_validator(mode="after")
     def _split_possible(self) -> "SudokuConfig":
         if self.n == 4 and self.disjoint == "class":
             raise ValueError("disjoint: class is impossible for n=4 (4x4 Sudoku has only two symmetry classes); "
                              "use 'grid' or 'auto'")
+        if self.augment and self.split_by == "grid":
+            why = "n=4 splits by grid: it has only two symmetry classes" if self.n == 4 else "disjoint: grid"
+            raise ValueError(f"augment: true cannot be used with a split by grid ({why}): a symmetry maps a training "
+                             f"grid onto other grids of its class, test and validation grids among them; set "
+                             f"augment: false" + ("" if self.n == 4 else " or disjoint: class"))
         return self
 
     @property
@@ -147,6 +167,11 @@ def swap_chain(n: int, batch: int, rng: np.random.Generator, steps: int | None =
 
 
 CHAINS_PER_BATCH = {4: 64, 9: 512, 16: 128, 25: 32}
+# distinct solved grids the chain reaches where that is few: 4x4 has 288 valid grids in two symmetry
+# classes (96 + 192); after any number of steps the chain is in one of 192 of them, one class at the
+# default 12n steps (tests/test_data_splits.py enumerates every state). 9x9 and up have more grids
+# and classes than any split asks
+REACHABLE = {4: 192}
 
 
 TRAIN_TEST_STREAM, VAL_STREAM = 0x5D, 0x5E
@@ -159,6 +184,8 @@ def iter_solutions(n: int, seed: int, steps: int | None = None, stream: int = TR
     asked for."""
     seen: set[bytes] = set()
     for j in itertools.count():
+        if len(seen) == REACHABLE.get(n):
+            return  # every grid the chain can reach was given: asking for more would search forever
         rng = np.random.default_rng([seed, n, stream, j])
         for g in swap_chain(n, CHAINS_PER_BATCH[n], rng, steps).reshape(-1, n * n):
             key = g.astype(np.int8).tobytes()
@@ -172,8 +199,15 @@ def generate_solutions(n: int, count: int, seed: int, method: Literal["swap", "s
     """The first `count` distinct solved grids of `iter_solutions`, shape (count, n*n)."""
     if method == "search":
         return _generate_by_search(n, count, seed)
+    _check_reachable(n, count, "count")
     it = iter_solutions(n, seed, steps)
     return np.stack([next(it) for _ in range(count)]).reshape(count, n * n)
+
+
+def _check_reachable(n: int, asked: int, what: str) -> None:
+    if asked > REACHABLE.get(n, asked):
+        raise ValueError(f"the {n}x{n} generator makes {REACHABLE[n]} distinct solved grids: {what} = {asked} "
+                         f"is too many")
 
 
 def random_solution(n: int, rng: random.Random, max_nodes: int = 200_000) -> list[int] | None:
@@ -288,8 +322,7 @@ def split_grids(n: int, n_train: int, n_test: int, seed: int, by: Literal["class
     Train is the first n_train grids of `iter_solutions` (so it does not depend on n_test);
     test takes the following grids whose key is not taken yet (test grids are distinct classes
     among themselves too)."""
-    if by == "grid" and n == 4 and n_train + n_test > 288:
-        raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test = {n_train + n_test} is too many")
+    _check_reachable(n, n_train + n_test, "n_train + n_test")
     key = _grid_key(n, by)
     it = iter_solutions(n, seed)
     train = np.stack([next(it) for _ in range(n_train)])
@@ -301,9 +334,7 @@ def val_grids(n: int, n_val: int, seed: int, train: np.ndarray, test: np.ndarray
     """Validation solved grids: the same generator as train and test on its own stream (so the test
     split never depends on it), keeping only grids whose key (symmetry class or grid) is in neither
     train nor test, nor earlier in val."""
-    if by == "grid" and n == 4 and len(train) + len(test) + n_val > 288:
-        raise ValueError(f"4x4 Sudoku has 288 solved grids: n_train + n_test + n_val = "
-                         f"{len(train) + len(test) + n_val} is too many (lower n_val)")
+    _check_reachable(n, len(train) + len(test) + n_val, "n_train + n_test + n_val")
     key = _grid_key(n, by)
     taken = {key(g) for g in train} | {key(g) for g in test}
     return _take_unseen(iter_solutions(n, seed, stream=VAL_STREAM), key, taken, n_val)
@@ -318,7 +349,10 @@ def _take_unseen(it, key, taken: set, count: int) -> np.ndarray:
     """The next `count` grids of `it` whose key is not in `taken` nor earlier among them; `taken` grows."""
     out = []
     while len(out) < count:
-        g = next(it)
+        g = next(it, None)
+        if g is None:  # the generator reached every grid it can (REACHABLE): never search forever
+            raise ValueError(f"only {len(out)} of {count} grids could be drawn apart from the {len(taken) - len(out)} "
+                             f"taken: the generator reaches no more")
         k = key(g)
         if k not in taken:
             taken.add(k)
@@ -720,6 +754,15 @@ class Sudoku(Task):
         if self.val is None:
             self.val = self._make_val()
         return self.val
+
+    def max_examples(self) -> DataBound | None:
+        """4x4 (split by grid): the 192 grids the chain reaches. Larger sizes: no bound a split meets
+        (9x9 alone has about 5.5e9 symmetry classes)."""
+        n = self.n
+        if n in REACHABLE and self.cfg.split_by == "grid":
+            return DataBound(REACHABLE[n], f"distinct solved {n}x{n} grids (its generator reaches one symmetry class, "
+                                           f"192 of the 288 grids; train, test and val are disjoint by grid)")
+        return None
 
     # ---- scoring ---------------------------------------------------------------------------
     def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:

@@ -14,6 +14,7 @@ scored by `score`: the share of their words that occur in the training text.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from tasks.base import EvalSet, Task, TaskConfig
+from tasks.base import DataBoundError, EvalSet, Task, TaskConfig
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 SPACE = 26
@@ -128,12 +129,35 @@ def load_corpus(path: str | None) -> np.ndarray:
 
 def split_corpus(ids: np.ndarray) -> dict[str, np.ndarray]:
     """The standard text8 split (first 90M / next 5M / last 5M characters); 90 / 5 / 5 % otherwise."""
-    n = len(ids)
-    if n == TEXT8_CHARS:
-        a, b = 90_000_000, 95_000_000
-    else:
-        a, b = int(n * 0.9), int(n * 0.95)
+    a, b = _split_points(len(ids))
     return {"train": ids[:a], "valid": ids[a:b], "test": ids[b:]}
+
+
+def _split_points(n: int) -> tuple[int, int]:
+    return (90_000_000, 95_000_000) if n == TEXT8_CHARS else (int(n * 0.9), int(n * 0.95))
+
+
+def split_sizes(path: str | None) -> dict[str, int] | None:
+    """Characters of each slice of the corpus, without reading a text8 file (its size is enough); None
+    when the file is not on this machine (a cluster's nodes may hold it: checked where it is read)."""
+    if path is None:
+        n = len(_offline_ids())
+    else:
+        try:
+            n = os.path.getsize(path)
+            if n:
+                with open(path, "rb") as f:
+                    f.seek(n - 1)
+                    n -= f.read(1) == b"\n"  # load_corpus drops one final newline
+        except OSError:
+            return None
+    a, b = _split_points(n)
+    return {"train": a, "valid": b - a, "test": n - b}
+
+
+@functools.lru_cache(maxsize=1)
+def _offline_ids() -> np.ndarray:
+    return load_corpus(None)
 
 
 def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_URL) -> str:
@@ -171,7 +195,8 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
 # ---- the task --------------------------------------------------------------------------------
 class Text8(Task):
     name = "text8"
-    metric_names = ("nll", "bpc", "ppl")
+    # the evals rows written (study/evaluate.py): each the mean of per-sequence scores; perplexity is exp(nll)
+    metric_names = ("nll", "bpc")
     primary_metric = "bpc"
     eval_mode = "likelihood"  # study.evaluate computes the NLL bound instead of sampling-and-scoring
 
@@ -201,6 +226,27 @@ class Text8(Task):
             if len(self.splits[s]) < need:
                 raise Text8Error(f"{self.cfg.path or 'offline corpus'}: split {s!r} has {len(self.splits[s])} "
                                  f"characters, fewer than seq_len={self.cfg.seq_len}")
+
+    def check_data(self, splits: tuple[str, ...] = ("test",)) -> None:
+        """The corpus is fixed: every slice must hold a sequence, and each evaluated split its n_test /
+        n_val consecutive sequences (eval_set would otherwise evaluate fewer than asked)."""
+        sizes = split_sizes(self.cfg.path)
+        if sizes is None:
+            return
+        c, L = self.cfg, self.cfg.seq_len
+        corpus = c.path or "the offline corpus (no task.path)"
+        for s in SPLITS:
+            if sizes[s] < L + 1:
+                raise DataBoundError("task.seq_len", f"{L} does not fit the {s!r} slice of {corpus} "
+                                                     f"({sizes[s]:,} characters)")
+        for split in dict.fromkeys(splits):
+            which = c.split_of(split)
+            key, asked = ("task.n_test", c.n_test) if split == "test" else \
+                ("task.n_val" if c.n_val is not None else "task.n_val (default: n_test)", c.val_size)
+            s = "valid" if which == "val" else "test"
+            if asked > sizes[s] // L:
+                raise DataBoundError(key, f"{asked} sequences asked, but the {s!r} slice of {corpus} holds "
+                                          f"{sizes[s] // L:,} sequences of seq_len {L} ({sizes[s]:,} characters)")
 
     def train_batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         data = self.splits["train"]

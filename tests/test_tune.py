@@ -156,7 +156,8 @@ def test_asha_stops_the_trial_with_the_bad_loss(tmp_path, ray_local, pruning, ba
     ({"pruning": {"metric": "loss", "grace_period": 50}}, "search.pruning.grace_period", "below train.steps"),
     ({"pruning": {"metric": "objective", "grace_period": 4}}, "search.pruning.every", "needs `every`"),
     ({"points": [{"lr": 5.0}]}, "search.points[0].train.lr", "outside"),
-    ({"split": "train"}, "search.split", "val, test"),
+    ({"split": "train"}, "search.split", "must be val"),
+    ({"split": "test"}, "search.split", "must be val (got 'test')"),
 ])
 def test_malformed_search_sections_fail_naming_file_and_key(change, key, hint):
     raw = search_grid(**change)
@@ -179,10 +180,11 @@ def test_search_groups_one_per_architecture():
         ("K1_L2", {"model.K": 1, "model.L": 2}), ("K2_L1", {"model.K": 2, "model.L": 1})]
 
 
-def best_file(tmp_path, groups) -> None:
+def best_file(tmp_path, groups, **extra) -> None:
     d = tmp_path / "results" / "t"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "best.yaml").write_text(yaml.safe_dump({"kind": "rmdm-study/best-values", "study": "t", "groups": groups}))
+    doc = {"kind": "rmdm-study/best-values", "study": "t", "split": "val", "groups": groups, **extra}
+    (d / "best.yaml").write_text(yaml.safe_dump({k: v for k, v in doc.items() if v is not None}))
 
 
 @pytest.mark.parametrize("ref, extra, key, hint", [
@@ -204,6 +206,29 @@ def test_defaults_from_is_validated_strictly(tmp_path, monkeypatch, ref, extra, 
         expand({**copy.deepcopy(BASE), "defaults_from": ref, **extra}, "sweep.yaml")
     msg = str(e.value)
     assert msg.startswith("sweep.yaml: key '") and key in msg and hint in msg, msg
+
+
+@pytest.mark.parametrize("split, hint", [("test", "records split 'test'"),
+                                         (None, "records no split (written before `study tune` scored on val")])
+def test_best_values_not_selected_on_val_are_refused(tmp_path, monkeypatch, split, hint):
+    """A best.yaml whose values were selected on the test split (or one from before searches recorded
+    their split, when they were scored on test) never feeds a sweep."""
+    monkeypatch.chdir(tmp_path)
+    best_file(tmp_path, {"K1": {"point": {"model.K": 1}, "best": {"train.lr": 0.002}}}, split=split)
+    with pytest.raises(GridError) as e:
+        expand({**copy.deepcopy(BASE), "defaults_from": {"file": "results/t/best.yaml", "group": "K1"}}, "sweep.yaml")
+    msg = str(e.value)
+    assert msg.startswith("sweep.yaml: key 'defaults_from.file': results/t/best.yaml ") and hint in msg, msg
+    assert "must come from a search scored on val" in msg and "\n" not in msg
+
+
+def test_study_tune_refuses_search_split_test_in_one_line(tmp_path):
+    gpath = write(tmp_path / "tt.yaml", search_grid("tt", split="test"))
+    r = subprocess.run([sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results")],
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert gpath in r.stderr and "search.split" in r.stderr and "must be val (got 'test')" in r.stderr, r.stderr
+    assert not (tmp_path / "results" / "tt").exists()
 
 
 def test_defaults_from_auto_gives_each_architecture_its_own_values(tmp_path, monkeypatch):
