@@ -431,6 +431,42 @@ def verify(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
+@app.command()
+def predict(
+    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    results: str = RESULTS,
+    hold_out: list[str] = typer.Option([], "--hold-out", help="RUN_ID (its model, every seed) or 'largest' (the "
+                                       "largest parameter count): left out of the fit and predicted; repeatable; "
+                                       "default 'largest' (none with --target or --budget)"),
+    target: Optional[str] = typer.Option(None, "--target", help="a grid YAML of models never trained: their "
+                                         "predicted metric and training FLOPs (expanded as `study plan`, never run)"),
+    budget: Optional[float] = typer.Option(None, "--budget", help="training FLOPs: the best (K, L, width) within "
+                                           "them (candidates: --target's models, else the ladder's shapes)"),
+    T: list[int] = typer.Option([], "--T", help="denoising steps T to print (default: every T of the ladder); "
+                                "repeatable"),
+    boot: int = typer.Option(400, "--boot", min=50, max=20000, help="bootstrap replicates"),
+):
+    """Fit a scaling law of the primary metric in parameters, loops and T to a study's finished runs
+    (analysis/ladder.py), predict held-out models, targets and the best model for a budget."""
+    from analysis.ladder import LadderError
+    from analysis.load import MissingData, load_study
+    from study.predict import predict as run_predict
+
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        _fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
+    if any(t < 1 for t in T):
+        _fail(f"--T {min(T)}: denoising steps are >= 1")
+    _results_or_exit(results)
+    study = _study_or_exit(study, results)
+    grid = _grid_or_exit(target, data=False) if target is not None else None
+    try:
+        data = load_study(results, study)
+        run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
+                    typer.echo, results)
+    except (LadderError, MissingData) as e:
+        _fail(str(e))
+
+
 @app.command("eval")
 def eval_cmd(
     run_id: str,

@@ -1,0 +1,255 @@
+"""`study predict`: the ladder law of analysis/ladder.py, printed; targets and candidates priced with
+study/cost.py's cost model (analysis never imports study, so the prices are made here).
+
+Three modes, all from one fit:
+- the held-out table: the models left out of the fit (by default the largest parameter count),
+  predicted vs measured at each T with intervals and the absolute error in points;
+- `--target GRID`: every model of a grid that was never trained (expanded as `study plan` does),
+  its predicted metric at each T with an interval and its training FLOPs;
+- `--budget FLOPS`: among candidates (the grid's models with --target, else the ladder's (K, L)
+  shapes at its widths and wider ones), the best (K, L, width) that trains within the budget at
+  each T, per shape, and the best against the runner-up shape (paired bootstrap difference).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import pandas as pd
+import yaml
+
+from analysis.ladder import Ladder, LadderError, family_mismatch, fit_study, measured_targets, residual_summary
+from analysis.load import StudyData, training_fields
+
+# widths of the budget's candidates beyond the ladder: the ladder's largest times these, rounded to 16
+WIDTH_STEPS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+
+
+def fmt_n(n: float) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def pct(v: float) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{100 * v:.1f}"
+
+
+def _ladder_runs(data: StudyData):
+    """The study's grid (as last run) expanded, as study.grid.Run by run id; {} when it is absent or no
+    longer expands (an older grid format)."""
+    if not data.grid_text:
+        return {}
+    from study.grid import expand
+
+    try:
+        g = expand(yaml.safe_load(data.grid_text), f"{data.dir}/grid.yaml")
+    except Exception:
+        return {}
+    return {r.run_id: r for r in g.runs}
+
+
+def _row(run, label: str | None = None) -> dict:
+    c = run.costs()
+    return {"label": label or f"({run.model.K} x {run.model.L}) d={run.model.d_model}", "K": run.model.K,
+            "L": run.model.L, "d_model": run.model.d_model, "N": c["n_params_non_embedding"],
+            "n_params": c["n_params"], "D": run.train.steps * run.train.batch_size,
+            "train_flops": run.train_flops(), "run_id": run.run_id}
+
+
+def grid_models(grid) -> tuple[pd.DataFrame, list]:
+    """One row per distinct model of a grid (seeds collapsed): label, K, L, d_model, N, D, train_flops
+    (of one seed), seeds; and one Run per row (its first seed)."""
+    rows, runs, seen = [], [], {}
+    for r in grid.runs:
+        key = (r.task.model_dump_json(), r.model.model_dump_json(),
+               r.train.model_copy(update={"seed": 0}).model_dump_json())
+        if key in seen:
+            rows[seen[key]]["seeds"] += 1
+            rows[seen[key]]["run_ids"].append(r.run_id)
+            continue
+        seen[key] = len(rows)
+        rows.append({**_row(r), "seeds": 1, "run_ids": [r.run_id]})
+        runs.append(r)
+    return pd.DataFrame(rows), runs
+
+
+def ladder_candidates(law: Ladder, base) -> pd.DataFrame:
+    """The ladder's (K, L) shapes (every K with every L it trained) at its widths and wider ones, priced
+    with the ladder's training recipe (`base`: one ladder run)."""
+    lad = law.models[law.models["role"] == "ladder"]
+    Ks, Ls = sorted(set(lad["K"])), sorted(set(lad["L"]))
+    heads = base.model.n_heads
+    top = int(lad["d_model"].max())
+    quantum = 16 * heads // math.gcd(16, heads)
+    widths = sorted(set(lad["d_model"].astype(int)) | {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS})
+    rows = []
+    for K in Ks:
+        for L in Ls:
+            for d in widths:
+                r = dataclasses.replace(base, model=base.model.model_copy(update={"K": K, "L": L, "d_model": d}))
+                rows.append(_row(r))
+    return pd.DataFrame(rows)
+
+
+def ladder_flops(law: Ladder, runs_by_id: dict) -> tuple[float, int, int]:
+    """(training FLOPs of the ladder's runs, runs priced, runs in the ladder) from the study's grid."""
+    ids = [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
+    priced = [runs_by_id[r].train_flops() for r in ids if r in runs_by_id]
+    return float(sum(priced)), len(priced), len(ids)
+
+
+def header(law: Ladder, data: StudyData, echo: Callable[[str], None]) -> None:
+    lad = law.models[law.models["role"] == "ladder"]
+    held = law.models[law.models["role"] == "held out"]
+    echo(f"study {data.name}: {law.variant}, {law.metric} on the {law.split} split ({law.sampler} sampler, "
+         f"L_s = L_t), T = {', '.join(map(str, law.Ts))}")
+    echo(f"law: {law.law}")
+    echo(f"ladder: {len(lad)} models, {int(lad['seeds'].sum())} runs, N {fmt_n(lad['N'].min())}..{fmt_n(lad['N'].max())} "
+         f"non-embedding, L {', '.join(map(str, sorted(set(lad['L']))))}; held out: "
+         + (", ".join(f"{r.label} ({r.seeds} seed{'s' if r.seeds > 1 else ''})" for r in held.itertuples()) or "none"))
+    echo(f"intervals: 95%, {law.n_boot} bootstrap replicates over the ladder's runs and their test examples"
+         f"{f'; {law.failed} did not converge, left out' if law.failed else ''}")
+    p = law.params
+    b = p[p["name"] == "beta"].iloc[0]
+    echo(f"  beta  = {b.estimate:.3f} [{b.low:.3f}, {b.high:.3f}]  (a loop is worth L^beta x the parameters: "
+         f"m(L=2) = {2 ** b.estimate:.2f})")
+    if law.vary_D:
+        dl = p[p["name"] == "delta"].iloc[0]
+        echo(f"  delta = {dl.estimate:.3f} [{dl.low:.3f}, {dl.high:.3f}]  (exponent of training examples D)")
+    for T in law.Ts:
+        s = p[(p["name"] == "slope") & (p["T"] == T)].iloc[0]
+        n = p[(p["name"] == "log10_n50") & (p["T"] == T)].iloc[0]
+        echo(f"  T={T:<3} slope {s.estimate:.2f} [{s.low:.2f}, {s.high:.2f}] per e-fold of N_eff; 50% at N_eff "
+             f"{fmt_n(10 ** n.estimate)} [{fmt_n(10 ** n.low)}, {fmt_n(10 ** n.high)}]")
+    for note in law.notes:
+        echo(f"note: {note}")
+
+
+def heldout_table(law: Ladder, Ts: list[int] | None, echo, h: pd.DataFrame | None = None,
+                  title: str = "held-out models") -> None:
+    h = law.heldout if h is None else h
+    if h.empty:
+        echo("held out: none (the fit used every model)")
+        return
+    if Ts:
+        h = h[h["T"].isin(Ts)]
+    echo(f"{title}, predicted vs measured (%, 95% intervals; error = predicted - measured, points):")
+    echo(f"  {'model':<16} {'T':>3} {'N_eff/ladder':>12}  {'predicted':<20} {'measured':<20} {'error [95%]':<22} "
+         f"{'abs error':>9}")
+    for r in h.itertuples():
+        echo(f"  {r.label:<16} {r.T:>3} {r.n_eff_vs_ladder:>11.2f}x  "
+             f"{pct(r.predicted):>5} [{pct(r.low)}, {pct(r.high)}]".ljust(57)
+             + f"{pct(r.measured):>5} [{pct(r.meas_low)}, {pct(r.meas_high)}]".ljust(21)
+             + f"{r.error_pts:+6.1f} [{r.err_low:+.1f}, {r.err_high:+.1f}]".ljust(23)
+             + f"{r.abs_error_pts:>9.1f}" + ("" if r.covered else "  outside"))
+    mid = h[(h["measured"] > 0.05) & (h["measured"] < 0.95)]
+    if len(mid):
+        echo(f"  where the measured value is between 5% and 95%: largest abs error {mid['abs_error_pts'].max():.1f} "
+             f"points, {int((mid['abs_error_pts'] <= 2).sum())} of {len(mid)} within 2 points")
+    echo(f"  consistent (error interval holds 0): {int(h['covered'].sum())} of {len(h)}")
+
+
+def residuals(law: Ladder, echo, worst: int = 5) -> None:
+    echo("residuals of the fit on the ladder (measured seed mean - law, points; rms_z: residual / its "
+         "binomial standard error, about 1 when the law fits within evaluation noise):")
+    for r in residual_summary(law).itertuples():
+        echo(f"  T={r.T:<4} {r.points:>3} points  rms {r.rms_pts:5.2f}  max |.| {r.max_abs_pts:5.2f}  rms_z {r.rms_z:5.2f}")
+    big = law.residuals.reindex(law.residuals["residual_pts"].abs().sort_values(ascending=False).index).head(worst)
+    echo("  largest: " + "; ".join(f"{r.label} T={r.T}: {pct(r.measured)} vs {pct(r.fitted)} ({r.residual_pts:+.1f})"
+                                   for r in big.itertuples()))
+
+
+def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo, trained=None) -> None:
+    """`trained`: the StudyData of the target grid's own study when it is in the store (trained once to
+    check): its finished runs are then compared with the prediction."""
+    for r, run in zip(models.itertuples(), runs):
+        bad = family_mismatch(law, training_fields({}, run.training_config))
+        if bad:
+            echo(f"warning: {r.label} differs from the ladder's family in {'; '.join(bad)}: the law does not "
+                 "cover that difference")
+        if not law.vary_D and not math.isclose(r.D, law.d_ref, rel_tol=1e-9):
+            echo(f"warning: {r.label} trains on D = {r.D:,} examples, the ladder on {law.d_ref:,.0f}: the law has no "
+                 "data term (every ladder run saw the same D)")
+    t = law.targets(models, Ts)
+    echo("targets (never trained here), predicted metric (%, 95% interval):")
+    echo(f"  {'model':<16} {'params':>8} {'N':>8} {'N_eff/ladder':>12} {'train FLOPs':>11}  " +
+         "  ".join(f"{'T=' + str(T):<19}" for T in sorted(set(t['T']))))
+    for label, g in t.groupby("label", sort=False):
+        r = g.iloc[0]
+        cells = "  ".join(f"{pct(x.predicted):>5} [{pct(x.low)}, {pct(x.high)}]".ljust(19) for x in g.itertuples())
+        echo(f"  {label:<16} {fmt_n(r['n_params']):>8} {fmt_n(r['N']):>8} {r['n_eff_vs_ladder']:>11.2f}x "
+             f"{r['train_flops']:>11.3g}  {cells}")
+    flops, priced, total = ladder_cost
+    if priced:
+        tf = float((models["train_flops"] * models["seeds"]).sum())
+        echo(f"training compute: ladder {flops:.3g} FLOPs ({priced} of {total} runs priced from the study's grid), "
+             f"targets {tf:.3g} FLOPs ({int(models['seeds'].sum())} runs): the ladder is {100 * flops / tf:.1f}% of "
+             "the targets' compute")
+    if trained is not None:
+        got = measured_targets(law, trained, models)
+        if got.empty:
+            echo(f"measured: study {trained.name!r} holds no finished evaluation of these targets yet")
+        else:
+            heldout_table(law, Ts, echo, got, f"targets trained in study {trained.name!r}")
+
+
+def budget(law: Ladder, cands: pd.DataFrame, flops: float, Ts, where: str, echo) -> None:
+    echo(f"best model within {flops:.3g} training FLOPs ({where}; study/cost.py's cost model), per T:")
+    for T in law._Ts(Ts):
+        top, v = law.best(cands, flops, T)
+        echo(f"  T={T}: best per (K x L) shape, predicted metric (%, 95% interval):")
+        shapes = set(zip(law.models["K"], law.models["L"]))
+        for r in top.itertuples():
+            echo(f"    {r.label:<16} N {fmt_n(r.N):>7}  {r.train_flops:9.3g} FLOPs  {pct(r.predicted):>5} "
+                 f"[{pct(r.low)}, {pct(r.high)}]  N_eff {r.n_eff_vs_ladder:.2f}x the ladder's largest"
+                 + ("" if (r.K, r.L) in shapes else f"; ({r.K} x {r.L}) is not a shape of the ladder"))
+        if v["runner_up"] is None:
+            echo(f"    best: {v['best']} (the only shape within the budget)")
+        else:
+            sure = ("the fit prefers it (the paired interval excludes 0)" if v["diff_low"] > 0
+                    else "not a sure choice (the paired interval holds 0)")
+            echo(f"    best: {v['best']}; runner-up {v['runner_up']}: paired difference {100 * v['difference']:+.1f} "
+                 f"points [{100 * v['diff_low']:+.1f}, {100 * v['diff_high']:+.1f}], best in {100 * v['p_best']:.0f}% "
+                 f"of replicates: {sure}; their own intervals {'overlap' if v['overlap'] else 'do not overlap'}")
+
+
+def _trained(results: str, study: str) -> StudyData | None:
+    """The target grid's own study, when the store holds runs of it."""
+    from analysis.load import MissingData, load_study
+    from store import Store, is_safe_name
+
+    if not is_safe_name(study) or not Store(results, study).exists(Store(results, study).dir):
+        return None
+    try:
+        return load_study(results, study)
+    except MissingData:
+        return None
+
+
+def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | None, Ts: list[int] | None,
+            n_boot: int, echo: Callable[[str], None], results: str = "results") -> None:
+    law = fit_study(data, hold_out=hold_out, n_boot=n_boot)
+    law._Ts(Ts)  # an unknown T is refused before anything is printed
+    header(law, data, echo)
+    heldout_table(law, Ts, echo)
+    residuals(law, echo)
+    runs_by_id = _ladder_runs(data) if (target_grid is not None or flops is not None) else {}
+    models = runs = None
+    if target_grid is not None:
+        models, runs = grid_models(target_grid)
+        trained = _trained(results, target_grid.study) if target_grid.study != data.name else None
+        targets(law, models, runs, Ts, ladder_flops(law, runs_by_id), echo, trained)
+    if flops is not None:
+        if models is not None:
+            budget(law, models, flops, Ts, f"the models of {target_grid.path}", echo)
+        else:
+            ids = [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
+            base = next((runs_by_id[r] for r in ids if r in runs_by_id), None)
+            if base is None:
+                raise LadderError("--budget needs candidates: the study's grid.yaml does not give its ladder's runs "
+                                  "(absent, or no longer expands); give them with --target GRID")
+            budget(law, ladder_candidates(law, base), flops, Ts,
+                   "the ladder's (K x L) shapes at its widths and up to 4x its widest, its training recipe", echo)
