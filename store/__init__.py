@@ -5,7 +5,7 @@ Layout of `<root>/<study>/`:
     evals/<run_id>/<eval_key>.parquet     one row per metric of one evaluation point
     history/<run_id>.parquet              training curve
     samples/<run_id>/<eval_key>.parquet   what the model produced, per example
-    checkpoints/<run_id>.pt               resumable mid-training state
+    checkpoints/<run_id>.pt               resumable mid-training state (and <run_id>.prev.pt, the one before)
     weights/<run_id>.pt                   final weights (evaluate again without retraining)
     configs/<run_id>.json                 resolved config + provenance
     logs/<run_id>.log                     training log (kept after failures)
@@ -13,6 +13,7 @@ Layout of `<root>/<study>/`:
     progress/<run_id>.json                heartbeat of a training run (step, pid, node, time)
     data/                                 task datasets, generated once per study
     grid.yaml                             the grid as last run
+    quarantine/<path>.<UTC time>          damaged files set aside by a rerun (Store.quarantine), never deleted
 
 Every file is written to a hidden temp name and renamed into place, so a reader (another
 `study status`, a report) never sees half a file. Tables are read file by file (each file
@@ -24,12 +25,15 @@ pyarrow-supported URI: every read and write goes through `pyarrow.fs`, task data
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import tempfile
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,6 +85,11 @@ SCHEMAS = {"runs": RUNS, "evals": EVALS, "history": HISTORY, "samples": SAMPLES}
 # (`fullmatch`: `$` would let a trailing newline through), no '..' anywhere.
 SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 NAME_RULE = "1-200 letters, digits, '_', '-', '.', starting with a letter or digit, no '..'"
+QUARANTINE = "quarantine"  # <study>/quarantine/<where it was>.<UTC time>: damaged files set aside, never deleted
+# temp files of a write that never finished (a killed process, a full disk): Store.write_bytes'
+# `.<name>.<8 hex>.tmp`, model.atomic's and tasks.base.save_npz's `<name>.tmp-<pid>[.npz]`, task_data's `.part`
+TEMP = re.compile(r"\..+\.[0-9a-f]{8}\.tmp|.+\.tmp-\d+(\.npz)?|.+\.[0-9a-f]{8}\.part")
+TEMP_AGE_S = 60.0  # a temp file untouched this long belongs to no live writer: left over
 
 
 def is_safe_name(name) -> bool:
@@ -93,6 +102,47 @@ def safe_name(name: str, what: str = "name") -> str:
     if not is_safe_name(name):
         raise ValueError(f"unsafe {what} {name!r}: use {NAME_RULE}")
     return name
+
+
+class DiskFull(OSError):
+    """A write failed for want of space: names the file and the free space (one line, exit 2)."""
+
+
+class OutsideStore(OSError):
+    """A write would go through a symlink that leads out of the study's directory: refused."""
+
+
+def _enospc(e: BaseException) -> bool:
+    return getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+
+
+def free_space(path: str) -> str:
+    """Free space of the local filesystem holding `path` (or its nearest existing parent), in words."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        u = shutil.disk_usage(path or "/")
+    except OSError:
+        return "free space unknown"
+    return f"{_bytes(u.free)} free of {_bytes(u.total)}"
+
+
+def _first_link(top: str, path: str) -> str | None:
+    """The first component of `path` below `top` that is a symlink (None if none)."""
+    rel = os.path.relpath(path, top)
+    cur = top
+    for part in rel.split(os.sep):
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            return cur
+    return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
 
 
 class Store:
@@ -111,6 +161,8 @@ class Store:
         # path -> why, for every table file a read of this Store could not parse (damaged,
         # truncated, foreign): readers skip them and say so; `study run` redoes what they held
         self.unreadable: dict[str, str] = {}
+        # one line per file this Store set aside (Store.quarantine), for the caller to show
+        self.quarantined: list[str] = []
 
     def path(self, *parts: str) -> str:
         return "/".join([self.dir, *[safe_name(p, "path part") for p in parts]])
@@ -118,18 +170,132 @@ class Store:
     # ---- raw files -------------------------------------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
         parent, name = path.rsplit("/", 1)
+        self.check_inside(path)
         self.fs.create_dir(parent, recursive=True)
+        if self.local and os.path.isdir(path) and not os.path.islink(path):
+            self.quarantine(path, "a directory where a file belongs")
         tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(data)
-        self.fs.move(tmp, path)  # atomic rename on local and POSIX-like filesystems
+        try:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, path)  # atomic rename on local and POSIX-like filesystems
+        except OSError as e:
+            self._drop(tmp)  # never leave half a file behind
+            if _enospc(e):
+                raise self.disk_full(path, len(data)) from None
+            raise
+
+    def disk_full(self, path: str, n: int | None = None) -> DiskFull:
+        """The one-line error of a write to `path` (of `n` bytes, whose partial file was removed) on a full disk."""
+        where = free_space(path) if self.local else "an object store"
+        what = f" ({_bytes(n)}; the partial file was removed)" if n is not None else ""
+        return DiskFull(errno.ENOSPC, f"no space left on the disk writing {path}{what}: {where}; free some space, "
+                                      f"then run again (finished runs are kept)")
+
+    def _drop(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except (OSError, FileNotFoundError):
+            pass
+
+    def check_inside(self, path: str) -> None:
+        """Refuse (OutsideStore) a write to `path` that would follow a symlink out of the study's directory:
+        a directory on the way, or the file itself when it is a link (appends follow it). Local stores."""
+        if not self.local:
+            return
+        top = os.path.realpath(self.dir)
+        for p in (os.path.dirname(path), path):
+            real = os.path.realpath(p)
+            if real != top and not real.startswith(top + os.sep):
+                link = _first_link(self.dir, p) or p
+                raise OutsideStore(errno.EXDEV, f"{link} is a symlink to {os.path.realpath(link)}, outside the store "
+                                                f"{self.dir}: nothing is written through it; replace it by a "
+                                                f"directory or file of the store")
+
+    def links_out(self) -> list[str]:
+        """One line per symlink in the study's directory that leads out of it (local stores): what
+        `study run` refuses before it writes anything."""
+        if not self.local or not os.path.isdir(self.dir):
+            return []
+        top = os.path.realpath(self.dir)
+        out = []
+        stack = [self.dir]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if e.is_symlink():
+                    real = os.path.realpath(e.path)
+                    if real != top and not real.startswith(top + os.sep):
+                        out.append(f"{e.path} is a symlink to {real}, outside the store: `study run` never writes "
+                                   f"through it; replace it by a {'directory' if os.path.isdir(e.path) else 'file'}"
+                                   f" of the store (move what it points at in, or remove the link)")
+                elif e.is_dir(follow_symlinks=False) and e.name != ".ray":
+                    stack.append(e.path)
+        return sorted(out)
 
     def read_bytes(self, path: str) -> bytes | None:
+        """The file's bytes; None when it does not exist, or when it cannot be read (a directory, no
+        permission, a dangling link): those are noted in `unreadable`, so they are named, not taken as absent."""
         try:
             with self.fs.open_input_stream(path) as f:
                 return f.read()
-        except (FileNotFoundError, OSError):
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):
+                try:
+                    there = self.fs.get_file_info(path).type != pafs.FileType.NotFound or os.path.islink(path)
+                except OSError:
+                    there = False
+                if there:
+                    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0][:160]
+                    self.unreadable[path] = f"cannot be read: {why}"
+            elif self.local and os.path.islink(path):
+                self.unreadable[path] = f"a dangling symlink to {os.readlink(path)}"
             return None
+
+    def quarantine(self, path: str, why: str) -> str:
+        """Set a damaged file (or directory) aside under quarantine/, never deleted: returns the one line
+        saying so (also kept in `quarantined`). The file's own name then reads as absent: redone."""
+        rel = path[len(self.dir) + 1:] if path.startswith(self.dir + "/") else path.rsplit("/", 1)[-1]
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = f"{self.dir}/{QUARANTINE}/{rel}.{stamp}"
+        n = 1
+        while self.exists(dest):
+            n += 1
+            dest = f"{self.dir}/{QUARANTINE}/{rel}.{stamp}-{n}"
+        self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+        if self.local and os.path.islink(path):
+            os.replace(path, dest)  # the link itself, never what it points at
+        else:
+            self.fs.move(path, dest)
+        self.unreadable.pop(path, None)
+        line = f"set aside {path} ({why}) as {dest}"
+        self.quarantined.append(line)
+        return line
+
+    def temp_files(self, min_age_s: float = TEMP_AGE_S) -> list[pafs.FileInfo]:
+        """Temp files of writes that never finished, untouched for `min_age_s` (anywhere in the study but
+        quarantine/ and Tune's .ray/)."""
+        cutoff = time.time() - min_age_s
+        out = []
+        for info in self.fs.get_file_info(pafs.FileSelector(self.dir, recursive=True, allow_not_found=True)):
+            rel = info.path[len(self.dir) + 1:]
+            if (info.type == pafs.FileType.File and TEMP.fullmatch(info.base_name)
+                    and not rel.startswith((QUARANTINE + "/", ".ray/"))
+                    and (info.mtime is None or info.mtime.timestamp() < cutoff)):
+                out.append(info)
+        return sorted(out, key=lambda i: i.path)
+
+    def clean_temp(self, min_age_s: float = TEMP_AGE_S) -> list[str]:
+        """Remove left-over temp files (see temp_files); returns their paths."""
+        gone = []
+        for info in self.temp_files(min_age_s):
+            self._drop(info.path)
+            gone.append(info.path)
+        return gone
 
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
@@ -145,10 +311,15 @@ class Store:
         """Logs are appended in place on local disks (they are not tables)."""
         path = self.path("logs", f"{run_id}.log")
         data = line.rstrip("\n").encode() + b"\n"
+        self.check_inside(path)  # an append follows a symlinked log wherever it points
         try:
             self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
             with self.fs.open_append_stream(path) as f:
                 f.write(data)
+        except OSError as e:
+            if _enospc(e):
+                raise self.disk_full(path, len(data)) from None
+            raise
         except (NotImplementedError, pa.ArrowNotImplementedError):
             # object stores cannot append: rewrite the whole (small) log atomically
             old = self.read_bytes(path) or b""
@@ -159,7 +330,7 @@ class Store:
         schema = SCHEMAS[table]
         t = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
         buf = io.BytesIO()
-        pq.write_table(t, buf)
+        pq.write_table(t, buf, write_page_checksum=True)  # a page's bytes changed later fail its read
         self.write_bytes(self.path(table, *parts), buf.getvalue())
 
     def read(self, table: str, filter_run: str | None = None) -> pd.DataFrame:
@@ -222,13 +393,38 @@ class Store:
         """A file's table in `schema`, or None (and the file noted in `unreadable`) if it does not parse."""
         try:
             # ParquetFile.read, not read_table: no dataset machinery per small file (~5x faster)
-            t = _conform(pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False), schema)
+            t = _conform(pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+                         .read(use_threads=False), schema)
         except (pa.ArrowException, ValueError, TypeError, OSError) as e:
             why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             self.unreadable[path] = f"{len(data)} bytes, not a readable {schema_name(schema)} table: {why}"
             return None
+        wrong = self._misnamed(path, t, schema)
+        if wrong:
+            self.unreadable[path] = wrong
+            return None
         self.unreadable.pop(path, None)
         return t
+
+    def _misnamed(self, path: str, t: pa.Table, schema: pa.Schema) -> str | None:
+        """Why a file's rows do not belong at its path (run_id, and eval_key for evals and samples, must be
+        what the path says: a file copied under another run's name would count that run twice), or None."""
+        table = schema_name(schema)
+        prefix = f"{self.dir}/{table}/"
+        if not path.startswith(prefix) or not t.num_rows:
+            return None
+        parts = path[len(prefix):].split("/")
+        if not parts[-1].endswith(".parquet"):
+            return None
+        want = {"run_id": parts[0][: -len(".parquet")]} if len(parts) == 1 else (
+            {"run_id": parts[0], "eval_key": parts[1][: -len(".parquet")]} if len(parts) == 2 else {})
+        for col, name in want.items():
+            if col in t.column_names:
+                got = pc.unique(t[col]).to_pylist()
+                if got != [name]:
+                    shown = ", ".join(map(str, got[:3])) + (", ..." if len(got) > 3 else "")
+                    return f"mismatched: holds rows of {col} {shown}, but its path says {name} (copied or renamed?)"
+        return None
 
     def read_file(self, table: str, *parts: str) -> pa.Table | None:
         """One table file (None when missing or unreadable; unreadable ones are noted)."""

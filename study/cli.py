@@ -1,6 +1,7 @@
 """`study`: plan, run, inspect and report R-MDM scaling studies."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -27,8 +28,26 @@ class _Commands(TyperGroup):
                 raise
             user = isinstance(e, (OSError, ValueError))
             what = _one_line(e) if user else f"internal error ({type(e).__name__}: {_one_line(e)})"
+            if getattr(e, "errno", None) == errno.ENOSPC and "no space left on the disk" not in what:
+                from store import free_space  # name the disk: which path, how much is free
+
+                where = e.filename or _results_arg()
+                what = (f"no space left on the disk writing {where}" if "://" in str(where) else
+                        f"no space left on the disk writing {os.path.abspath(where)}: {free_space(os.path.abspath(where))}"
+                        ) + "; free some space, then run again (finished runs are kept)"
             typer.echo(f"error: {what}; rerun as `study --debug ...` for the traceback", err=True)
             raise typer.Exit(2 if user else 1) from None
+
+
+def _results_arg() -> str:
+    """The command line's --results (its default when not given): where a failed write most likely went."""
+    args = sys.argv[1:]
+    for i, a in enumerate(args):
+        if a == "--results" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--results="):
+            return a.split("=", 1)[1]
+    return "results"
 
 
 def _one_line(e: BaseException, limit: int = 500) -> str:

@@ -49,10 +49,18 @@ def find_run(results: str, run_id: str, study: str | None = None) -> Store:
 
 def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"):
     """(resolved config, task, model) of a trained run, from its stored config and final weights."""
-    raw = store.read_bytes(store.path("configs", f"{run_id}.json"))
+    cpath = store.path("configs", f"{run_id}.json")
+    raw = store.read_bytes(cpath)
     if raw is None:
-        raise EvalError(f"{store.dir}: no stored config of run {run_id!r}")
-    cfg = json.loads(raw)
+        why = store.unreadable.get(cpath, "missing")
+        raise EvalError(f"{cpath}: no stored config of run {run_id!r} ({why}); `study run` on its grid rewrites it")
+    try:
+        cfg = json.loads(raw)
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("task"), dict) or "model" not in cfg:
+            raise ValueError("not a run's config (no task or model)")
+    except ValueError as e:
+        raise EvalError(f"{cpath}: the stored config of run {run_id!r} is damaged ({str(e)[:100]}); "
+                        f"`study run` on its grid rewrites it") from None
     name = cfg["task"]["name"]
     if name not in TASKS:
         raise EvalError(f"run {run_id!r} is task {name!r}, unknown here; known tasks: {', '.join(sorted(TASKS))}")

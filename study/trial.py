@@ -6,6 +6,7 @@ the store are not evaluated again.
 """
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import io
 import json
@@ -20,7 +21,7 @@ import torch
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig
 from model.sampler import Sampled, sample_all
 from study.grid import EvalConfig, EvalPoint, Run, Resources
-from model.train import load_state
+from model.train import CheckpointError, load_state
 from store import Store
 from stats import mean_ci, wilson
 from tasks import TASKS, make_task
@@ -106,12 +107,10 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     device = pick_device(run.resources)
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(run.resources.cpu)))
-    task = make_task(run.task)
-    with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
-        task.prepare(data_dir)
+    log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
+    task = prepared_task(run, store, log)
     spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
     store.write_config(run_id, {**run.resolved(), "code_version": code_version})
-    log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
@@ -124,20 +123,23 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)
-    weights = store.read_bytes(store.weights_path(run_id))
     with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
-        if weights is not None:
-            trainer.load_state_dict(load_state(io.BytesIO(weights), device, store.weights_path(run_id)))
+        # a damaged file (truncated, foreign, a git-lfs pointer, a refused pickle, the wrong keys) is set
+        # aside in quarantine/ and the run goes on from the next good source: weights, checkpoint, the
+        # previous checkpoint, step 0 (training is a pure function of the step: the same numbers)
+        weights = _load_good(trainer, store, store.weights_path(run_id), device, log) is not None
+        if weights:
             log(f"final weights found (step {trainer.state.step}): evaluating only")
             if not store.readable("history", f"{run_id}.parquet"):  # damaged: the weights carry the curve
                 store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
                 log("history file was unreadable: rewritten from the final weights")
         else:
-            ckpt = store.read_bytes(store.checkpoint_path(run_id))
+            ckpt = next((p for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id))
+                         if _load_good(trainer, store, p, device, log) is not None), None)
             if ckpt is not None:
-                trainer.load_state_dict(load_state(io.BytesIO(ckpt), device, store.checkpoint_path(run_id)))
                 beat.update(checkpoint=trainer.state.step)
-                log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})")
+                log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})"
+                    + ("" if ckpt == store.checkpoint_path(run_id) else f" ({ckpt}, the one kept before it)"))
             else:
                 log(f"training from step 0 on {device} ({costs['n_params']} parameters, attempt {attempt})")
             log(f"attention {trainer.attention}, precision {trainer.precision} ({trainer.paths['how']}"
@@ -151,7 +153,10 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                     report({"step": row["step"], "loss": row["loss"], "phase": "train"})
 
             def on_checkpoint(tr: Trainer) -> None:
-                store.write_bytes(store.checkpoint_path(run_id), _to_bytes(tr.state_dict()))
+                path = store.checkpoint_path(run_id)
+                if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
+                    store.fs.move(path, previous_checkpoint_path(store, run_id))
+                store.write_bytes(path, _to_bytes(tr.state_dict()))
                 store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
                 beat.update(checkpoint=tr.state.step)
 
@@ -159,11 +164,12 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
             store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
             store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
             store.delete(store.checkpoint_path(run_id))
+            store.delete(previous_checkpoint_path(store, run_id))
             log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
 
         beat.update(phase="eval")
         done = store.eval_keys(run_id)
-        ev_full = task.eval_set(run.eval.split)
+        ev_full = _healing(store, store.data_dir(), lambda: task.eval_set(run.eval.split), log)
         for pt in run.eval_points():
             if pt.key in done:
                 continue
@@ -178,6 +184,98 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     row.update(attention=trainer.attention, precision=trainer.precision)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
+
+
+def previous_checkpoint_path(store: Store, run_id: str) -> str:
+    """The checkpoint before the latest, kept while a run trains (resumed from when the latest is damaged)."""
+    return store.path("checkpoints", f"{run_id}.prev.pt")
+
+
+STATE_KEYS = ("model", "opt", "step", "seconds", "history", "torch_rng")  # what Trainer.state_dict holds
+
+
+def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | None:
+    """Load the weights or checkpoint at `path` into `trainer`; `path` when it loaded. A file that does not
+    load whole is set aside (Store.quarantine, said in the log) and the trainer is left as it was."""
+    data = store.read_bytes(path)
+    if data is None:
+        if path not in store.unreadable:
+            return None
+        why = store.unreadable[path]
+    else:
+        before = copy.deepcopy(trainer.state_dict())  # a half-applied load must not leak into training
+        try:
+            sd = load_state(io.BytesIO(data), device, path)
+            missing = [k for k in STATE_KEYS if k not in sd]
+            if missing:
+                raise CheckpointError(f"{path}: not a state of this project's trainer (no {', '.join(missing)})")
+            trainer.load_state_dict(sd)
+            return path
+        except (CheckpointError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            trainer.load_state_dict(before)
+            why = str(e).removeprefix(f"{path}: ").splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    log(store.quarantine(path, why))
+    return None
+
+
+def damaged_data(data_dir: str, deep: bool = True) -> list[tuple[str, str]]:
+    """(path, why) of every cached task data file (.npz) in `data_dir` that does not load whole (`deep`:
+    every array read, its CRC checked), or (not `deep`: cheap, for every `study run`) whose zip
+    directory does not read (truncated, random bytes, a git-lfs pointer)."""
+    import zipfile
+
+    import numpy as np
+
+    out = []
+    for name in sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []:
+        path = os.path.join(data_dir, name)
+        if not name.endswith(".npz") or name.startswith(".") or ".tmp-" in name:
+            continue
+        try:
+            if not deep:
+                with zipfile.ZipFile(path) as z:
+                    if not z.namelist():
+                        raise ValueError("an empty archive")
+                continue
+            with np.load(path, allow_pickle=False) as z:
+                for k in z.files:
+                    z[k]
+        except Exception as e:  # noqa: BLE001 -- any failure to load is damage (BadZipFile, zlib, pickle, ...)
+            out.append((path, f"not a readable data file: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
+    return out
+
+
+def _healing(store: Store, data_dir: str, fn, log):
+    """fn(); when it fails and cached task data is damaged, those files are set aside and fn() runs once more
+    (the data are derived from the config, by seed: regenerated identical)."""
+    try:
+        return fn()
+    except Exception:
+        bad = damaged_data(data_dir)
+        if not bad:
+            raise
+    for path, why in bad:
+        if store.local and path.startswith(store.dir + "/"):
+            log(store.quarantine(path, why))
+        else:  # a remote store: the local cache's copy and the store's
+            os.replace(path, f"{path}.damaged-{int(time.time())}")
+            remote = store.path("data", os.path.basename(path))
+            if store.exists(remote):
+                log(store.quarantine(remote, why))
+    return fn()
+
+
+def prepared_task(run: Run, store: Store, log):
+    """The run's task, its data prepared from the store's cache (damaged cache files set aside and made anew)."""
+    box = {}
+
+    def prepare():
+        box["task"] = make_task(run.task)
+        box["task"].prepare(data_dir)
+
+    with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
+        _healing(store, data_dir, prepare, log)
+    return box["task"]
 
 
 def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full, store: Store,

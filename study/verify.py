@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
@@ -107,6 +108,7 @@ def verify_study(store: Store) -> Verdict:
     points = _expected_points(store, v, runs)
     _check_evals_and_samples(store, v, files, tables, runs, points)
     _check_histories(v, tables)
+    _check_leftovers(store, v)
     return v
 
 
@@ -157,10 +159,15 @@ def _check_runs(store: Store, v: Verdict, tables: dict) -> dict[str, dict]:
             v.problems.append(f"run {rid} is done but has no weights ({wpath})")
             continue
         try:
-            load_state(io.BytesIO(data), "cpu", wpath)
+            sd = load_state(io.BytesIO(data), "cpu", wpath)
+            from study.trial import STATE_KEYS
+
+            lacking = [k for k in STATE_KEYS if k not in sd]
+            if lacking:
+                raise CheckpointError(f"{wpath}: not this project's weights (no {', '.join(lacking)})")
             v.add("weights")
         except CheckpointError as e:
-            v.problems.append(str(e))
+            v.problems.append(f"{e}; `study run` sets it aside and retrains the run")
     return runs
 
 
@@ -346,3 +353,53 @@ def _same(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return math.isclose(float(a), float(b), rel_tol=TOL, abs_tol=TOL)
+
+
+# ---- what interrupted writes and damage leave behind ------------------------------------------------
+def _check_leftovers(store: Store, v: Verdict) -> None:
+    """Temp files of writes that never finished, cached task data that does not load, files that exist but
+    cannot be read (a directory or a dangling link in a file's place); files set aside in quarantine/ are
+    noted (kept, never deleted)."""
+    import time
+
+    from store import QUARANTINE, TEMP_AGE_S
+    from study.trial import damaged_data
+
+    for info in store.temp_files(0.0):
+        old = info.mtime is None or info.mtime.timestamp() < time.time() - TEMP_AGE_S
+        (v.problems if old else v.notes).append(
+            f"left-over temp file {info.path} ({info.size} bytes" + ("): an interrupted write; `study run` removes it"
+                                                                   if old else ", being written now?)"))
+    if store.local and os.path.isdir(store.path("data")):
+        for path, why in damaged_data(store.path("data")):
+            v.problems.append(f"damaged cached task data {path} ({why}): `study run` sets it aside and makes it anew")
+    aside = [i for i in store.fs.get_file_info(pafs.FileSelector(f"{store.dir}/{QUARANTINE}", recursive=True,
+                                                                 allow_not_found=True))
+             if i.type == pafs.FileType.File]
+    if aside:
+        v.notes.append(f"{len(aside)} damaged file(s) set aside in {store.dir}/{QUARANTINE}/ (kept for inspection)")
+    runs_dir = f"{store.dir}/runs"
+    for info in store.fs.get_file_info(pafs.FileSelector(runs_dir, allow_not_found=True)):
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet") or info.base_name[0] in "._":
+            continue
+        t = store.read_file("runs", info.base_name)
+        rows = t.to_pylist() if t is not None else []
+        if not rows or rows[-1]["status"] != "done":
+            continue
+        rid = info.base_name[: -len(".parquet")]
+        cpath = store.path("configs", f"{rid}.json")
+        if any(cpath in p for p in v.problems):
+            continue  # said by the config checks
+        raw = store.read_bytes(cpath)
+        try:
+            cfg = json.loads(raw) if raw is not None else None
+        except ValueError as e:
+            v.problems.append(f"{cpath}: not JSON ({str(e)[:80]}); `study run` rewrites it")
+            continue
+        if raw is None and cpath not in store.unreadable:
+            v.problems.append(f"{cpath}: missing: run {rid} is done; `study run` rewrites it")
+        elif raw is not None and (not isinstance(cfg, dict) or cfg.get("run_id") != rid):
+            v.problems.append(f"{cpath}: not the config of run {rid}; `study run` rewrites it")
+    for path, why in sorted(store.unreadable.items()):  # read but not parsed by the checks above
+        if not any(path in p for p in v.problems):
+            v.problems.append(f"unreadable file {path}: {why}")
