@@ -97,6 +97,14 @@ def _build_part(args) -> int:
         store.write_text(store.path("grid.yaml"), open(gpath).read())
     rng = random.Random(part)
     cells = "123456789"
+    import io
+
+    import torch
+
+    buf = io.BytesIO()  # a small state of the trainer's shape: what `study run`'s plan checks of a done run
+    torch.save({"model": {"w": torch.zeros(4)}, "opt": {}, "step": 0, "seconds": 0.0,
+                "history": [{"step": 0, "loss": 1.0}] * HISTORY_ROWS, "torch_rng": torch.get_rng_state()}, buf)
+    weights = buf.getvalue()
 
     def one(run) -> int:
         rid = run.run_id
@@ -104,6 +112,7 @@ def _build_part(args) -> int:
                       train_seconds=100.0, final_loss=0.5)
         store.write_rows("runs", [row], f"{rid}.parquet")
         store.write_config(rid, {**run.resolved(), "code_version": "bench"})
+        store.write_bytes(store.weights_path(rid), weights)  # a done run has weights (classify checks them)
         hist = [{"run_id": rid, "step": 100 * i, "loss": 2.0 / (i + 1), "loop_losses": [2.0 / (i + 1)] * run.model.L,
                  "L_t": run.model.L, "lr": run.train.lr, "seconds": 5.0 * i, "attempt": 1} for i in range(HISTORY_ROWS)]
         store.write_rows("history", hist, f"{rid}.parquet")
