@@ -80,6 +80,8 @@ class Ladder:
     n_boot: int
     failed: int  # replicates that did not converge (left out of the intervals)
     notes: list[str] = field(default_factory=list)
+    # a check of the shared beta: beta fitted at each T alone (its own a_T, b_T), with the same replicates
+    beta_by_T: pd.DataFrame | None = None  # T, estimate, low, high
     _okb: np.ndarray | None = None  # which bootstrap replicates converged (theta_b's rows)
     _rng: np.random.Generator | None = None  # the bootstrap's generator, continued for measured targets
 
@@ -394,10 +396,27 @@ def fit_study(data: StudyData, hold_out: list[str] | None = ("largest",), split:
                      residuals=pd.DataFrame(), heldout=pd.DataFrame(), models=models, family=family,
                      n_boot=n_boot, failed=failed, notes=notes)
     lad_obj.params = _params(lad_obj)
+    lad_obj.beta_by_T = _beta_by_T(Ts, x, lg, dg, tix, y0, n0, yb, wb)
     lad_obj.residuals = _residuals(lad_obj, lad)
     lad_obj._okb, lad_obj._rng = okb, rng
     lad_obj.heldout = _heldout(lad_obj, ev[ev["model_key"].isin(held)], models.set_index("model_key"), draws)
     return lad_obj
+
+
+def _beta_by_T(Ts, x, lg, dg, tix, y0, n0, yb, wb) -> pd.DataFrame:
+    """beta fitted at each T on its own (a diagnostic: a shared beta that fits some T and not others shows
+    here, and in the residuals), with its interval over the same bootstrap replicates."""
+    rows = []
+    for t, T in enumerate(Ts):
+        m = tix == t
+        z = np.zeros(int(m.sum()), int)
+        d = dg[m] if dg is not None else None
+        th, ok = fit_law(x[m], lg[m], d, z, 1, y0[m][None], n0[m][None])
+        thb, okb = fit_law(x[m], lg[m], d, z, 1, yb[:, m], wb[:, m], theta0=th[0])
+        lo, hi = _q(thb[okb, 2][:, None]) if okb.any() else ([np.nan], [np.nan])
+        rows.append({"T": T, "estimate": float(th[0, 2]) if ok[0] else float("nan"), "low": float(lo[0]),
+                     "high": float(hi[0])})
+    return pd.DataFrame(rows)
 
 
 def _draws(data: StudyData, rows: pd.DataFrame, metric: str, rng, B: int, cache: dict) -> np.ndarray:

@@ -116,6 +116,9 @@ def header(law: Ladder, data: StudyData, echo: Callable[[str], None]) -> None:
     b = p[p["name"] == "beta"].iloc[0]
     echo(f"  beta  = {b.estimate:.3f} [{b.low:.3f}, {b.high:.3f}]  (a loop is worth L^beta x the parameters: "
          f"m(L=2) = {2 ** b.estimate:.2f})")
+    if law.beta_by_T is not None and len(law.Ts) > 1:
+        echo("        beta at each T fitted alone (a check of the shared beta): " + "; ".join(
+            f"T={r.T} {r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in law.beta_by_T.itertuples()))
     if law.vary_D:
         dl = p[p["name"] == "delta"].iloc[0]
         echo(f"  delta = {dl.estimate:.3f} [{dl.low:.3f}, {dl.high:.3f}]  (exponent of training examples D)")

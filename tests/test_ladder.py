@@ -58,11 +58,12 @@ def _run_row(run, study: str) -> dict:
             "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
 
 
-def write_study(root: str, grid_path: str, rng, examples_every: int = 2) -> Store:
+def write_study(root: str, grid_path: str, rng, examples_every: int = 2, law=None) -> Store:
     """The runs of a real grid (its run ids, configs and parameter counts) with VPR drawn from the law:
     binomial over N_EX test examples; every `examples_every`-th run keeps its per-example scores."""
     from study.grid import load_grid
 
+    law = law or true_vpr
     g = load_grid(grid_path)
     store = Store(root, g.study)
     for i, run in enumerate(g.runs):
@@ -70,7 +71,7 @@ def write_study(root: str, grid_path: str, rng, examples_every: int = 2) -> Stor
         store.write_rows("runs", [row], f"{run.run_id}.parquet")
         store.write_config(run.run_id, run.resolved())
         for T in TS:
-            hits = rng.random(N_EX) < true_vpr(row["n_params_non_embedding"], run.model.L, T)
+            hits = rng.random(N_EX) < law(row["n_params_non_embedding"], run.model.L, T)
             key = f"T{T}-Ls{run.model.L}-confidence"
             store.write_rows("evals", [_eval(run.run_id, key, T, run.model.L, float(hits.mean()), N_EX)],
                              run.run_id, f"{key}.parquet")
@@ -122,6 +123,8 @@ def test_recovers_the_law(fitted):
         assert s["low"] <= TRUE["slope"][T] <= s["high"], (T, s.to_dict())
         n50 = p[(p["name"] == "log10_n50") & (p["T"] == T)].iloc[0]
         assert n50["low"] <= math.log10(TRUE["n50"][T]) <= n50["high"], (T, n50.to_dict())
+    for r in fitted.beta_by_T.itertuples():  # the check of the shared beta: each T alone agrees
+        assert r.low <= TRUE["beta"] <= r.high, r
     assert fitted.failed < fitted.n_boot // 10
     assert not fitted.vary_D  # every run saw the same data: no delta
     # residuals: one per ladder model and T, small against the evaluation noise when the law holds
@@ -156,6 +159,26 @@ def test_heldout_interval_covers_the_truth(fitted, synth):
     pred = fitted.targets(models, [2])
     assert list(pred["predicted"]) == pytest.approx(list(t[t["T"] == 2].set_index("label").loc[pred["label"], "predicted"]))
     assert isinstance(pred, pd.DataFrame)
+
+
+def test_misfit_shows_in_the_residuals_and_beta_by_T(tmp_path):
+    """A ladder whose loops are worth more at small T than at large T (beta 1.0 at T = 1, 0.1 at T = 8):
+    the shared-beta law misfits, and the diagnostics say where."""
+    from analysis.ladder import fit_study, residual_summary
+    from analysis.load import load_study
+
+    beta_T = {1: 1.0, 2: 0.7, 4: 0.4, 8: 0.1}
+
+    def law(N, L, T):
+        return 1 / (1 + math.exp(-TRUE["slope"][T] * math.log(N * L ** beta_T[T] / TRUE["n50"][T])))
+
+    write_study(str(tmp_path), LADDER_GRID, np.random.default_rng(3), examples_every=10 ** 6, law=law)
+    m = fit_study(load_study(str(tmp_path), STUDY), n_boot=200)
+    b = m.beta_by_T.set_index("T")
+    assert b.loc[1, "low"] > b.loc[8, "high"]  # the per-T check separates them
+    for T in TS:
+        assert b.loc[T, "low"] <= beta_T[T] <= b.loc[T, "high"], (T, b.loc[T].to_dict())
+    assert residual_summary(m).set_index("T").loc["all", "rms_z"] > 2  # well beyond the evaluation noise
 
 
 def test_budget_and_T(fitted):
@@ -194,7 +217,7 @@ def test_cli_prints_the_table(synth):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "held-out models, predicted vs measured" in out and "(2 x 1) d=128" in out and "abs error" in out
-    assert "residuals of the fit" in out and "beta  =" in out
+    assert "residuals of the fit" in out and "beta  =" in out and "beta at each T fitted alone" in out
     assert "targets (never trained here)" in out and "(2 x 1) d=192" in out and "training compute: ladder" in out
     assert f"targets trained in study '{TARGET_STUDY}'" in out
     assert "best model within 4e+13 training FLOPs" in out and "runner-up" in out
