@@ -106,7 +106,8 @@ class Ladder:
         out = {}
         for i, T in enumerate(self.Ts):
             est = _sig(self.theta[i] + self.theta[len(self.Ts) + i] * self.z(N, L, D, self.theta))
-            boot = _sig(self.theta_b[:, i, None] + self.theta_b[:, len(self.Ts) + i, None] * self.z(N, L, D, self.theta_b))
+            tb = self.theta_b
+            boot = _sig(tb[:, i, None] + tb[:, len(self.Ts) + i, None] * self.z(N, L, D, tb))
             out[T] = (est, boot)
         return out
 
@@ -147,15 +148,18 @@ class Ladder:
                                  if cheapest is not None else ""))
         est, boot = self.predict(ok["N"], ok["L"], ok["D"])[T]
         ok = ok.assign(predicted=est, _j=np.arange(len(ok)))
-        top = ok.sort_values(["predicted", "train_flops"], ascending=[False, True]).groupby(["K", "L"], sort=False).head(1)
+        top = ok.sort_values(["predicted", "train_flops"], ascending=[False, True])
+        top = top.groupby(["K", "L"], sort=False).head(1)
         top = top.reset_index(drop=True)
         lo, hi = _q(boot[:, top["_j"].to_numpy()])
-        top = top.assign(low=lo, high=hi, n_eff_vs_ladder=self.n_eff(top["N"], top["L"], top["D"]) / self.ladder_max_n_eff())
+        top = top.assign(low=lo, high=hi,
+                         n_eff_vs_ladder=self.n_eff(top["N"], top["L"], top["D"]) / self.ladder_max_n_eff())
         verdict = {"best": top.iloc[0]["label"], "runner_up": None}
         if len(top) > 1:
             diff = boot[:, top["_j"].iloc[0]] - boot[:, top["_j"].iloc[1]]
             dlo, dhi = _q(diff[:, None])
-            verdict.update(runner_up=top.iloc[1]["label"], difference=float(top["predicted"].iloc[0] - top["predicted"].iloc[1]),
+            verdict.update(runner_up=top.iloc[1]["label"],
+                           difference=float(top["predicted"].iloc[0] - top["predicted"].iloc[1]),
                            diff_low=float(dlo[0]), diff_high=float(dhi[0]),
                            p_best=float(np.mean(diff > 0)),
                            overlap=bool(top["low"].iloc[0] <= top["high"].iloc[1]))

@@ -84,7 +84,8 @@ def ladder_candidates(law: Ladder, base) -> pd.DataFrame:
     heads = base.model.n_heads
     top = int(lad["d_model"].max())
     quantum = 16 * heads // math.gcd(16, heads)
-    widths = sorted(set(lad["d_model"].astype(int)) | {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS})
+    wider = {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS}
+    widths = sorted(set(lad["d_model"].astype(int)) | wider)
     rows = []
     for K in Ks:
         for L in Ls:
@@ -107,7 +108,8 @@ def header(law: Ladder, data: StudyData, echo: Callable[[str], None]) -> None:
     echo(f"study {data.name}: {law.variant}, {law.metric} on the {law.split} split ({law.sampler} sampler, "
          f"L_s = L_t), T = {', '.join(map(str, law.Ts))}")
     echo(f"law: {law.law}")
-    echo(f"ladder: {len(lad)} models, {int(lad['seeds'].sum())} runs, N {fmt_n(lad['N'].min())}..{fmt_n(lad['N'].max())} "
+    echo(f"ladder: {len(lad)} models, {int(lad['seeds'].sum())} runs, "
+         f"N {fmt_n(lad['N'].min())}..{fmt_n(lad['N'].max())} "
          f"non-embedding, L {', '.join(map(str, sorted(set(lad['L']))))}; held out: "
          + (", ".join(f"{r.label} ({r.seeds} seed{'s' if r.seeds > 1 else ''})" for r in held.itertuples()) or "none"))
     echo(f"intervals: 95%, {law.n_boot} bootstrap replicates over the ladder's runs and their test examples"
@@ -140,14 +142,14 @@ def heldout_table(law: Ladder, Ts: list[int] | None, echo, h: pd.DataFrame | Non
     if Ts:
         h = h[h["T"].isin(Ts)]
     echo(f"{title}, predicted vs measured (%, 95% intervals; error = predicted - measured, points):")
-    echo(f"  {'model':<16} {'T':>3} {'N_eff/ladder':>12}  {'predicted':<20} {'measured':<20} {'error [95%]':<22} "
-         f"{'abs error':>9}")
+    cols = "  {:<16} {:>3} {:>12}  {:<19} {:<19} {:<21} {:>9}"
+    echo(cols.format("model", "T", "N_eff/ladder", "predicted", "measured", "error [95%]", "abs error"))
     for r in h.itertuples():
-        echo(f"  {r.label:<16} {r.T:>3} {r.n_eff_vs_ladder:>11.2f}x  "
-             f"{pct(r.predicted):>5} [{pct(r.low)}, {pct(r.high)}]".ljust(57)
-             + f"{pct(r.measured):>5} [{pct(r.meas_low)}, {pct(r.meas_high)}]".ljust(21)
-             + f"{r.error_pts:+6.1f} [{r.err_low:+.1f}, {r.err_high:+.1f}]".ljust(23)
-             + f"{r.abs_error_pts:>9.1f}" + ("" if r.covered else "  outside"))
+        echo(cols.format(r.label, r.T, f"{r.n_eff_vs_ladder:.2f}x",
+                         f"{pct(r.predicted)} [{pct(r.low)}, {pct(r.high)}]",
+                         f"{pct(r.measured)} [{pct(r.meas_low)}, {pct(r.meas_high)}]",
+                         f"{r.error_pts:+.1f} [{r.err_low:+.1f}, {r.err_high:+.1f}]", f"{r.abs_error_pts:.1f}")
+             + ("" if r.covered else "  outside"))
     mid = h[(h["measured"] > 0.05) & (h["measured"] < 0.95)]
     if len(mid):
         echo(f"  where the measured value is between 5% and 95%: largest abs error {mid['abs_error_pts'].max():.1f} "
@@ -159,7 +161,8 @@ def residuals(law: Ladder, echo, worst: int = 5) -> None:
     echo("residuals of the fit on the ladder (measured seed mean - law, points; rms_z: residual / its "
          "binomial standard error, about 1 when the law fits within evaluation noise):")
     for r in residual_summary(law).itertuples():
-        echo(f"  T={r.T:<4} {r.points:>3} points  rms {r.rms_pts:5.2f}  max |.| {r.max_abs_pts:5.2f}  rms_z {r.rms_z:5.2f}")
+        echo(f"  T={r.T:<4} {r.points:>3} points  rms {r.rms_pts:5.2f}  max |.| {r.max_abs_pts:5.2f}  "
+             f"rms_z {r.rms_z:5.2f}")
     big = law.residuals.reindex(law.residuals["residual_pts"].abs().sort_values(ascending=False).index).head(worst)
     echo("  largest: " + "; ".join(f"{r.label} T={r.T}: {pct(r.measured)} vs {pct(r.fitted)} ({r.residual_pts:+.1f})"
                                    for r in big.itertuples()))
@@ -178,13 +181,15 @@ def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo
                  "data term (every ladder run saw the same D)")
     t = law.targets(models, Ts)
     echo("targets (never trained here), predicted metric (%, 95% interval):")
-    echo(f"  {'model':<16} {'params':>8} {'N':>8} {'N_eff/ladder':>12} {'train FLOPs':>11}  " +
-         "  ".join(f"{'T=' + str(T):<19}" for T in sorted(set(t['T']))))
+    Ts_shown = sorted(set(t["T"]))
+    cols = "  {:<16} {:>8} {:>8} {:>12} {:>11}" + "  {:<19}" * len(Ts_shown)
+    echo(cols.format("model", "params", "N", "N_eff/ladder", "train FLOPs", *(f"T={T}" for T in Ts_shown)))
     for label, g in t.groupby("label", sort=False):
         r = g.iloc[0]
-        cells = "  ".join(f"{pct(x.predicted):>5} [{pct(x.low)}, {pct(x.high)}]".ljust(19) for x in g.itertuples())
-        echo(f"  {label:<16} {fmt_n(r['n_params']):>8} {fmt_n(r['N']):>8} {r['n_eff_vs_ladder']:>11.2f}x "
-             f"{r['train_flops']:>11.3g}  {cells}")
+        echo(cols.format(label, fmt_n(r["n_params"]), fmt_n(r["N"]), f"{r['n_eff_vs_ladder']:.2f}x",
+                         f"{r['train_flops']:.3g}",
+                         *(f"{pct(x.predicted)} [{pct(x.low)}, {pct(x.high)}]"
+                           for x in g.sort_values("T").itertuples())))
     flops, priced, total = ladder_cost
     if priced:
         tf = float((models["train_flops"] * models["seeds"]).sum())

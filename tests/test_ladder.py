@@ -157,7 +157,8 @@ def test_heldout_interval_covers_the_truth(fitted, synth):
         truth = true_vpr(r.N, _K_L(r.label)[1], r.T)
         assert r.low <= truth <= r.high, (r.label, r.T, truth, r.low, r.high)
     pred = fitted.targets(models, [2])
-    assert list(pred["predicted"]) == pytest.approx(list(t[t["T"] == 2].set_index("label").loc[pred["label"], "predicted"]))
+    same = t[t["T"] == 2].set_index("label").loc[pred["label"], "predicted"]
+    assert list(pred["predicted"]) == pytest.approx(list(same))
     assert isinstance(pred, pd.DataFrame)
 
 
