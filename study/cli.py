@@ -72,29 +72,39 @@ def _fail(msg: str, code: int = 2):
     raise typer.Exit(code)
 
 
-def _grid_or_exit(path: str, data: bool = True):
-    """The expanded grid; with `data` (plan, run, tune), also the check that each task can make the
-    examples the grid asks of it (study.grid.check_data). Exit 2 with one line otherwise."""
+def _grid_or_exit(path: str, data: bool = True, overrides: Optional[list[str]] = None):
+    """The expanded grid, after command-line `overrides` (study/overrides.py); with `data` (plan, run, tune),
+    also the check that each task can make the examples the grid asks of it (study.grid.check_data).
+    Exit 2 with one line otherwise."""
     from study.grid import GridError, check_data
 
     try:
-        g = load_grid(path)
+        g = load_grid(path, overrides or ())
         if data:
             check_data(g)
         return g
     except GridError as e:
-        _fail(str(e))
+        from study.overrides import attribute
+
+        _fail(attribute(str(e), path, overrides or ()))
 
 
-def load_grid(path: str):
+def load_grid(path: str, overrides=()):
     """study.grid.load_grid, imported on first use, not at the top: `study run` on a study another driver
     holds is refused before study.grid brings torch in (seconds on a loaded machine; _refuse_if_leased)."""
     from study.grid import load_grid as load
 
-    return load(path)
+    return load(path, overrides)
 
 
-def _refuse_if_leased(grid_path: str, results: str, wait: bool) -> None:
+# Hydra-style `key=value` after the grid (study/overrides.py), on plan, run, status and tune
+OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE | +KEY=VALUE | ~KEY]...", show_default=False,
+                           help="overrides of the grid, applied before validation: train.steps=10, axes.L=[1,2], "
+                                "task.mask_rate=0.3 (values are YAML); +KEY=VALUE adds a key the file lacks, "
+                                "~KEY deletes one; recorded in the study's grid.yaml")
+
+
+def _refuse_if_leased(grid_path: str, results: str, wait: bool, overrides=()) -> None:
     """Exit 2 at once, naming it, when a live driver holds the lease of GRID's study: read from the grid's
     `study:` key alone, before the grid is validated (which loads torch). Anything unusual (a file that is
     not a small regular one, YAML that does not parse) is left to the full checks that follow."""
@@ -109,7 +119,9 @@ def _refuse_if_leased(grid_path: str, results: str, wait: bool) -> None:
 
         with open(grid_path) as f:
             raw = yaml.safe_load(f)
-        name = (raw.get("study") if isinstance(raw, dict) else None) or os.path.splitext(os.path.basename(grid_path))[0]
+        from study.overrides import study_name
+
+        name = study_name(raw, overrides or ()) or os.path.splitext(os.path.basename(grid_path))[0]
         from store import Store, is_safe_name
         from store.lease import held_by
 
@@ -185,6 +197,7 @@ def _probe(directory: str, option: str, shown: str) -> None:
 @app.command()
 def plan(
     grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
     json_out: bool = typer.Option(False, "--json", help="one JSON object per run, then one with \"totals\": true"),
     measure: bool = typer.Option(False, "--measure", help="time a few training steps of each distinct shape here "
                                  "(cached per machine and shape) for time and peak memory"),
@@ -200,7 +213,7 @@ def plan(
     run nothing. Eval FLOPs are an upper bound (T x L_s passes; the sampler may stop sooner)."""
     from study import cost
 
-    g = _grid_or_exit(grid)
+    g = _grid_or_exit(grid, overrides=overrides)
     try:
         rate = cost.given_rate(flops_per_s, mfu, device, peak_flops)
     except ValueError as e:
@@ -272,6 +285,7 @@ def plan(
 @app.command()
 def run(
     grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run again the runs recorded as failed"),
@@ -283,12 +297,12 @@ def run(
 ):
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
-    _refuse_if_leased(grid, results, wait)  # first: a second driver is refused before torch is imported
+    _refuse_if_leased(grid, results, wait, overrides)  # first: a second driver is refused before torch is imported
     from study.runner import check_address, run_grid
 
     if not (math.isfinite(progress_every) and progress_every > 0):
         _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")
-    g = _grid_or_exit(grid)
+    g = _grid_or_exit(grid, overrides=overrides)
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
         raise typer.Exit(2)
@@ -311,6 +325,7 @@ def run(
 @app.command()
 def status(
     grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
     json_out: bool = typer.Option(False, "--json", help="one JSON object per run"),
 ):
@@ -320,7 +335,7 @@ def status(
     from study.status import render, snapshot
     from store import Store
 
-    g = _grid_or_exit(grid, data=False)
+    g = _grid_or_exit(grid, data=False, overrides=overrides)
     _results_or_exit(results)
     store = Store(results, g.study)
     statuses = snapshot(g, store)
@@ -339,6 +354,7 @@ def status(
 @app.command()
 def tune(
     grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
     address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
@@ -346,11 +362,11 @@ def tune(
                               "ends (default: refuse, naming it)"),
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
-    _refuse_if_leased(grid, results, wait)
+    _refuse_if_leased(grid, results, wait, overrides)
     from store.lease import LeaseHeld
     from study.tune import TuneError, tune_grid
 
-    g = _grid_or_exit(grid)
+    g = _grid_or_exit(grid, overrides=overrides)
     _results_or_exit(results, create=True)
     try:
         code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo, wait=wait)

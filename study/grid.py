@@ -270,6 +270,7 @@ class Grid:
     search: Any = None  # study.search.Search when the grid has a `search:` section
     search_groups: list = field(default_factory=list)  # study.search.SearchGroup, one Optuna study each
     tuned: dict = field(default_factory=dict)  # run_id -> {key: {value, file, group}} from `defaults_from`
+    overrides: list = field(default_factory=list)  # command-line `key=value` applied to raw (study/overrides.py)
 
 
 # ---- loading -----------------------------------------------------------------------------
@@ -382,8 +383,9 @@ def _yaml_error(path: str, e: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {' '.join(what.split())}"
 
 
-def load_grid(path: str) -> Grid:
-    """Read, validate and expand a grid file. Raises GridError naming file and key."""
+def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
+    """Read, validate and expand a grid file, after command-line `overrides` (study/overrides.py).
+    Raises GridError naming file (or override) and key."""
     text = _grid_text(path)
     try:
         loader = _GridLoader(text)  # a yaml.SafeLoader subclass: plain data only, nothing is constructed
@@ -401,6 +403,10 @@ def load_grid(path: str) -> Grid:
                         f"a few")
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
+    if overrides:  # applied to the file's mapping, then the same checks as a file (study/overrides.py)
+        from study.overrides import expand_with
+
+        return expand_with(raw, path, overrides)
     return expand(raw, path)
 
 

@@ -300,16 +300,46 @@ def reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """A HOST:PORT (or ray://HOST:PORT) address accepts TCP connections, checked within `timeout_s`."""
     import socket
 
-    if address == "auto":
-        return  # Ray finds the local cluster's address itself (and says so when there is none)
+    shown = address
+    if address == "auto":  # the GCS address Ray would join (RAY_ADDRESS, `ray start`'s file, a local GCS),
+        address = _auto_address()  # checked like HOST:PORT: a stale one would hang ray.init for minutes
+        shown = f"auto ({address})"
     host, _, port = address.removeprefix("ray://").rpartition(":")
     host = host.strip("[]")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise ClusterError(f"--address {address}: cannot reach the Ray cluster ({why} after at most "
+        raise ClusterError(f"--address {shown}: cannot reach the Ray cluster ({why} after at most "
                            f"{timeout_s:g}s); is it started (`ray start --head`) and is the port open?") from None
+
+
+def _auto_address() -> str:
+    """The HOST:PORT `ray.init(address="auto")` would join, found as Ray finds it (ClusterError if none)."""
+    import logging
+
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    log = logging.getLogger("ray._private.services")
+    level = log.level
+    log.setLevel(logging.ERROR)  # its "found multiple Ray instances" warning: the address chosen is named below
+    try:
+        return canonicalize_bootstrap_address_or_die("auto")
+    except (ConnectionError, ValueError) as e:
+        raise ClusterError(f"--address auto: {_first_line(e)}") from None
+    finally:
+        log.setLevel(level)
+
+
+def root_cause(error: str | None) -> str | None:
+    """One line for a failed trial: the last line of its error text, the trial's own exception
+    (`FloatingPointError: non-finite loss nan at step 3`), not the RayTaskError wrapping it with
+    Ray's traceback (which stays in the run's log)."""
+    if not error:
+        return error
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    line = lines[-1] if lines else str(error).strip()
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _first_line(e: BaseException) -> str:
@@ -388,6 +418,35 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
         lease.release()
 
 
+def _quiet_trial_tracebacks() -> None:
+    """Tune logs each failed trial with Ray's whole traceback: the run's log keeps it, and the terminal
+    gets one line per failed run (root_cause) once the sweep ends."""
+    import logging
+
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _sigterm_as_ctrl_c() -> None:
+    """A SIGTERM to the driver (`kill PID`, a scheduler stopping a job) does what Ctrl-C does: it calls the
+    SIGINT handler of the moment (Tune's during a sweep: the trials stop, their checkpoints stay, the
+    "interrupted" line is printed and the exit code is Ctrl-C's; elsewhere KeyboardInterrupt)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def term(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, term)
+
+
 def _lease_lost(echo):
     """What a driver does when a newer driver took its lease over (it sent no heartbeat in time): say so
     and stop its trials as Ctrl-C does; its trials stop on their own at their next report (the fence)."""
@@ -422,6 +481,8 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     except ClusterError as e:
         echo(f"error: {e}")
         return 2
+    _sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
+    _quiet_trial_tracebacks()
     echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
          f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
          f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
@@ -501,7 +562,8 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
             run = by_id[run_id]
             err = format_error(res.error)
             attempts = attempts_so_far(store, run_id)
-            store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")
+            store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")  # Ray's whole traceback
+            err = root_cause(err)  # the row and the terminal: one line
             try:
                 costs = run.costs()
             except Exception:
@@ -513,7 +575,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
         echo(f"study {grid.study}: {len(final.done)} done, {len(final.failed)} failed, "
              f"{len(final.todo)} incomplete; results in {store.dir}")
         for run in final.failed:
-            echo(f"  failed {run.run_id}: {(store.run_row(run.run_id) or {}).get('error')}  "
+            echo(f"  failed {run.run_id}: {root_cause((store.run_row(run.run_id) or {}).get('error'))}  "
                  f"(log: {store.path('logs', run.run_id + '.log')})")
         if final.todo:  # no error and not done: Tune stopped them (Ctrl-C)
             echo(f"interrupted: {len(final.todo)} run(s) not finished; `study run` again resumes them "
@@ -582,14 +644,6 @@ def _fit(tuner, store: Store):
     Ran out of input") becomes one line naming the disk (store.DiskFull) instead of Tune's own."""
     import shutil
 
-    import logging
-
-    # Tune logs each failed trial with Ray's whole traceback: the run's log keeps it, the terminal gets
-    # one line per failed run (root_cause) once the sweep ends
-    quiet = [logging.getLogger(n) for n in ("ray.tune.execution.tune_controller", "ray.tune.tune")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.CRITICAL)
     try:
         return tuner.fit()
     except Exception as e:

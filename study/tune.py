@@ -341,7 +341,10 @@ def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
-    store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
+    from study.overrides import grid_text
+
+    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
+    store.write_text(store.path("grid.yaml"), text)
     storage = optuna.storages.RDBStorage(storage_url(store))
     Search_, Asha, TrialState = _search_classes()
     version = code_version()
