@@ -196,7 +196,7 @@ def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
                 config = json.loads(text)
             except json.JSONDecodeError:
                 config = None
-        if not (config and all(isinstance(config.get(s), dict) for s in TRAINING_SECTIONS)):
+        if not (isinstance(config, dict) and all(isinstance(config.get(s), dict) for s in TRAINING_SECTIONS)):
             config = configs.get(run["run_id"])
         fields = training_fields(run, config)
         model_keys.append(model_key(fields))

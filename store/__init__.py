@@ -145,6 +145,19 @@ def _bytes(n: float) -> str:
         n /= 1024
 
 
+GCS_RETRY_S = 10  # a gs:// store unreachable (no network, no credentials) fails within this, as s3:// does
+
+
+def filesystem_from_uri(uri: str):
+    """pyarrow's (filesystem, path) of `uri`. A gs:// (gcs://) URI gets `retry_limit_seconds` (unless it
+    gives its own): the Google client otherwise retries for about 15 minutes, where S3's gives up in
+    seconds."""
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme in ("gs", "gcs") and "retry_limit_seconds=" not in uri:
+        uri = f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"
+    return pafs.FileSystem.from_uri(uri)
+
+
 class Store:
     """One study's directory in a results root (local path or URI)."""
 
@@ -152,7 +165,7 @@ class Store:
         self.root = root
         self.study = safe_name(study, "study name")
         if "://" in root:
-            self.fs, base = pafs.FileSystem.from_uri(root)
+            self.fs, base = filesystem_from_uri(root)
         else:
             self.fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
         self.base = base.rstrip("/")
@@ -578,7 +591,7 @@ def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 def list_studies(root: str) -> list[tuple[str, float]]:
     """(study, last modification time) of every study under a local root, newest last."""
     if "://" in root:
-        fs, base = pafs.FileSystem.from_uri(root)
+        fs, base = filesystem_from_uri(root)
     else:
         fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
     out = []

@@ -655,9 +655,6 @@ def _fit(tuner, store: Store):
             if full:
                 raise store.disk_full(f"{store.dir}/.ray") from e
         raise
-    finally:
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
 
 
 def _last_node(store: Store, run_id: str) -> dict:

@@ -239,3 +239,137 @@ def test_weights_that_are_text_or_a_system_file_are_named(tmp_path, trained, dam
     assert "passwd" not in line or damage == "symlink"
     r = cli("verify", "--results", root, "--study", "adv")
     assert r.exit_code == 1 and f"{run_id}.pt" in r.output, r.output
+
+
+@pytest.mark.parametrize("config", ["[1]", "1", "{"])
+def test_a_runs_row_with_a_bad_config_is_named_not_an_internal_error(tmp_path, trained, config):
+    """Store damage, not a user mistake: the report reads on (the config file stands in), verify names
+    the runs file (exit 1); neither is an "internal error"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root0, run_id = trained
+    root = str(tmp_path / "r")
+    shutil.copytree(root0, root)
+    f = os.path.join(root, "adv", "runs", f"{run_id}.parquet")
+    t = pq.read_table(f)
+    t = t.set_column(t.schema.get_field_index("config"), "config", pa.array([config] * len(t), pa.string()))
+    pq.write_table(t, f)
+    r = cli("report", "--results", root, "--study", "adv", "--figure", "iso-param", "--out", str(tmp_path / "figs"))
+    assert r.exit_code in (0, 1), r.output  # 1: a one-run study has no iso-param figure to draw
+    r = cli("verify", "--results", root, "--study", "adv")
+    assert r.exit_code == 1 and run_id in r.output and "internal error" not in r.output, r.output
+
+# ---- signals -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
+    """A SIGTERM to `study run` while runs train (held at step 5): the same "interrupted" line, exit
+    code and resumable store as Ctrl-C (tests/test_ray_start.py), no C-level stack dump, no traceback.
+    Run: pytest -m slow tests/test_adversarial.py -k sigterm"""
+    import signal
+    import subprocess
+    import sys
+
+    from study.grid import load_grid
+    from study.procs import descendants
+    from tests.helpers import ROOT, kill_all, tiny_grid
+
+    g = tmp_path / "g.yaml"
+    g.write_text(tiny_grid("sigterm", axes="seed: [0, 1]"))
+    runs = load_grid(str(g)).runs
+    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:5" for r in runs)}
+    cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
+    progress = tmp_path / "res" / "sigterm" / "progress"
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tree: list[int] = []
+    try:
+        t0 = time.time()
+        while not (progress.is_dir() and os.listdir(progress)):
+            assert p.poll() is None and time.time() - t0 < 600, p.stdout.read() if p.poll() is not None else "slow"
+            time.sleep(0.5)
+        tree = descendants(p.pid)
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None:  # it outlived the test: end it and what it started (a clean exit shuts Ray down)
+            tree = [*tree, *descendants(p.pid)]
+            p.kill()
+            p.communicate()
+            kill_all(tree)
+    assert p.returncode == 1 and "interrupted: 2 run(s) not finished" in out, out
+    assert "Traceback" not in out and "SIGTERM received" not in out and "***" not in out, out
+    env.pop("RMDM_FAULT_HOLD_AT")
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "2 done, 0 failed, 0 incomplete" in r.stdout, r.stdout + r.stderr
+
+
+# ---- unreachable clusters and stores: bounded -------------------------------------------------
+def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid):
+    """`--address auto` joins what `ray start` left in <RAY_TMPDIR>/ray/ray_current_cluster: a GCS that is
+    gone (here a closed local port) is refused within seconds, like HOST:PORT, instead of ray.init
+    waiting minutes for it."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=ROOT, RAY_TMPDIR=str(tmp_path))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "study.cli", "run", grid, "--results", str(tmp_path / "res"),
+                        "--address", "auto"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t0 < 60, r.stdout + r.stderr
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert f":{port}): cannot reach the Ray cluster" in out and "--address auto (" in out, out
+    assert "Traceback" not in out and "WARNING" not in out, out
+
+
+def test_gs_store_without_network_is_bounded(tmp_path, grid):
+    """A gs:// store that cannot be reached (no network or no credentials here) fails in one line
+    within seconds, as s3:// does, instead of the Google client's 15 minutes of retries."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "study.cli", "status", grid, "--results", "gs://rmdm-no-such-bucket/r"],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                       timeout=300)
+    assert time.monotonic() - t0 < 90, r.stdout + r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1, \
+        r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_one_line_with_its_root_cause(tmp_path):
+    """What only a trial can find (here a NaN loss, injected) is one line per failed run naming the root
+    cause, not Ray's traceback; the traceback stays in the run's log.
+    Run: pytest -m slow tests/test_adversarial.py -k root_cause"""
+    import subprocess
+    import sys
+
+    from study.grid import load_grid
+    from tests.helpers import ROOT, tiny_grid
+
+    g = tmp_path / "g.yaml"
+    g.write_text(tiny_grid("nanrun", axes="seed: [0]", retries=0))
+    rid = load_grid(str(g)).runs[0].run_id
+    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_NAN_AT": f"{rid}:3"}
+    r = subprocess.run([sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"),
+                        "--num-cpus", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert f"failed {rid}: FloatingPointError: non-finite loss nan at step 3  (log: " in out, out
+    assert "Traceback" not in out and "RayTaskError" not in out, out
+    row = Store(str(tmp_path / "res"), "nanrun").run_row(rid)
+    assert row["error"] == "FloatingPointError: non-finite loss nan at step 3", row["error"]
+    log = (tmp_path / "res" / "nanrun" / "logs" / f"{rid}.log").read_text()
+    assert "Traceback" in log and "RayTaskError" in log  # the whole story is kept
