@@ -6,7 +6,6 @@ the store are not evaluated again.
 """
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import io
 import json
@@ -196,25 +195,55 @@ STATE_KEYS = ("model", "opt", "step", "seconds", "history", "torch_rng")  # what
 
 def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | None:
     """Load the weights or checkpoint at `path` into `trainer`; `path` when it loaded. A file that does not
-    load whole is set aside (Store.quarantine, said in the log) and the trainer is left as it was."""
+    load whole, or whose state is not this run's trainer's (names, shapes, optimizer groups, RNG), is set
+    aside (Store.quarantine, said in the log) before anything of it is applied: the trainer is left as it
+    was (no copy of it is kept: checked first, then loaded)."""
     data = store.read_bytes(path)
     if data is None:
         if path not in store.unreadable:
             return None
         why = store.unreadable[path]
     else:
-        before = copy.deepcopy(trainer.state_dict())  # a half-applied load must not leak into training
         try:
             sd = load_state(io.BytesIO(data), device, path)
-            missing = [k for k in STATE_KEYS if k not in sd]
-            if missing:
-                raise CheckpointError(f"{path}: not a state of this project's trainer (no {', '.join(missing)})")
-            trainer.load_state_dict(sd)
+            why = _state_problem(trainer, sd)
+        except CheckpointError as e:
+            why = str(e).removeprefix(f"{path}: ").splitlines()[0][:200]
+        if why is None:
+            try:
+                trainer.load_state_dict(sd)
+            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:  # checked: never expected
+                log(store.quarantine(path, f"does not load: {type(e).__name__}: {str(e)[:160]}"))
+                raise CheckpointError(f"{path}: did not load after its checks passed ({e}); set aside: the "
+                                      f"next attempt starts without it") from None
             return path
-        except (CheckpointError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-            trainer.load_state_dict(before)
-            why = str(e).removeprefix(f"{path}: ").splitlines()[0][:200] if str(e).strip() else type(e).__name__
     log(store.quarantine(path, why))
+    return None
+
+
+def _state_problem(trainer: Trainer, sd: dict) -> str | None:
+    """Why a loaded state cannot be this run's trainer's (None when it fits): checked before any of it is
+    applied, so a half-applied load never happens."""
+    missing = [k for k in STATE_KEYS if k not in sd]
+    if missing:
+        return f"not a state of this project's trainer (no {', '.join(missing)})"
+    want, got = trainer.model.state_dict(), sd["model"]
+    if not isinstance(got, dict) or set(got) != set(want):
+        return "its model's parameters are not this run's (other names)"
+    for k, v in want.items():
+        if not isinstance(got[k], torch.Tensor) or got[k].shape != v.shape:
+            return f"its parameter {k} is {getattr(got[k], 'shape', type(got[k]).__name__)}, this run's is {tuple(v.shape)}"
+    opt, mine = sd["opt"], trainer.opt.param_groups
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    if (not isinstance(groups, list) or not isinstance(opt.get("state"), dict) or len(groups) != len(mine)
+            or any(not isinstance(g, dict) or len(g.get("params", ())) != len(m["params"]) for g, m in zip(groups, mine))):
+        return "its optimizer state is not this run's"
+    rng = sd["torch_rng"]
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+        return "no torch RNG state"
+    if (not isinstance(sd["step"], int) or not isinstance(sd["seconds"], (int, float))
+            or not isinstance(sd["history"], list)):
+        return "its step, seconds or history are not a trainer's"
     return None
 
 

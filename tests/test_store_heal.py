@@ -37,8 +37,19 @@ def _wrong_keys() -> bytes:
     return buf.getvalue()
 
 
+def _wrong_shapes(data: bytes) -> bytes:
+    """The same state with one parameter of another shape (another model's): checked before it is applied."""
+    sd = torch.load(io.BytesIO(data), weights_only=True)
+    k = sorted(sd["model"])[0]
+    sd["model"][k] = torch.zeros(1)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
 DAMAGE = {
     "random": lambda data: os.urandom(len(data)),
+    "wrong-shapes": _wrong_shapes,
     "truncated": lambda data: data[: len(data) // 2],
     "lfs-pointer": lambda data: LFS_POINTER,
     "wrong-keys": lambda data: _wrong_keys(),
