@@ -104,6 +104,16 @@ OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE | +KEY=VALUE | ~KEY]...", s
                                 "~KEY deletes one; recorded in the study's grid.yaml")
 
 
+def _override_note(results: str, g, store=None) -> None:
+    """A line on stderr when the study last ran with other overrides than now (study/overrides.py)."""
+    from store import Store
+    from study.overrides import change_note
+
+    note = change_note(store or Store(results, g.study), g)
+    if note:
+        typer.echo(note, err=True)
+
+
 def _refuse_if_leased(grid_path: str, results: str, wait: bool, overrides=()) -> None:
     """Exit 2 at once, naming it, when a live driver holds the lease of GRID's study: read from the grid's
     `study:` key alone, before the grid is validated (which loads torch). Anything unusual (a file that is
@@ -307,6 +317,7 @@ def run(
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
         raise typer.Exit(2)
     _results_or_exit(results, create=True)
+    _override_note(results, g)
     try:
         check_address(address)
     except ValueError as e:
@@ -338,6 +349,7 @@ def status(
     g = _grid_or_exit(grid, data=False, overrides=overrides)
     _results_or_exit(results)
     store = Store(results, g.study)
+    _override_note(results, g, store)
     statuses = snapshot(g, store)
     if json_out:
         for st in statuses:

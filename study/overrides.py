@@ -374,3 +374,35 @@ def study_name(raw: Any, texts: Sequence[str]) -> Any:
                 except yaml.YAMLError:
                     pass
     return name
+
+
+def recorded(text: str | None) -> list[str] | None:
+    """The overrides named in the header of a stored grid text (grid_text); None when it names none."""
+    lines = (text or "").splitlines()
+    if not lines or "with command-line overrides (study/overrides.py)" not in lines[0]:
+        return None
+    out = []
+    for ln in lines[1:]:
+        if not ln.startswith("#   "):
+            break
+        out.append(ln[4:])
+    return out
+
+
+def change_note(store, grid) -> str | None:
+    """One line when the study's stored grid.yaml was run with other overrides than `grid` carries now
+    (a rerun without an override is not silent: its runs are the file's own, by their ids)."""
+    try:
+        raw = store.read_bytes(store.path("grid.yaml"))
+    except Exception:
+        return None
+    if raw is None:
+        return None
+    before = recorded(raw.decode(errors="replace")) or []
+    now = list(getattr(grid, "overrides", None) or [])
+    if before == now:
+        return None
+    said = " ".join(_show(t, 80) for t in before) if before else "none"
+    return (f"note: the study's grid.yaml was last run with overrides: {said}; now: "
+            f"{' '.join(_show(t, 80) for t in now) if now else 'none'} (runs are matched by config: "
+            f"a changed training field names other runs)")

@@ -184,7 +184,10 @@ def test_overrides_recorded_in_the_stored_grid(tmp_path):
     with_ov = [json.loads(x) for x in
                cli("status", str(gpath), *ov, "--results", results, "--json").stdout.splitlines()]
     assert [s["state"] for s in with_ov] == ["done"]
-    plain = [json.loads(x) for x in cli("status", str(gpath), "--results", results, "--json").stdout.splitlines()]
+    r = cli("status", str(gpath), "--results", results, "--json")
+    plain = [json.loads(x) for x in r.stdout.splitlines()]
+    assert "last run with overrides: train.steps=10 L=[1]; now: none" in r.stderr  # said, not silent
+    assert "note:" not in cli("status", str(gpath), *ov, "--results", results).stderr
     assert len(plain) == 2 and not {s["run_id"] for s in plain} & {s["run_id"] for s in with_ov}
     assert all(s["state"] != "done" for s in plain)
     r = study("report", "--figure", "all", "--study", "ovrun", "--results", results)
