@@ -333,13 +333,18 @@ def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
     if (not isinstance(path, str) or not path or os.path.isabs(path) or "\\" in path
             or ".." in path.split("/") or not path.endswith((".yaml", ".yml"))):
         err(where + ".file", f"must be a relative path to a .yaml file without '..' (got {path!r})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
+    from study.grid import GridError, _GridLoader, _grid_text
+
+    if not os.path.lexists(path):
         err(where + ".file", f"{path} does not exist (relative to {os.getcwd()}): run `study tune` first")
-    except (OSError, yaml.YAMLError) as e:
-        err(where + ".file", f"cannot read {path}: {e}")
+    try:  # read as a grid is: a regular file within the grid bounds (no FIFO, no endless line), YAML kept safe
+        raw = yaml.load(_grid_text(path), Loader=_GridLoader)  # noqa: S506 (a yaml.SafeLoader subclass)
+    except GridError as e:
+        err(where + ".file", str(e))
+    except RecursionError:
+        err(where + ".file", f"cannot read {path}: nested too deeply")
+    except yaml.YAMLError as e:
+        err(where + ".file", f"cannot read {path}: {' '.join(str(e).split())}")
     if not isinstance(raw, dict) or raw.get("kind") != BEST_KIND or not isinstance(raw.get("groups"), dict):
         err(where + ".file", f"{path} is not a best-values file written by `study tune` (kind: {BEST_KIND})")
     if raw.get("split") not in SEARCH_SPLITS:  # values selected on test would make a sweep's test numbers optimistic

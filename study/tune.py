@@ -337,7 +337,7 @@ def _tune_flocked(grid, store, results, address, num_cpus, echo) -> int:
 def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
     import optuna
 
-    from study.runner import _dump_yaml, code_version, init_ray, refuse_unplaceable
+    from study.runner import _dump_yaml, _sigterm_as_ctrl_c, code_version, init_ray, refuse_unplaceable
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
@@ -362,6 +362,7 @@ def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
             if todo > 0:
                 if ray is None:
                     ray, started = init_ray(address, num_cpus)
+                    _sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
                     if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
                                           grid.path, echo):
                         return 2

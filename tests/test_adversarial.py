@@ -115,6 +115,19 @@ def test_grid_files_bounded(tmp_path):
     refused("plan", str(long), words=(f"{long}:2", "longer than 65,536"))
 
 
+@pytest.mark.parametrize("kind", ["fifo", "huge", "deep"])
+def test_defaults_from_file_bounded_like_a_grid(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
+    if kind == "fifo":
+        os.mkfifo("best.yaml")
+    elif kind == "huge":
+        (tmp_path / "best.yaml").write_text("kind: x\ngroups: " + "x" * 2_000_000 + "\n")
+    else:
+        (tmp_path / "best.yaml").write_text("kind: " + "[" * 5000 + "]" * 5000 + "\n")
+    p = tmp_path / "g.yaml"
+    p.write_text("study: g\n" + TASK + MODEL + "defaults_from: {file: best.yaml, group: auto}\n")
+    refused("plan", str(p), words=("defaults_from.file", "best.yaml"))
+
 # ---- command-line values ---------------------------------------------------------------------
 @pytest.fixture
 def grid(tmp_path) -> str:
