@@ -204,6 +204,21 @@ def _probe(directory: str, option: str, shown: str) -> None:
         _fail(f"{option} {shown}: cannot write there ({e.strerror or e})")
 
 
+LOG_HELP = ("also log every trial through Ray Tune's logger callbacks: mlflow[=URI] (default URI "
+            "$MLFLOW_TRACKING_URI, else sqlite:///<results>/<study>/.ray/mlflow.db), wandb (offline unless "
+            "WANDB_API_KEY is set), tensorboard; repeatable")
+
+
+def _log_or_exit(values: list[str]) -> list:
+    """--log values checked (known, package installed, MLflow server reachable), or exit 2 in one line."""
+    from study.loggers import LogError, parse
+
+    try:
+        return parse(values)
+    except LogError as e:
+        _fail(str(e))
+
+
 @app.command()
 def plan(
     grid: str,
@@ -304,6 +319,7 @@ def run(
                                          help="seconds between progress lines when not on a terminal"),
     wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
                               "ends (default: refuse, naming it)"),
+    log: list[str] = typer.Option([], "--log", help=LOG_HELP),
 ):
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
@@ -312,6 +328,7 @@ def run(
 
     if not (math.isfinite(progress_every) and progress_every > 0):
         _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")
+    sinks = _log_or_exit(log)  # --log: known, its package installed, an MLflow server reachable
     g = _grid_or_exit(grid, overrides=overrides)
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
@@ -327,7 +344,7 @@ def run(
 
     try:
         code = run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                        echo=typer.echo, progress_every_s=progress_every, wait=wait)
+                        echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
     except LeaseHeld as e:
         _fail(str(e))
     raise typer.Exit(code)
@@ -372,16 +389,18 @@ def tune(
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
     wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
                               "ends (default: refuse, naming it)"),
+    log: list[str] = typer.Option([], "--log", help=LOG_HELP),
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     _refuse_if_leased(grid, results, wait, overrides)
     from store.lease import LeaseHeld
     from study.tune import TuneError, tune_grid
 
+    sinks = _log_or_exit(log)
     g = _grid_or_exit(grid, overrides=overrides)
     _results_or_exit(results, create=True)
     try:
-        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo, wait=wait)
+        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo, wait=wait, log=sinks)
     except (TuneError, LeaseHeld) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -14,6 +14,7 @@ from study.grid import Grid, Run
 from study.nodeloss import unwatch_all, watcher
 from study.status import LiveView
 from store import Store
+from study.loggers import callbacks as logger_callbacks, final_metrics
 from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
                          trial_payload)
 
@@ -159,8 +160,10 @@ def _trainable(config: dict) -> None:
     held()
     attempt = start_attempt(store, run.run_id, "run")
     try:
-        execute(run, store, config["code_version"], report=lambda m: (held(), tune.report(m)), attempt=attempt,
-                **fault_steps(config, run.run_id))
+        report = lambda m: (held(), tune.report(m))
+        row = execute(run, store, config["code_version"], report=report, attempt=attempt,
+                      **fault_steps(config, run.run_id))
+        report(final_metrics(store, run, row))  # final_loss, each eval point's primary metric (study/loggers.py)
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
         store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
@@ -404,8 +407,10 @@ def _storage(store: Store) -> tuple[str, object]:
 
 
 def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed: bool = False,
-             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False) -> int:
+             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False,
+             log: list | None = None) -> int:
     """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
+    `log`: the sinks of --log (study.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
 
     Holds the study's lease throughout (store/lease.py): while another driver holds it, raises
     store.lease.LeaseHeld naming that driver, or with `wait` waits until it is free."""
@@ -413,7 +418,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
 
     lease = acquire(Store(results, grid.study), "run", wait=wait, echo=echo, on_lost=_lease_lost(echo))
     try:
-        return _run_grid(grid, results, address, retry_failed, num_cpus, echo, progress_every_s, lease)
+        return _run_grid(grid, results, address, retry_failed, num_cpus, echo, progress_every_s, lease, log=log)
     finally:
         lease.release()
 
@@ -460,7 +465,7 @@ def _lease_lost(echo):
 
 
 def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool, num_cpus: int | None, echo,
-              progress_every_s: float, lease) -> int:
+              progress_every_s: float, lease, log: list | None = None) -> int:
     store = Store(results, grid.study)
     links = store.links_out()  # never write through a symlink out of the store
     for line in links:
@@ -539,7 +544,8 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
             failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
             verbose=0,
             # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
-            callbacks=[_TuneEvents(view, trials), watcher(store), placement.callback()],
+            callbacks=[_TuneEvents(view, trials), watcher(store), placement.callback(),
+                       *logger_callbacks(log or [], store, "run", echo)],  # --log (study/loggers.py)
             stop=placement.stopper(),
         ),
     )

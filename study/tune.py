@@ -194,6 +194,10 @@ def _trainable(config: dict) -> None:
     final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
     if value is not None and math.isfinite(value):
         final.update(objective=value, score=value)
+    from study.loggers import EVAL_PREFIX, final_metrics
+
+    # each eval point's primary metric and final_loss, for --log (study/loggers.py)
+    final.update({k: v for k, v in final_metrics(store, run, row).items() if k.startswith(EVAL_PREFIX) or k == "final_loss"})
     tune.report(final)
 
 
@@ -307,8 +311,9 @@ def _recover(study, TrialState, echo) -> None:
 
 
 def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: int | None = None,
-              echo: Callable[[str], None] = print, wait: bool = False) -> int:
+              echo: Callable[[str], None] = print, wait: bool = False, log: list | None = None) -> int:
     """Run or resume every search group of `grid`; write best.yaml. Returns an exit code.
+    `log`: the sinks of --log (study.loggers.parse), as for `study run`.
     Holds the study's lease as `study run` does (store/lease.py: LeaseHeld, or `wait`)."""
     if grid.search is None:
         raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
@@ -319,22 +324,22 @@ def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: in
     from store.lease import acquire
 
     with acquire(store, "tune", wait=wait, echo=echo):  # one driver per study, `study run` included
-        return _tune_flocked(grid, store, results, address, num_cpus, echo)
+        return _tune_flocked(grid, store, results, address, num_cpus, echo, log)
 
 
-def _tune_flocked(grid, store, results, address, num_cpus, echo) -> int:
+def _tune_flocked(grid, store, results, address, num_cpus, echo, log=None) -> int:
     lock = open(os.path.join(store.dir, ".tune.lock"), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise TuneError(f"another `study tune` is running on {store.dir}") from None
     try:
-        return _tune_locked(grid, store, results, address, num_cpus, echo)
+        return _tune_locked(grid, store, results, address, num_cpus, echo, log)
     finally:
         lock.close()
 
 
-def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
+def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int:
     import optuna
 
     from study.runner import _dump_yaml, _sigterm_as_ctrl_c, code_version, init_ray, refuse_unplaceable
@@ -369,7 +374,8 @@ def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
                 if not study.trials:
                     for p in search.points:
                         study.enqueue_trial(p)
-                _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo)
+                _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
+                           log=log)
             finished = _finished(study, TrialState)
             summary[group.name] = _group_summary(group, study, TrialState, search)
             _write_best(store, grid, summary)
@@ -391,13 +397,15 @@ def _tune_locked(grid, store, results, address, num_cpus, echo) -> int:
             ray.shutdown()
 
 
-def _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo) -> None:
+def _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
+               log: list | None = None) -> None:
     import optuna
     from ray import tune
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
     from study.runner import fault_config
+    from study.loggers import callbacks as logger_callbacks
 
     search = grid.search
     base = tuning_run(group.run, search)
@@ -423,7 +431,9 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent),
                                     scheduler=scheduler, num_samples=todo, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
-                                  storage_path=os.path.join(abs_results, ".ray"), verbose=0,
+                                  # the study's own, as `study run`'s: TensorBoard files under <study>/.ray
+                                  storage_path=os.path.abspath(os.path.join(store.dir, ".ray")), verbose=0,
+                                  callbacks=logger_callbacks(log or [], store, "tune", echo),  # --log
                                   failure_config=tune.FailureConfig(max_failures=base.retries)),
     )
     result_grid = tuner.fit()

@@ -1,0 +1,286 @@
+"""`--log mlflow[=URI]`, `--log wandb`, `--log tensorboard` on `study run` and `study tune`.
+
+Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig(callbacks=...):
+
+- mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its run id,
+  in the MLflow experiment named after the study; its parameters are the run's resolved config (model.K,
+  model.L, model.d_model, train.lr, train.seed, ...), its metrics the training loss at every logged step
+  (the step is the training step) and, at the end, `final_loss` and each eval point's primary metric as
+  `eval/<eval_key>/<metric>`. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
+  Tune's state, sqlite:///<results>/<study>/.ray/mlflow.db.
+- wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
+  <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
+  $WANDB_PROJECT or the study's name.
+- tensorboard: ray.tune.logger.TBXLoggerCallback, with the training step as TensorBoard's step. Tune writes
+  event files even without the option (its default loggers, the step there being the report's number);
+  either way they are under <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*.
+
+The callbacks run in the driver and only read what trials report to Tune (study/trial.py: `loss` at each
+logged step; `final_metrics` below once a run is evaluated): training, its numbers and its random streams
+are untouched. A missing package or a bad value is a LogError: one line, exit 2, naming the extra to install.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+
+KINDS = ("mlflow", "wandb", "tensorboard")
+PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
+            "wandb": ("wandb", "pip install 'rmdm-study[wandb]'"),
+            "tensorboard": ("tensorboardX", "pip install tensorboardX (it comes with ray[tune])")}
+EVAL_PREFIX = "eval/"  # final metrics: eval/<eval_key>/<primary metric>
+LOGGED = ("loss", "final_loss", "objective", "score", "time_total_s")  # what MLflow records of a result
+REACH_TIMEOUT_S = 5.0
+
+
+class LogError(ValueError):
+    """A --log value that cannot be used (unknown, package missing, server unreachable): one line."""
+
+
+@dataclass(frozen=True)
+class Sink:
+    kind: str  # mlflow, wandb or tensorboard
+    uri: str | None = None  # mlflow's tracking URI, when given
+
+
+def parse(values: list[str] | None) -> list[Sink]:
+    """The --log values as sinks, each checked: known kind, its package installed, an http(s) MLflow
+    server reachable. Raises LogError (one line) otherwise. Cheap: nothing is imported."""
+    sinks: dict[str, Sink] = {}
+    for value in values or []:
+        kind, sep, uri = value.partition("=")
+        kind, uri = kind.strip().lower(), uri.strip()
+        if kind not in KINDS:
+            raise LogError(f"--log {value!r}: unknown; use mlflow[=URI], wandb or tensorboard (repeatable)")
+        if sep and kind != "mlflow":
+            raise LogError(f"--log {value!r}: {kind} takes no value; only mlflow takes one (mlflow=URI)")
+        if sep and not uri:
+            raise LogError(f"--log {value!r}: give a tracking URI after '=' (or plain --log mlflow)")
+        sink = Sink(kind, uri or None)
+        if kind in sinks and sinks[kind] != sink:
+            raise LogError(f"--log {kind} given twice with different values")
+        sinks[kind] = sink
+    for sink in sinks.values():
+        pkg, how = PACKAGES[sink.kind]
+        if importlib.util.find_spec(pkg) is None:
+            raise LogError(f"--log {sink.kind}: the {pkg} package is not installed; install it: {how}")
+        if sink.kind == "mlflow":
+            reachable(sink.uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    return list(sinks.values())
+
+
+def reachable(uri: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """An http(s) tracking URI accepts TCP connections (MLflow itself retries for minutes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not uri or not uri.lower().startswith(("http://", "https://")):
+        return
+    u = urlsplit(uri)
+    try:
+        port = u.port or (443 if u.scheme.lower() == "https" else 80)
+        socket.create_connection((u.hostname or "", port), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or str(e))
+        raise LogError(f"--log mlflow={uri}: cannot reach the MLflow tracking server ({why}); is it started "
+                       f"(`mlflow server --host 127.0.0.1 --port {u.port or 5000}`)?") from None
+
+
+def mlflow_uri(sink: Sink, store) -> str:
+    """The tracking URI a sink logs to: given, $MLFLOW_TRACKING_URI, or an SQLite file under the study's .ray/."""
+    uri = sink.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    if not store.local:
+        raise LogError(f"--log mlflow: the results store {store.dir} is not local: give a tracking URI "
+                       "(--log mlflow=http://HOST:PORT) or set MLFLOW_TRACKING_URI")
+    return f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
+
+
+def ray_dir(store) -> str:
+    """Where Tune keeps a study's experiments (study/runner.py _storage): TensorBoard's --logdir."""
+    return f"{store.dir}/.ray"
+
+
+def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
+    """Ray Tune logger callbacks for `sinks`, for a study's `command` (run or tune); says where each logs.
+
+    Called by every `study run` and `study tune`, --log or not: Ray's newer terminal output prints, even at
+    verbose=0, a "Configuration for experiment" box and a TensorBoard hint naming its temporary staging
+    directory (/tmp/ray/session_*/...); its legacy output at verbose=0 prints nothing, so the study's own
+    lines (and --log tensorboard's, naming the study's directory) are the only ones. RAY_AIR_NEW_OUTPUT=1 set
+    by the user brings Ray's back."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # read by Tuner.fit in this process
+    out = []
+    for sink in sinks:
+        if sink.kind == "mlflow":
+            import logging
+
+            import mlflow  # noqa: F401 -- configures its loggers on import: quieted after
+
+            for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is no news
+                logging.getLogger(name).setLevel(logging.WARNING)
+            uri = mlflow_uri(sink, store)
+            if uri.startswith("sqlite:///"):
+                os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
+            out.append(_mlflow_class()(tracking_uri=uri, experiment_name=store.study,
+                                        tags={"study": store.study, "command": f"study {command}"}))
+            ui = (f"`mlflow ui --backend-store-uri {uri}`" if not uri.lower().startswith(("http://", "https://"))
+                  else f"its web page {uri}")
+            echo(f"mlflow: one run per trial in experiment {store.study!r} at {uri} (look: {ui})")
+        elif sink.kind == "wandb":
+            out.append(_wandb_callback(store, echo))
+        else:
+            out.append(_tbx_class()())
+            echo(f"tensorboard: event files under {ray_dir(store)}/ (look: `tensorboard --logdir {ray_dir(store)}`)")
+    return out
+
+
+# ---- what a trial reports, and what a logger makes of it ----------------------------------------------
+def final_metrics(store, run, row: dict | None) -> dict:
+    """The last result a trial reports: `final_loss` and each eval point's primary metric as it stands in the
+    store (`eval/<eval_key>/<metric>`), evaluated now or by an earlier attempt. Reads the store only."""
+    from tasks import TASKS
+
+    out: dict = {"step": run.train.steps, "phase": "final"}
+    loss = (row or {}).get("final_loss")
+    if isinstance(loss, (int, float)) and math.isfinite(loss):
+        out["final_loss"] = float(loss)
+    primary = TASKS[run.task.name][1].primary_metric
+    keys = {pt.key for pt in run.eval_points()}
+    try:
+        ev = store.read("evals", filter_run=run.run_id)
+    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
+        return out
+    if ev is None or not len(ev):
+        return out
+    for r in ev[(ev.metric == primary) & ev.eval_key.isin(keys)].itertuples(index=False):
+        out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
+    return out
+
+
+def trial_run(config: dict):
+    """The Run a trial's config stands for: `study run`'s (config["run"]) or `study tune`'s (the search
+    group's base run with the trial's sampled values)."""
+    from study.trial import run_from_resolved
+
+    if "run" in config:
+        return run_from_resolved(config["run"])
+    from study.tune import with_values
+
+    return with_values(run_from_resolved(config["base"]), {k: config[k] for k in config["param_keys"]})
+
+
+def run_params(config: dict) -> dict:
+    """A trial's parameters, flat: the run's resolved config (model.K, train.lr, ...) and its run id."""
+    run = trial_run(config)
+    return {"run_id": run.run_id, **_flat({k: v for k, v in run.resolved().items() if k != "run_id"})}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def result_step(result: dict) -> int | None:
+    """The training step a result stands at (`train_step` where ASHA's `step` is a scored checkpoint's)."""
+    for k in ("train_step", "step"):
+        v = result.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return int(v)
+    return None
+
+
+def mlflow_metrics(result: dict) -> dict:
+    """What MLflow records of one result: losses, the search's objective, time, the final eval metrics. The
+    loss curve is the training steps' (a final result repeating the last loss as `loss` adds no point to it)."""
+    return {k: float(v) for k, v in result.items()
+            if (k in LOGGED or k.startswith(EVAL_PREFIX)) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and not (k == "loss" and "final_loss" in result)}
+
+
+def _mlflow_class():
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    class StudyMLflowLogger(MLflowLoggerCallback):
+        """Ray's MLflow callback, one MLflow run per trial named by its run id, with the run's resolved config as
+        parameters and the training step as the metrics' step (Ray's: the report's number)."""
+
+        def log_trial_start(self, trial) -> None:
+            if trial in self._trial_runs:  # a retried trial goes on in its MLflow run
+                return
+            params = run_params(trial.config)
+            tags = {**self.tags, "trial_name": str(trial), "run_id": params["run_id"]}
+            run = self.mlflow_util.start_run(tags=tags, run_name=params["run_id"])
+            self._trial_runs[trial] = run.info.run_id
+            self.mlflow_util.log_params(run_id=run.info.run_id,
+                                        params_to_log={k: _param(v) for k, v in params.items()})
+
+        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            if trial not in self._trial_runs:
+                self.log_trial_start(trial)
+            metrics = mlflow_metrics(result)
+            if metrics:
+                step = result_step(result)
+                self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics,
+                                             step=step if step is not None else result.get("training_iteration", 0))
+
+    return StudyMLflowLogger
+
+
+def _param(v) -> str:
+    s = v if isinstance(v, str) else repr(v) if not isinstance(v, (int, float, bool, type(None))) else str(v)
+    return s if len(s) <= 6000 else s[:5997] + "..."  # MLflow's limit on a parameter's value
+
+
+def _tbx_class():
+    from ray.tune.logger import TBXLoggerCallback
+
+    class StudyTBXLogger(TBXLoggerCallback):
+        """Ray's TensorBoard callback with the training step as TensorBoard's step."""
+
+        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            step = result_step(result)
+            if step is not None:  # Ray takes timesteps_total, or training_iteration when that is 0
+                result = {**result, "timesteps_total": step, "training_iteration": step}
+            super().log_trial_result(iteration, trial, result)
+
+    return StudyTBXLogger
+
+
+def _wandb_callback(store, echo):
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    kw = {}
+    if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+        os.environ["WANDB_MODE"] = "offline"  # Ray's callback then asks for no key
+    mode = os.environ.get("WANDB_MODE")
+    if mode:
+        kw["mode"] = mode  # wandb.init's, in the logging actor (which may not see this process's environment)
+    where = ""
+    if store.local:
+        kw["dir"] = os.path.abspath(f"{ray_dir(store)}/wandb")
+        os.makedirs(kw["dir"], exist_ok=True)
+        where = f", files under {kw['dir']}/wandb"
+    project = os.environ.get("WANDB_PROJECT") or store.study
+
+    class StudyWandbLogger(WandbLoggerCallback):
+        """Ray's W&B callback with the run's resolved config as the W&B run's config and its run id as name."""
+
+        def log_trial_start(self, trial) -> None:
+            params = run_params(trial.config)
+            exclude = [*self._exclude_results, *self.excludes, *([] if self.log_config else ["config"])]
+            self._start_logging_actor(trial, exclude, id=trial.trial_id, name=params["run_id"], resume=False,
+                                      reinit=True, allow_val_change=True, group=self.group or store.study,
+                                      project=self.project, config=params, **self.kwargs)
+
+    echo(f"wandb: project {project!r}, {mode or 'online'}{where}"
+         + ("; upload later with `wandb sync`" if mode == "offline" else ""))
+    return StudyWandbLogger(project=project, group=store.study, **kw)

@@ -1,0 +1,145 @@
+"""`study run --log mlflow=URI --log tensorboard` against a real MLflow tracking server that the test starts on
+127.0.0.1 (the mlflow package's own `mlflow server`, SQLite backend), as the S3 tests use moto: a tiny sweep,
+then the server's API lists one MLflow run per trial with its parameters, its loss curve and its final
+metrics, equal to what the store holds; TensorBoard event files are where the README says. And the
+mistakes: an unknown --log, a value where none is taken, a missing package, an unreachable server: one
+line, exit 2, before Ray starts.
+
+Run: .venv/bin/python -m pytest tests/test_loggers.py -q
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.helpers import study, tiny_grid
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """`mlflow server` on 127.0.0.1 at a free port; its URI once /health answers. Ended by its handle (its
+    own process group: the server's workers with it)."""
+    port = _free_port()
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1",
+           "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
+           "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"]
+    log = open(tmp_path / "server.log", "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert p.poll() is None, open(tmp_path / "server.log").read()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < deadline, "mlflow server did not answer: " + open(tmp_path / "server.log").read()[-3000:]
+            time.sleep(0.5)
+        yield uri
+    finally:
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+            if p.poll() is not None:
+                break
+            os.killpg(p.pid, sig)  # the group this test's Popen leads (start_new_session)
+            try:
+                p.wait(wait)
+            except subprocess.TimeoutExpired:
+                pass
+        log.close()
+
+
+def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    from store import Store
+    from study.grid import load_grid
+
+    gpath = tmp_path / "g.yaml"
+    gpath.write_text(tiny_grid("mlf", steps=10))  # loss at steps 0, 5, 9
+    results = str(tmp_path / "results")
+    r = study("run", str(gpath), "--results", results, "--num-cpus", "2", "--log", f"mlflow={mlflow_server}",
+              "--log", "tensorboard", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"mlflow: one run per trial in experiment 'mlf' at {mlflow_server}" in r.stdout, r.stdout
+    grid = load_grid(str(gpath))
+    store = Store(results, "mlf")
+    hist, evals = store.read("history"), store.read("evals")
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    exp = client.get_experiment_by_name("mlf")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(x.info.run_name for x in runs) == sorted(x.run_id for x in grid.runs)  # one MLflow run per trial
+    by_name = {x.info.run_name: x for x in runs}
+    for run in grid.runs:
+        m = by_name[run.run_id]
+        assert m.info.status == "FINISHED"
+        p = m.data.params
+        # the run's resolved config as parameters
+        assert p["run_id"] == run.run_id and p["study"] == "mlf"
+        assert (p["model.K"], p["model.L"], p["model.d_model"]) == (str(run.model.K), str(run.model.L), "16")
+        assert (float(p["train.lr"]), p["train.seed"], p["train.steps"]) == (run.train.lr, str(run.train.seed), "10")
+        assert p["task.name"] == "sudoku"
+        # the loss curve: every logged training step, the values the store holds, the training step as step
+        curve = sorted((h.step, h.value) for h in client.get_metric_history(m.info.run_id, "loss"))
+        mine = hist[hist.run_id == run.run_id].sort_values("step")
+        assert len(curve) > 1
+        assert curve == [(int(s), float(v)) for s, v in zip(mine.step, mine.loss)]
+        # final metrics: final_loss, and each eval point's primary metric (vpr) as stored
+        got = m.data.metrics
+        assert got["final_loss"] == float(mine.loss.iloc[-1])
+        for pt in run.eval_points():
+            row = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key) & (evals.metric == "vpr")]
+            assert got[f"eval/{pt.key}/vpr"] == pytest.approx(float(row.value.iloc[0]), abs=0, rel=1e-12)
+
+    # TensorBoard: one event file per trial under <results>/<study>/.ray/<experiment>/<trial>/ (README)
+    assert f"tensorboard --logdir {results}/mlf/.ray" in r.stdout, r.stdout
+    events = glob.glob(f"{results}/mlf/.ray/*/*/events.out.tfevents.*")
+    assert len(events) == len(grid.runs) and all(os.path.getsize(e) > 0 for e in events), events
+    assert "/tmp/ray" not in r.stdout + r.stderr  # no hint pointing at Ray's temporary staging directory
+    assert "INFO mlflow" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("value,says", [
+    ("neptune", "--log 'neptune': unknown; use mlflow[=URI], wandb or tensorboard"),
+    ("tensorboard=/x", "tensorboard takes no value"),
+    ("mlflow=", "give a tracking URI"),
+])
+def test_log_mistakes_are_one_line_exit_2(tmp_path, value, says):
+    gpath = tmp_path / "g.yaml"
+    gpath.write_text(tiny_grid("mistake"))
+    r = study("run", str(gpath), "--results", str(tmp_path / "r"), "--log", value, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not os.path.exists(tmp_path / "r" / "mistake")  # nothing started
+
+
+def test_unreachable_server_and_missing_package_exit_2(tmp_path):
+    gpath = tmp_path / "g.yaml"
+    gpath.write_text(tiny_grid("mistake"))
+    port = _free_port()  # nothing listens there
+    r = study("tune", str(gpath), "--results", str(tmp_path / "r"), "--log", f"mlflow=http://127.0.0.1:{port}",
+              timeout=120)
+    assert r.returncode == 2 and "cannot reach the MLflow tracking server" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    if importlib.util.find_spec("wandb") is None:  # not in the test extra: the missing-package message
+        r = study("run", str(gpath), "--results", str(tmp_path / "r"), "--log", "wandb", timeout=120)
+        assert r.returncode == 2 and "pip install 'rmdm-study[wandb]'" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
