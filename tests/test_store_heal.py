@@ -47,7 +47,19 @@ def _wrong_shapes(data: bytes) -> bytes:
     return buf.getvalue()
 
 
+class _RunsCode:
+    def __reduce__(self):  # what a crafted checkpoint holds: a call made by whoever unpickles it
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def _crafted() -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": _RunsCode(), "step": 1}, buf)
+    return buf.getvalue()
+
+
 DAMAGE = {
+    "crafted-pickle": lambda data: _crafted(),
     "random": lambda data: os.urandom(len(data)),
     "wrong-shapes": _wrong_shapes,
     "truncated": lambda data: data[: len(data) // 2],
