@@ -220,6 +220,22 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     else:
         h.append("<p class='missing'>No grid.yaml in the study directory.</p>")
         md += ["*No grid.yaml in the study directory.*", ""]
+    # every grid the study ran (store/provenance.py), oldest first; runs name theirs in runs.grid
+    from store.provenance import grids as grids_run
+
+    ran = grids_run(data.store) if getattr(data, "store", None) is not None else []
+    by_grid = data.runs["grid"].value_counts().to_dict() if "grid" in data.runs else {}
+    h.append(f"<h3>Grids run ({len(ran)})</h3>")
+    md += [f"### Grids run ({len(ran)})", ""]
+    if not ran:
+        h.append("<p class='missing'>No grid record (grids/log.jsonl): the study predates it.</p>")
+        md += ["*No grid record (grids/log.jsonl): the study predates it.*", ""]
+    for g in ran:
+        when = "; ".join(f"{c} {t or 'time unknown'}" + (f" ({p})" if p else "") for t, c, p in g["runs"])
+        line = f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)"
+        h.append(f"<details><summary>{html.escape(line)}</summary><pre>{html.escape(g['text'] or '(file missing)')}"
+                 "</pre></details>")
+        md += [f"`{line}`", "", "```yaml", (g["text"] or "(file missing)").rstrip(), "```", ""]
 
     versions, per_run = provenance(data)
     h += ["<h2>Provenance</h2>", "<p>Code versions of the runs (runs.code_version):</p>", html_table(versions),

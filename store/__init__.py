@@ -4,7 +4,13 @@ Layout of `<root>/<study>/`:
     runs/<run_id>.parquet                 one row per run (its latest status)
     evals/<run_id>/<eval_key>.parquet     one row per metric of one evaluation point
     history/<run_id>.parquet              training curve
-    samples/<run_id>/<eval_key>.parquet   what the model produced, per example
+    samples/<run_id>/<eval_key>.parquet   one row per evaluated example (0..n_examples-1): `scores` (JSON of every
+                                          metric of the point's evals rows, each row's value the mean of
+                                          them), `score` (the primary metric), `passes` / `steps` (its cost);
+                                          input / output / reference text for the first eval.n_samples_kept
+                                          examples only (null beyond). A likelihood point (Text8) scores each
+                                          sequence ({"nll", "bpc"}; perplexity = exp(nll) is derived, not
+                                          stored); its unconditional generations are the point `<eval_key>-gen`
     checkpoints/<run_id>.pt               resumable mid-training state (and <run_id>.prev.pt, the one before)
     weights/<run_id>.pt                   final weights (evaluate again without retraining)
     configs/<run_id>.json                 resolved config + provenance
@@ -13,6 +19,7 @@ Layout of `<root>/<study>/`:
     progress/<run_id>.json                heartbeat of a training run (step, pid, node, time)
     data/                                 task datasets, generated once per study
     grid.yaml                             the grid as last run
+    grids/<sha>.yaml, grids/log.jsonl     every grid the study ran, by content hash, and when (store/provenance.py)
     quarantine/<path>.<UTC time>          damaged files set aside by a rerun (Store.quarantine), never deleted
 
 Every file is written to a hidden temp name and renamed into place, so a reader (another
@@ -60,6 +67,8 @@ RUNS = pa.schema([
     ("attention", pa.string()), ("precision", pa.string()),
     # the GPU ids Ray assigned to the trial ("0", "0,1"; null without a GPU): shows how trials were packed
     ("gpu_ids", pa.string()),
+    # content hash of the grid whose `study run` / `study tune` wrote this row (grids/<sha>.yaml; store/provenance.py)
+    ("grid", pa.string()),
 ])
 EVALS = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),
@@ -79,6 +88,9 @@ SAMPLES = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),
     ("example", pa.int32()), ("input", pa.string()), ("output", pa.string()), ("reference", pa.string()),
     ("score", pa.float64()), ("scores", pa.string()),
+    # what the example cost: block passes it ran, and denoising steps (null for a likelihood score);
+    # `study verify` derives the evals rows' forward_passes / eval_flops from them
+    ("passes", pa.int64()), ("steps", pa.int32()),
 ])
 SCHEMAS = {"runs": RUNS, "evals": EVALS, "history": HISTORY, "samples": SAMPLES}
 # The one name rule of the store (study names, run ids, eval keys, file names): matched whole

@@ -18,7 +18,7 @@ from model.sampler import sample_all
 from model.train import CheckpointError, load_state
 from store import Store, list_studies
 from stats import mean_ci_from_sd, wilson
-from study.trial import now
+from study.trial import now, sample_rows
 from tasks import TASKS, EvalSet, make_task
 
 class EvalError(ValueError):
@@ -77,7 +77,7 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
 
 CHUNK = 4096  # puzzles read, sampled and scored at a time: memory stays bounded whatever the file's size
 BATCH = 256  # the sampler's batch; CHUNK is a multiple of it, so chunking never changes an output
-SAMPLES_KEPT = 1000  # `samples` rows per evaluation by default: the file's first puzzles (--out holds all)
+SAMPLES_KEPT = 1000  # puzzles whose text the samples table keeps by default: the file's first (--out holds all)
 
 
 def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study: str | None = None,
@@ -89,7 +89,8 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
     The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
     256: the outputs are those of sampling the whole file at once), so memory does not grow with the
     file: the metrics are running sums, `out` is written as the chunks come (to a temp file renamed at
-    the end), and the samples table keeps the first `n_samples_kept` puzzles (None: all of them).
+    the end). The samples table holds a row per puzzle (its scores and cost: `study verify` derives the
+    evals rows from them), with the text of the first `n_samples_kept` puzzles (None: of all of them).
     Nothing is written to the store until every puzzle is scored; `out` is checked before any work.
 
     T defaults to the largest T of the run's grid, L_s to its training depth. Returns a summary:
@@ -132,10 +133,9 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             for m in metrics:
                 acc.setdefault(m, _Running()).add([s[m] for s in scores])
             keep = len(scores) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(scores)))
-            samples += [{"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "example": pf.start + i,
-                         "input": task.render(x[i], cond[i]), "output": task.render(output[i]),
-                         "reference": task.render(ref[i]) if has_ref else None, "score": scores[i]["vpr"],
-                         "scores": json.dumps({m: scores[i][m] for m in metrics})} for i in range(keep)]
+            # a row per puzzle (its scores and cost); the text of the first n_samples_kept only
+            samples += sample_rows(run_id, key, T, L_s, task, x, cond, output, ref if has_ref else None,
+                                   [{m: s[m] for m in metrics} for s in scores], got, keep, start=pf.start)
             if tmp:
                 tmp[1].write(format_puzzles(pf, output.numpy()))
 

@@ -162,7 +162,7 @@ def _trainable(config: dict) -> None:
     try:
         report = lambda m: (held(), tune.report(m))
         row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                      **fault_steps(config, run.run_id))
+                      **fault_steps(config, run.run_id), grid=config.get("grid"))
         report(final_metrics(store, run, row))  # final_loss, each eval point's primary metric (study/loggers.py)
     except BaseException:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
@@ -472,6 +472,10 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
         echo(f"error: {line}")
     if links:
         return 2
+    from store.provenance import record_grid
+
+    # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
+    grid_sha = record_grid(store, _dump_yaml(grid.raw), "run", grid.path)
     store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
     plan = heal_and_plan(grid, store, retry_failed, echo)
     echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {len(plan.todo)} to run, "
@@ -533,7 +537,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     tuner = tune.Tuner(
         tune.with_resources(_trainable, resources),
         param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     "lease": lease.fence, **faults},
+                     "grid": grid_sha, "lease": lease.fence, **faults},
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
@@ -574,7 +578,8 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
                 costs = run.costs()
             except Exception:
                 costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
-            row = run_row(run, costs, status="failed", code_version=version, error=err, attempts=attempts)
+            row = run_row(run, costs, status="failed", code_version=version, error=err, attempts=attempts,
+                          grid=grid_sha)
             row.update({k: v for k, v in _last_node(store, run_id).items() if v})
             store.write_rows("runs", [row], f"{run_id}.parquet")
         final = classify(grid, store)

@@ -96,12 +96,13 @@ def gpu_ids() -> str | None:
 
 
 def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
-            nan_at_step: int | None = None, hold_at_step: int | None = None) -> dict:
+            nan_at_step: int | None = None, hold_at_step: int | None = None, grid: str | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
     `nan_at_step` is fault injection for tests (see study.runner.FAULT_ENV): the weights turn to NaN
     just before that training step, so its loss is NaN on every CPU, in every attempt that reaches it;
-    `hold_at_step` stops the first attempt before that step until the process is killed (HOLD_ENV there)."""
+    `hold_at_step` stops the first attempt before that step until the process is killed (HOLD_ENV there).
+    `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
     device = pick_device(run.resources)
     if device.type == "cpu":
@@ -109,7 +110,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     log = lambda msg: store.append_log(run_id, f"{now().isoformat(timespec='seconds')} {msg}")
     task = prepared_task(run, store, log)
     spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
-    store.write_config(run_id, {**run.resolved(), "code_version": code_version})
+    store.write_config(run_id, {**run.resolved(), "code_version": code_version, "grid": grid})
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
@@ -179,7 +180,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
 
     hist = trainer.state.history
     row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
-                  train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None)
+                  train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None, grid=grid)
     row.update(attention=trainer.attention, precision=trainer.precision)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
@@ -325,15 +326,26 @@ def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_f
     base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
             "split": pt.split, "eval_seconds": secs, "created_at": now(), **sampling_cost(model, got)}
     rows = metric_rows(scores, task.metric_names, base)
-    keep = min(run.eval.n_samples_kept, n)
-    samples = [{"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "example": i,
-                "input": task.render(ev.x0[i], ev.cond[i]), "output": task.render(out[i]),
-                "reference": task.render(ev.x0[i]), "score": scores[i][task.primary_metric],
-                "scores": json.dumps(scores[i])} for i in range(keep)]
+    samples = sample_rows(run.run_id, pt.key, pt.T, pt.L_s, task, ev.x0, ev.cond, out, ev.x0, scores, got,
+                          keep=min(run.eval.n_samples_kept, n))
     # samples first: an eval point counts as done only once its evals file exists
     store.write_rows("samples", samples, run.run_id, f"{pt.key}.parquet")
     store.write_rows("evals", rows, run.run_id, f"{pt.key}.parquet")
     return rows
+
+
+def sample_rows(run_id: str, eval_key: str, T: int, L_s: int, task, x, cond, out, ref, scores: list[dict],
+                got: Sampled, keep: int, start: int = 0, primary: str | None = None) -> list[dict]:
+    """One samples row per evaluated example (number `start` + i): its per-metric scores and its cost
+    (block passes, denoising steps) always; its input, output and reference text for the first `keep`
+    examples only (null beyond), so every evals value can be derived again from the rows."""
+    passes, steps = got.passes.tolist(), got.steps.tolist()
+    return [{"run_id": run_id, "eval_key": eval_key, "T": T, "L_s": L_s, "example": start + i,
+             "input": task.render(x[i], cond[i]) if i < keep else None,
+             "output": task.render(out[i]) if i < keep else None,
+             "reference": task.render(ref[i]) if i < keep and ref is not None else None,
+             "score": s[primary or task.primary_metric], "scores": json.dumps(s), "passes": int(passes[i]),
+             "steps": int(steps[i])} for i, s in enumerate(scores)]
 
 
 def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
@@ -363,7 +375,7 @@ def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
 
 def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,
             error: str | None = None, attempts: int = 1, train_seconds: float | None = None,
-            final_loss: float | None = None) -> dict:
+            final_loss: float | None = None, grid: str | None = None) -> dict:
     return {
         "run_id": run.run_id, "study": run.study, "group": run.group, "task": run.task.name,
         "task_params": json.dumps(run.task.model_dump(), sort_keys=True), "K": run.model.K, "L_t": run.model.L,
@@ -372,6 +384,7 @@ def run_row(run: Run, costs: dict, status: str, code_version: str, device: str |
         "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
         "status": status, "error": error, "attempts": attempts, "device": device, **node_info(),
         "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
+        "grid": grid,
     }
 
 

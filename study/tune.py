@@ -189,7 +189,7 @@ def _trainable(config: dict) -> None:
         run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": every}))
     attempt = start_attempt(store, run.run_id, "tune")
     row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                  **fault_steps(config, run.run_id))
+                  **fault_steps(config, run.run_id), grid=config.get("grid"))
     value = objective_from_store(run, metric, store, row)
     final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
     if value is not None and math.isfinite(value):
@@ -349,6 +349,10 @@ def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int
     from study.overrides import grid_text
 
     text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
+    from store.provenance import record_grid
+
+    # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
+    grid_sha = record_grid(store, text, "tune", grid.path)
     store.write_text(store.path("grid.yaml"), text)
     storage = optuna.storages.RDBStorage(storage_url(store))
     Search_, Asha, TrialState = _search_classes()
@@ -375,7 +379,7 @@ def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int
                     for p in search.points:
                         study.enqueue_trial(p)
                 _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
-                           log=log)
+                           grid_sha, log=log)
             finished = _finished(study, TrialState)
             summary[group.name] = _group_summary(group, study, TrialState, search)
             _write_best(store, grid, summary)
@@ -398,7 +402,7 @@ def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int
 
 
 def _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
-               log: list | None = None) -> None:
+               grid_sha: str | None = None, log: list | None = None) -> None:
     import optuna
     from ray import tune
     from ray.tune import PlacementGroupFactory
@@ -427,7 +431,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         tune.with_resources(_trainable, PlacementGroupFactory([bundle])),
         param_space={"base": trial_payload(base), "param_keys": sorted(search.params), "results": abs_results,
                      "code_version": version, "metric": search.metric.model_dump(), "eval_every": eval_every,
-                     **fault_config()},
+                     "grid": grid_sha, **fault_config()},
         tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent),
                                     scheduler=scheduler, num_samples=todo, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
@@ -455,7 +459,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         except Exception:
             costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
         store.write_rows("runs", [run_row(run, costs, status=status, code_version=version, error=err,
-                                          final_loss=metrics.get("loss"))], f"{run.run_id}.parquet")
+                                          final_loss=metrics.get("loss"), grid=grid_sha)], f"{run.run_id}.parquet")
 
 
 def _has(result: dict | None, key: str) -> bool:

@@ -87,9 +87,11 @@ def test_samples_table_keeps_the_first_puzzles(trained, tmp_path):
     write_puzzles(src, 600, seed=1)
     s = evaluate_puzzles(run_id, str(src), results=root, T=1, n_samples_kept=300, device="cpu", chunk=256)
     ev, sm = _rows(store, run_id, s["eval_key"])
-    assert list(sm.example) == list(range(300)) and (ev.n_examples == 600).all()
+    # a row per puzzle (its scores: the evals rows are their means), the text of the first 300 only
+    assert list(sm.example) == list(range(600)) and (ev.n_examples == 600).all()
+    assert sm.output.notna().tolist() == [True] * 300 + [False] * 300 and sm.scores.notna().all()
     s = evaluate_puzzles(run_id, str(src), results=root, T=1, device="cpu")  # the default: the first 1,000
-    assert len(_rows(store, run_id, s["eval_key"])[1]) == 600
+    assert len(_rows(store, run_id, s["eval_key"])[1]) == 600 and _rows(store, run_id, s["eval_key"])[1].output.notna().all()
 
 
 def _external(store: Store, run_id: str) -> int:

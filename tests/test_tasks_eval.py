@@ -171,7 +171,7 @@ def test_likelihood_rows_count_block_passes_per_example(tmp_path):
     nll_calls = [b for b in batches if b == 24]  # the bound: all 24 sequences at once
     gen_calls = [b for b in batches if b == 4]  # the 4 generated samples
     assert len(nll_calls) + len(gen_calls) == len(batches)
-    for m in ("nll", "bpc", "ppl"):
+    for m in ("nll", "bpc"):
         assert ev.loc[m, "forward_passes"] == len(nll_calls) == 8 * 2
         assert ev.loc[m, "eval_flops"] == sum(nll_calls) * model.flops_per_forward(2) // 2
     assert ev.loc["known_words", "forward_passes"] == len(gen_calls) == 48 * 2
