@@ -475,8 +475,11 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     from store.provenance import record_grid
 
     # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
-    grid_sha = record_grid(store, _dump_yaml(grid.raw), "run", grid.path)
-    store.write_text(store.path("grid.yaml"), _dump_yaml(grid.raw))
+    from study.overrides import grid_text
+
+    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
+    grid_sha = record_grid(store, text, "run", grid.path)
+    store.write_text(store.path("grid.yaml"), text)
     plan = heal_and_plan(grid, store, retry_failed, echo)
     echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {len(plan.todo)} to run, "
          f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
