@@ -209,12 +209,12 @@ LOG_HELP = ("also log every trial through Ray Tune's logger callbacks: mlflow[=U
             "WANDB_API_KEY is set), tensorboard; repeatable")
 
 
-def _log_or_exit(values: list[str]) -> list:
+def _log_or_exit(values: list[str], results: str) -> list:
     """--log values checked (known, package installed, MLflow server reachable), or exit 2 in one line."""
     from study.loggers import LogError, parse
 
     try:
-        return parse(values)
+        return parse(values, results)
     except LogError as e:
         _fail(str(e))
 
@@ -328,7 +328,7 @@ def run(
 
     if not (math.isfinite(progress_every) and progress_every > 0):
         _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")
-    sinks = _log_or_exit(log)  # --log: known, its package installed, an MLflow server reachable
+    sinks = _log_or_exit(log, results)  # --log: known, its package installed, an MLflow server reachable
     g = _grid_or_exit(grid, overrides=overrides)
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
@@ -396,7 +396,7 @@ def tune(
     from store.lease import LeaseHeld
     from study.tune import TuneError, tune_grid
 
-    sinks = _log_or_exit(log)
+    sinks = _log_or_exit(log, results)
     g = _grid_or_exit(grid, overrides=overrides)
     _results_or_exit(results, create=True)
     try:

@@ -45,9 +45,10 @@ class Sink:
     uri: str | None = None  # mlflow's tracking URI, when given
 
 
-def parse(values: list[str] | None) -> list[Sink]:
+def parse(values: list[str] | None, results: str | None = None) -> list[Sink]:
     """The --log values as sinks, each checked: known kind, its package installed, an http(s) MLflow
-    server reachable. Raises LogError (one line) otherwise. Cheap: nothing is imported."""
+    server reachable, a tracking URI where the results store (`results`) is remote. Raises LogError (one
+    line) otherwise. Cheap: nothing is imported."""
     sinks: dict[str, Sink] = {}
     for value in values or []:
         kind, sep, uri = value.partition("=")
@@ -67,7 +68,11 @@ def parse(values: list[str] | None) -> list[Sink]:
         if importlib.util.find_spec(pkg) is None:
             raise LogError(f"--log {sink.kind}: the {pkg} package is not installed; install it: {how}")
         if sink.kind == "mlflow":
-            reachable(sink.uri or os.environ.get("MLFLOW_TRACKING_URI"))
+            uri = sink.uri or os.environ.get("MLFLOW_TRACKING_URI")
+            if not uri and results and "://" in results:
+                raise LogError(f"--log mlflow: the results store {results} is not local: give a tracking URI "
+                               "(--log mlflow=http://HOST:PORT) or set MLFLOW_TRACKING_URI")
+            reachable(uri)
     return list(sinks.values())
 
 

@@ -143,3 +143,13 @@ def test_unreachable_server_and_missing_package_exit_2(tmp_path):
         r = study("run", str(gpath), "--results", str(tmp_path / "r"), "--log", "wandb", timeout=120)
         assert r.returncode == 2 and "pip install 'rmdm-study[wandb]'" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_mlflow_needs_a_uri_beside_a_remote_store(monkeypatch):
+    from study.loggers import LogError, Sink, parse
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(LogError, match="is not local: give a tracking URI"):
+        parse(["mlflow"], "s3://bucket/results")
+    assert parse(["mlflow=sqlite:///x.db", "tensorboard", "tensorboard"], "s3://bucket/results") == [
+        Sink("mlflow", "sqlite:///x.db"), Sink("tensorboard")]  # a URI given: fine; repeated: once
