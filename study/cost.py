@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -150,8 +151,8 @@ def given_rate(flops_per_s: float | None, mfu: float | None, device: str | None,
     if device and peak_flops is not None:
         raise ValueError("give either --device or --peak-flops, not both")
     if flops_per_s is not None:
-        if not flops_per_s > 0:
-            raise ValueError(f"--flops-per-s must be > 0 (got {flops_per_s})")
+        if not 0 < flops_per_s < math.inf:
+            raise ValueError(f"--flops-per-s must be > 0 and finite (got {flops_per_s})")
         return Rate(flops_per_s, flops_per_s, f"--flops-per-s {flops_per_s:.3g}")
     if mfu is None:
         if device or peak_flops is not None:
@@ -166,8 +167,8 @@ def given_rate(flops_per_s: float | None, mfu: float | None, device: str | None,
                              f"(or give --peak-flops)")
         peak, name = PEAK_FLOPS[key], f"{key} bf16 dense peak"
     elif peak_flops is not None:
-        if not peak_flops > 0:
-            raise ValueError(f"--peak-flops must be > 0 (got {peak_flops})")
+        if not 0 < peak_flops < math.inf:
+            raise ValueError(f"--peak-flops must be > 0 and finite (got {peak_flops})")
         peak, name = peak_flops, "--peak-flops"
     else:
         raise ValueError("--mfu needs a peak: --device NAME or --peak-flops FLOP/s")

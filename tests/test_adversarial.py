@@ -150,6 +150,15 @@ def test_bad_run_options(tmp_path, grid, args, words):
     assert not (tmp_path / "r" / "g").exists()  # refused before anything ran
 
 
+@pytest.mark.parametrize("args, words", [
+    (("--flops-per-s", "inf"), ("--flops-per-s", "finite")),
+    (("--flops-per-s", "nan"), ("--flops-per-s",)),
+    (("--mfu", "0.5", "--peak-flops", "inf"), ("--peak-flops", "finite")),
+    (("--mfu", "nan", "--device", "h100"), ("--mfu",)),
+])
+def test_bad_plan_options(grid, args, words):
+    refused("plan", grid, *args, words=words)
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
