@@ -190,6 +190,8 @@ def test_overrides_recorded_in_the_stored_grid(tmp_path):
     assert "note:" not in cli("status", str(gpath), *ov, "--results", results).stderr
     assert len(plain) == 2 and not {s["run_id"] for s in plain} & {s["run_id"] for s in with_ov}
     assert all(s["state"] != "done" for s in plain)
+    v = cli("verify", "--study", "ovrun", "--results", results)  # the stored grid, header and all, re-expands
+    assert v.exit_code == 0, v.output
     r = study("report", "--figure", "all", "--study", "ovrun", "--results", results)
     assert r.returncode in (0, 1), r.stdout + r.stderr
     md = open(os.path.join(results, "ovrun", "figures", "report.md")).read()
