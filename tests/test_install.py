@@ -42,3 +42,12 @@ def test_python_version_of_readme_matches_pyproject():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
     assert "## Set-up (fresh machine, Python 3.11)" in readme and 'requires-python = ">=3.11"' in pyproject
+
+
+def test_version_and_figure_help():
+    from tests.helpers import study
+
+    v = study("--version")
+    assert v.returncode == 0 and re.fullmatch(r"rmdm-study \S+\n", v.stdout), v.stdout
+    h = study("report", "--help")
+    assert "training-curves" in h.stdout and "default: iso-param" in h.stdout
