@@ -35,6 +35,13 @@ details{margin:.3rem 0}
 """
 
 
+# how every interval of the report is computed (stats.seed_interval; the paired table says its own)
+INTERVALS = ("A model's value is the mean over its seeds; its 95% interval is Student's t over the seed means "
+             "(n_seeds - 1 degrees of freedom: it covers seed-to-seed and test-set variation), or, with 1 seed, "
+             "that evaluation's own interval over its examples (Wilson for rates); when every seed scored the "
+             "same value, the pooled evaluation interval. The ci_method column names which.")
+
+
 def _fmt_value(v) -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "—"
@@ -88,6 +95,14 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
     try:
+        from analysis.compare import EXPLANATION, compare
+
+        cmp = compare(data, list(opts.compare), opts.split, agg=_agg(data))
+        out.append(("Paired comparisons and verdicts", EXPLANATION,
+                    cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
+    except MissingData as e:
+        out.append(("Paired comparisons and verdicts", "", str(e)))
+    try:
         from analysis.effective import cached, effective_tables
 
         fitted = cached(data, opts.split)
@@ -112,7 +127,8 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
         from analysis.tuning import importances_table, load_searches
 
         imp = importances_table(load_searches(data.dir))
-        out.append(("Tuning: parameter importances", "fANOVA importances of the Optuna search's parameters.",
+        out.append(("Tuning: parameter importances", "PED-ANOVA importances of the Optuna search's parameters "
+                    "(Optuna's PedAnovaImportanceEvaluator, asked for by name; the method column says so).",
                     imp if len(imp) else "no search with two trials and a varied parameter"))
     except MissingData as e:
         out.append(("Tuning: parameter importances", "", str(e)))
@@ -141,8 +157,7 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     status = ", ".join(f"{n} {s}" for s, n in data.runs["status"].value_counts().items())
     intro = (f"Study <b>{html.escape(data.name)}</b> from <code>{html.escape(data.dir)}</code>: "
              f"{data.runs['run_id'].nunique()} runs ({html.escape(status)}), {len(data.evals)} evaluation rows. "
-             f"Generated {when} from the Parquet store alone (nothing retrained). Rates carry 95% Wilson intervals "
-             "from the evaluation size; seeds of one model are averaged, with their spread.")
+             f"Generated {when} from the Parquet store alone (nothing retrained). {INTERVALS}")
     sup = data.superseded
     ev_left = data.left_out_evals
     note = f" Every number is from the {opts.split!r} split."
@@ -159,8 +174,7 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     md = [f"# {data.name}: R-MDM study report", "",
           f"Study **{data.name}** from `{data.dir}`: {data.runs['run_id'].nunique()} runs ({status}), "
           f"{len(data.evals)} evaluation rows. Generated {when} from the Parquet store alone (nothing retrained). "
-          "Rates carry 95% Wilson intervals from the evaluation size; seeds of one model are averaged, "
-          "with their spread." + note, ""]
+          f"{INTERVALS}" + note, ""]
 
     if sup is not None and not sup.empty:
         left = sup.assign(created_at=sup["created_at"].astype(str))

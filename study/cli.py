@@ -62,8 +62,22 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, hel
 RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        try:
+            v = metadata.version("rmdm-study")
+        except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+            v = "not installed"
+        typer.echo(f"rmdm-study {v}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of an error")):
+def _options(debug: bool = typer.Option(False, "--debug", help="show the traceback of an error"),
+             version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="print the installed version and exit")):
     """`study`: plan, run, inspect and report R-MDM scaling studies."""
 
 
@@ -381,6 +395,29 @@ def status(
 
 
 @app.command()
+def prune(
+    grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
+    results: str = RESULTS,
+    apply: bool = typer.Option(False, "--apply", help="move the runs listed to <study>/pruned/<time>/ (never "
+                               "deleted; default: only list them)"),
+):
+    """List the runs of GRID's study that no grid of the study asks for any more (failed or unfinished runs
+    that GRID does not ask for, done runs that no grid of the study asks for); with --apply, move their
+    files aside. Done runs that a grid of the study asks for are never touched."""
+    from store.lease import LeaseHeld
+    from study.prune import prune as run_prune
+
+    g = _grid_or_exit(grid, data=False, overrides=overrides)
+    _results_or_exit(results)
+    try:
+        code = run_prune(g, results, apply, echo=typer.echo)
+    except LeaseHeld as e:
+        _fail(str(e))
+    raise typer.Exit(code)
+
+
+@app.command()
 def tune(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
@@ -409,7 +446,9 @@ def tune(
 
 @app.command()
 def report(
-    figure: str = typer.Option("iso-param", "--figure", help="figure name, or 'all' (also writes report.html/.md)"),
+    figure: str = typer.Option("iso-param", "--figure", help="iso-param, iso-flop, pareto, compute, cross-depth, "
+                               "mask-rate, losses, schedules, text8, training-curves, effective-params, tuning, or "
+                               "'all' (every figure the data supports, report.html/.md and the verdicts)"),
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
     out: Optional[str] = typer.Option(None, "--out", help="output directory (default: the study's figures/)"),
@@ -422,6 +461,9 @@ def report(
                               "(one per report, never mixed)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes drawing figures at once (default: "
                                        "one per core for a study of 200 runs or more, else 1)"),
+    compare: list[str] = typer.Option([], "--compare", help="RUN_A:RUN_B: also compare these two models (any "
+                                      "seed's run id names its model) with a paired interval and a verdict; "
+                                      "repeatable"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
     from analysis.figures import FIGURES, FORMATS, Options
@@ -459,7 +501,22 @@ def report(
         _fail(str(e), 1)
     for path, why in sorted(data.store.unreadable.items()):
         typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
-    opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split)
+    named = []
+    for c in compare:
+        a, sep, b = c.partition(":")
+        if not sep or not a or not b:
+            typer.echo(f"error: --compare {c!r}: expected RUN_A:RUN_B (two run ids)", err=True)
+            raise typer.Exit(2)
+        named.append((a, b))
+    if named:
+        from analysis.compare import study_pairs
+
+        try:
+            study_pairs(data, named)  # unknown runs or runs of two tasks: refused before drawing
+        except MissingData as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+    opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split, compare=tuple(named))
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     if out is not None or data.store.local:
         _writable_dir_or_exit(out_dir, "--out")  # before drawing anything
@@ -477,8 +534,30 @@ def report(
 
         for p in write_report(data, out_dir, drawn, opts):
             typer.echo(p)
+    if figure == "all" or named:
+        _print_comparisons(data, opts)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
+
+
+def _print_comparisons(data, opts) -> None:
+    """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
+    from analysis.compare import compare
+    from analysis.load import MissingData
+    from stats import VERDICT_RULE
+
+    try:
+        c = compare(data, list(opts.compare), opts.split)
+    except MissingData as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if c.empty:
+        return
+    typer.echo(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):")
+    for r in c.itertuples(index=False):
+        typer.echo(f"  {r.comparison:13s} {r.task_variant}: {r.A} vs {r.B}, {r.metric} T={r.T}: "
+                   f"{r.value_A:.3f} vs {r.value_B:.3f}, difference {r.difference:+.3f} "
+                   f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}")
 
 
 @app.command()
@@ -536,7 +615,8 @@ def predict(
 @app.command("eval")
 def eval_cmd(
     run_id: str,
-    puzzles: str = typer.Option(..., "--puzzles", help="81-char lines ('.' or '0' blanks) or CSV quizzes,solutions"),
+    puzzles: str = typer.Option(..., "--puzzles", help="one puzzle per line, n*n cells of the run's grid size "
+                                 "('.' or '0' blanks), or CSV quizzes,solutions"),
     T: Optional[int] = typer.Option(None, "--T", min=1, help="denoising steps (default: the run's largest eval T)"),
     L_s: Optional[int] = typer.Option(None, "--L-s", min=1,
                                       help="loops per step (default: the run's training depth)"),
