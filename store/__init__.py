@@ -264,7 +264,18 @@ class Store:
 
     def read_bytes(self, path: str) -> bytes | None:
         """The file's bytes; None when it does not exist, or when it cannot be read (a directory, no
-        permission, a dangling link): those are noted in `unreadable`, so they are named, not taken as absent."""
+        permission, a dangling link): those are noted in `unreadable`, so they are named, not taken as absent.
+        A local path that is (or links to) a device, FIFO or socket is never read: /dev/zero has no end."""
+        if self.local:
+            import stat
+
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                mode = None  # absent or unreadable: said below
+            if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                self.unreadable[path] = "not a regular file (a device, FIFO or socket): not read"
+                return None
         try:
             with self.fs.open_input_stream(path) as f:
                 return f.read()

@@ -263,6 +263,32 @@ def test_weights_that_are_text_or_a_system_file_are_named(tmp_path, trained, dam
     assert r.exit_code == 1 and f"{run_id}.pt" in r.output, r.output
 
 
+def test_weights_linked_to_dev_zero_are_not_read(tmp_path, trained):
+    """A store file that links to a device is never read (it has no end); here in a child process
+    whose memory is capped, so that a regression fails instead of eating the machine's memory."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    root0, run_id = trained
+    root = str(tmp_path / "r")
+    shutil.copytree(root0, root)
+    w = os.path.join(root, "adv", "weights", f"{run_id}.pt")
+    os.remove(w)
+    os.symlink("/dev/zero", w)
+    src = tmp_path / "p.txt"
+    src.write_text(QUIZ + "\n")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "study.cli", "eval", run_id, "--puzzles", str(src), "--results", root],
+                       env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120,
+                       preexec_fn=cap)
+    assert r.returncode == 2 and f"{run_id}.pt" in r.stderr and "internal error" not in r.stderr, r.stderr
+
 @pytest.mark.parametrize("config", ["[1]", "1", "{"])
 def test_a_runs_row_with_a_bad_config_is_named_not_an_internal_error(tmp_path, trained, config):
     """Store damage, not a user mistake: the report reads on (the config file stands in), verify names
