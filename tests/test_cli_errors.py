@@ -190,7 +190,7 @@ def test_eval_utf8_bom_is_no_cell(trained, tmp_path):
 def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
     import study.grid
 
-    def boom(path):
+    def boom(path, *args, **kwargs):  # load_grid(path, overrides)
         raise RuntimeError("something broke")
 
     monkeypatch.setattr(study.grid, "load_grid", boom)

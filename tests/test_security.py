@@ -63,18 +63,23 @@ def test_crafted_weights_are_refused_by_study_eval_and_genuine_ones_load(study_d
 
 
 def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_dir):
+    # A crafted pickle never runs: it is refused, set aside under quarantine/ (the store heals: the run
+    # trains from scratch instead of failing for good), and the file is kept, not deleted.
     tmp, grid, store = study_dir
     bad, good = grid.runs
     marker = tmp / "marker"
     store.write_bytes(store.checkpoint_path(bad.run_id), crafted_bytes(marker))
-    with pytest.raises(CheckpointError, match="refused") as e:
-        execute(bad, store, "test")
-    assert f"checkpoints/{bad.run_id}.pt" in str(e.value)
+    assert execute(bad, store, "test")["status"] == "done"
+    log = store.read_bytes(store.path("logs", f"{bad.run_id}.log")).decode()
+    assert f"checkpoints/{bad.run_id}.pt" in log and "refused" in log, log
     assert not marker.exists()
-    with pytest.raises(CheckpointError, match="refused"):  # the weights path too
-        store.write_bytes(store.weights_path(bad.run_id), crafted_bytes(marker))
-        execute(bad, store, "test")
+    store.write_bytes(store.weights_path(bad.run_id), crafted_bytes(marker))  # the weights path too
+    assert execute(bad, store, "test")["status"] == "done"
+    log = store.read_bytes(store.path("logs", f"{bad.run_id}.log")).decode()
+    assert f"weights/{bad.run_id}.pt" in log and "refused" in log, log
     assert not marker.exists()
+    aside = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(store.dir, "quarantine")) for f in fs]
+    assert len(aside) == 2 and all(open(p, "rb").read() == crafted_bytes(marker) for p in aside)
 
     # a genuine checkpoint at step 10 of 20: the run resumes from it and finishes
     from study.trial import _to_bytes
