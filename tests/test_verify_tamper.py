@@ -58,7 +58,15 @@ def copy(fresh, tmp_path):
 
 
 def verify(results) -> subprocess.CompletedProcess:
-    return study("verify", "--study", STUDY, "--results", str(results), timeout=300)
+    """`study verify` on a copy, in this process (the CLI itself, through typer's runner: a fresh
+    interpreter per tamper would cost a torch import each, most of this module's time)."""
+    from typer.testing import CliRunner
+
+    from study.cli import app
+
+    args = ["verify", "--study", STUDY, "--results", str(results)]
+    r = CliRunner().invoke(app, args)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 def runs_by_L(results) -> dict[int, str]:
