@@ -16,7 +16,7 @@ from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, R
 from stats import PAIR_METHOD, VERDICT_RULE, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
-           "ci_low", "ci_high", "verdict", "method"]
+           "ci_low", "ci_high", "verdict", "A_better_in", "method"]
 
 
 def _core(key: str) -> str:
@@ -137,7 +137,12 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             diff, lo, hi, how, used = paired_difference(
                 a_vals, b_vals, metric in RATE_METRICS, a_sc, b_sc,
                 (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))
-            rows.append({"comparison": p.comparison, "task_variant": p.task_variant, "A": label[p.key_a],
+            # the per-seed signs beside the interval: in how many matched seeds A scored better
+            common = sorted(set(a_vals) & set(b_vals))
+            sign = -1 if metric in LOWER_IS_BETTER else 1
+            better = sum(1 for sd in common if sign * (a_vals[sd] - b_vals[sd]) > 0)
+            rows.append({"A_better_in": f"{better} / {len(common)} seeds" if common else "",
+                         "comparison": p.comparison, "task_variant": p.task_variant, "A": label[p.key_a],
                          "B": label[p.key_b], "metric": metric, "T": int(T),
                          "seeds": f"{len(a_vals)} / {len(b_vals)}" + (f" ({used} paired)" if how in ("seeds", "examples") else ""),
                          "value_A": float(ra["value"]), "value_B": float(rb["value"]), "difference": diff,
@@ -155,4 +160,5 @@ EXPLANATION = ("Each pair of models scored on the same test examples, at every T
                "sampled at its training depth): difference = A - B in the task's primary metric, with a paired "
                "95% interval (method: t over the per-seed differences when two or more seeds are matched; "
                "otherwise paired over the test examples within a seed, Agresti-Min for rates; Welch over seed "
-               "means when seeds are not matched). Verdict: " + VERDICT_RULE + ".")
+               "means when seeds are not matched). Verdict: " + VERDICT_RULE + ". A_better_in: in how many "
+               "matched seeds A scored better than B (a count, not a test).")

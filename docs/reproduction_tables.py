@@ -108,15 +108,15 @@ def verdicts(results: str, studies: list[str]) -> str:
     for study in studies:
         c = compare(load_study(results, study))
         out += [f"`{study}` ({len(c)} comparisons):", "",
-                "| comparison | A | B | metric | T | A | B | A - B [95%] | seeds A / B | verdict | method |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| comparison | A | B | metric | T | A | B | A - B [95%] | seeds A / B | verdict | A better in | method |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in c.itertuples(index=False):
             pct = 100 if r.metric in ("vpr", "rtr", "exact") else 1
             f = (lambda v: f"{100 * v:.1f}%") if pct == 100 else (lambda v: f"{v:.3f}")
             d = (lambda v: f"{100 * v:+.1f}") if pct == 100 else (lambda v: f"{v:+.3f}")
             out.append(f"| {r.comparison} | {r.A} | {r.B} | {r.metric} | {r.T} | {f(r.value_A)} | {f(r.value_B)} | "
                        f"{d(r.difference)} [{d(r.ci_low)}, {d(r.ci_high)}] | {r.seeds} | **{r.verdict}** | "
-                       f"{r.method} |")
+                       f"{r.A_better_in or '-'} | {r.method} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
