@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from study.grid import Grid, Run
 from study.nodeloss import unwatch_all, watcher
-from study.status import LiveView
+from study.status import LiveView, retried_since
 from store import Store
 from study.loggers import callbacks as logger_callbacks, final_metrics
 from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
@@ -69,8 +69,8 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
                 continue
             why[run.run_id] = problem
             todo.append(run)
-        elif status == "failed" and not retry_failed:
-            failed.append(run)
+        elif status == "failed" and not retry_failed and not retried_since(store, run.run_id, row):
+            failed.append(run)  # (a --retry-failed that was interrupted is resumed, as status says)
         else:
             todo.append(run)
     return Plan(done, todo, failed, why)
@@ -338,11 +338,9 @@ def root_cause(error: str | None) -> str | None:
     """One line for a failed trial: the last line of its error text, the trial's own exception
     (`FloatingPointError: non-finite loss nan at step 3`), not the RayTaskError wrapping it with
     Ray's traceback (which stays in the run's log)."""
-    if not error:
-        return error
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    line = lines[-1] if lines else str(error).strip()
-    return line if len(line) <= 300 else line[:297] + "..."
+    from study.errors import root_cause as plain_root_cause
+
+    return plain_root_cause(error)  # plain text (no ANSI escapes), the exception's own line
 
 
 def _first_line(e: BaseException) -> str:
@@ -559,6 +557,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     try:
         aside = _quarantined(store)
         result_grid = _fit(tuner, store)
+        view.close()  # the terminal's live line ends before the lines that follow
         for path in sorted(_quarantined(store) - aside):
             echo(f"set aside (damaged; kept, never deleted): {path}; its run went on without it (see its log)")
         if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
@@ -576,7 +575,9 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
             err = format_error(res.error)
             attempts = attempts_so_far(store, run_id)
             store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")  # Ray's whole traceback
-            err = root_cause(err)  # the row and the terminal: one line
+            from study.errors import error_line
+
+            err = error_line(res.error) or root_cause(err)  # the row and the terminal: one plain line
             try:
                 costs = run.costs()
             except Exception:

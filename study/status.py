@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from study.errors import root_cause
 from study.grid import Grid
 from store import Store
 
@@ -54,6 +55,9 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
                  and _maybe_alive(hb))
         rate = step / hb["train_seconds"] if hb.get("train_seconds") and step else None
         status = row["status"] if row else None
+        error = root_cause(row.get("error")) if row else None  # one plain line, also of rows stored whole
+        if status == "failed" and retried_since(store, rid, row):  # a later attempt (--retry-failed) started:
+            status, error = None, None  # its state is its own (running, interrupted), not the old failure
         # an unreadable history is a run `study run` redoes (as classify does): not done
         if status == "done" and n_eval == len(keys) and seen.history_readable(rid):
             state, step = "done", steps
@@ -68,8 +72,32 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
         else:
             state = "pending"
         out.append(RunStatus(rid, state, step, steps, n_eval, len(keys), ckpt, hb.get("node_ip") or hb.get("node"),
-                             row.get("error") if row else None, rate))
+                             error, rate))
     return out
+
+
+def retried_since(store: Store, run_id: str, row: dict | None) -> bool:
+    """Whether the run's trial started again (logs/<run_id>.attempts) after its failed row was written:
+    a `--retry-failed` that is running or was interrupted. The row's error is then the previous attempt's."""
+    import datetime as dt
+
+    if not row or row.get("created_at") is None:
+        return False
+    raw = store.read_bytes(store.path("logs", f"{run_id}.attempts"))
+    if not raw:
+        return False
+    try:
+        last = float(raw.decode(errors="replace").strip().splitlines()[-1].split()[-1])
+        at = row["created_at"]
+        if not isinstance(at, dt.datetime):
+            import pandas as pd
+
+            at = pd.Timestamp(at).to_pydatetime()
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=dt.timezone.utc)
+        return last > at.timestamp()
+    except (ValueError, IndexError, TypeError, OverflowError):
+        return False
 
 
 def _maybe_alive(hb: dict) -> bool:
@@ -135,41 +163,54 @@ def render(grid: Grid, store: Store, statuses: list[RunStatus]) -> str:
         pct = 100.0 * s.step / s.steps if s.steps else 0.0
         extra = f"  checkpoint@{s.checkpoint}" if s.checkpoint else ""
         extra += f"  on {s.node}" if s.node and s.state == "running" else ""
-        extra += f"  error: {s.error.splitlines()[0][:120]}" if s.error and s.state == "failed" else ""
+        extra += f"  error: {root_cause(s.error)}" if s.error and s.state == "failed" else ""
         lines.append(f"  {s.run_id}  {s.state:<11} step {s.step:>6}/{s.steps:<6} ({pct:5.1f}%)  "
                      f"evals {s.evals_done}/{s.evals_total}{extra}")
     return "\n".join(lines)
 
 
 class LiveView:
-    """The live line of `study run`, fed by Tune trial events.
+    """The live line of `study run` and `study tune`, fed by Tune trial events.
 
-    On a terminal it is a tqdm bar over finished runs; otherwise (logs, tests) one line per
-    change of state, and at most one progress line every `every_s` seconds in between.
+    On a terminal it is one tqdm line over finished runs, redrawn in place, with this line's own elapsed
+    time and ETA only (tqdm's own rate and remaining time are left out: one ETA); otherwise (logs, tests)
+    one line per change of state, and at most one progress line every `every_s` seconds in between.
+    The ETA is "?" until a pace is measured: a run's steps between two of its own reports, never the
+    time the trials took to start.
     """
+
+    BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of finished runs
 
     def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None):
         self.total, self.steps, self.echo, self.every_s = total, steps, echo, every_s
         self.t0 = self.last = time.time()
         self.step: dict[str, int] = {}
         self.step0: dict[str, int] = {}  # first reported step of each run here (resumed runs start > 0)
+        self.seen0: dict[str, float] = {}  # when each run first reported a step here
+        self.seen: dict[str, float] = {}  # when each run last reported a step
+        self.pace: float | None = None  # steps per second of the runs last measured (kept between runs)
         self.running: set[str] = set()
         self.done = self.failed = 0
         self.waiting = None  # () -> why the pending runs wait ('' when they do not); set by the runner
-        self.bar = None
-        if tty if tty is not None else sys.stderr.isatty():
-            from tqdm import tqdm
+        self.bar = None  # drawn at the first update (lines printed before it, as --log's, keep their own lines)
+        self.tty = tty if tty is not None else sys.stderr.isatty()
 
-            self.bar = tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
+    def rate(self, run_id: str) -> float | None:
+        """Training steps per second of one run, between its first and its latest report here."""
+        dt = self.seen.get(run_id, 0.0) - self.seen0.get(run_id, 0.0)
+        trained = self.step.get(run_id, 0) - self.step0.get(run_id, 0)
+        return trained / dt if dt > 0 and trained > 0 else None
 
     def eta(self) -> float | None:
-        # pace of this session: steps trained here per second, over every run still owing steps
-        trained = sum(self.step[r] - self.step0.get(r, 0) for r in self.step)
-        elapsed = time.time() - self.t0
-        if trained <= 0 or elapsed <= 0:
+        # the pace of the runs training now (their rates add up: they train side by side), over the
+        # steps every run still owes; None until some run has reported twice
+        rates = [r for r in (self.rate(rid) for rid in self.running) if r]
+        if rates:
+            self.pace = sum(rates)
+        if not self.pace:
             return None
         left = sum(max(0, n - self.step.get(r, 0)) for r, n in self.steps.items())
-        return left / (trained / elapsed)
+        return left / self.pace
 
     def line(self) -> str:
         c = {"done": self.done, "running": len(self.running), "failed": self.failed,
@@ -178,9 +219,14 @@ class LiveView:
         return summary_line(c, self.total, self.eta(), time.time() - self.t0, waiting)
 
     def show(self, force: bool = True) -> None:
+        if self.tty and self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True, file=sys.stderr,
+                            bar_format=self.BAR_FORMAT, desc=self.line())  # never drawn without the line
         if self.bar is not None:
             self.bar.n = self.done + self.failed
-            self.bar.set_postfix_str(self.line().split("] ", 1)[1], refresh=True)
+            self.bar.set_description_str(self.line(), refresh=True)
             return
         if force or time.time() - self.last >= self.every_s:
             self.last = time.time()
@@ -193,8 +239,10 @@ class LiveView:
 
     def result(self, run_id: str, step: int | None) -> None:
         if step is not None:
-            self.step0.setdefault(run_id, step)
-            self.step[run_id] = step + 1
+            now = time.time()
+            self.step0.setdefault(run_id, step + 1)
+            self.seen0.setdefault(run_id, now)
+            self.step[run_id], self.seen[run_id] = step + 1, now
         self.show(force=False)
 
     def finished(self, run_id: str, ok: bool) -> None:
@@ -211,5 +259,36 @@ class LiveView:
         self.show()
 
     def close(self) -> None:
+        """Ends the terminal line (before anything else is printed); again: nothing."""
         if self.bar is not None:
             self.bar.close()
+        self.bar, self.tty = None, False
+
+
+def trial_progress(view: LiveView, steps: int):
+    """A Ray Tune callback feeding `view` with the trials of a search (`study tune`): keyed by trial, each
+    owing `steps` training steps (a trial's step is its result's `train_step`, else its `step`)."""
+    from ray.tune import Callback
+
+    def step_of(result: dict) -> int | None:
+        s = result.get("train_step", result.get("step"))
+        return int(s) if isinstance(s, (int, float)) and math.isfinite(s) else None
+
+    class TrialProgress(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            view.steps[trial.trial_id] = steps
+            view.started(trial.trial_id)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            view.result(trial.trial_id, step_of(result))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            view.finished(trial.trial_id, ok=True)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            view.finished(trial.trial_id, ok=False)
+
+        def on_step_end(self, iteration, trials, **info):
+            view.show(force=False)
+
+    return TrialProgress()

@@ -427,6 +427,10 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         scheduler = Asha(stopped, time_attr="step", metric="score" if eval_every else "loss",
                          mode=search.mode if eval_every else "min", max_t=base.train.steps,
                          grace_period=p.grace_period, reduction_factor=p.reduction_factor)
+    from study.status import LiveView, trial_progress
+
+    # one line per trial started or ended, and every 30 s (a terminal: one line redrawn), as `study run`
+    view = LiveView(todo, {}, echo=echo)
     tuner = tune.Tuner(
         tune.with_resources(_trainable, PlacementGroupFactory([bundle])),
         param_space={"base": trial_payload(base), "param_keys": sorted(search.params), "results": abs_results,
@@ -437,10 +441,14 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
         run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
                                   # the study's own, as `study run`'s: TensorBoard files under <study>/.ray
                                   storage_path=os.path.abspath(os.path.join(store.dir, ".ray")), verbose=0,
-                                  callbacks=logger_callbacks(log or [], store, "tune", echo),  # --log
+                                  callbacks=[trial_progress(view, base.train.steps),  # the live line
+                                             *logger_callbacks(log or [], store, "tune", echo)],  # --log
                                   failure_config=tune.FailureConfig(max_failures=base.retries)),
     )
-    result_grid = tuner.fit()
+    try:
+        result_grid = tuner.fit()
+    finally:
+        view.close()
     for r in result_grid:
         cfg = r.config or {}
         if "param_keys" not in cfg:
@@ -458,6 +466,10 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
             costs = run.costs()
         except Exception:
             costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
+        if r.error is not None:  # the row: the root cause in one plain line; the log above keeps Ray's traceback
+            from study.errors import error_line
+
+            err = error_line(r.error)
         store.write_rows("runs", [run_row(run, costs, status=status, code_version=version, error=err,
                                           final_loss=metrics.get("loss"), grid=grid_sha)], f"{run.run_id}.parquet")
 
