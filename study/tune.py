@@ -346,12 +346,12 @@ def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
-    from study.overrides import grid_text
-
-    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
     from store.provenance import record_grid
 
     # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
+    from study.overrides import grid_text
+
+    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
     grid_sha = record_grid(store, text, "tune", grid.path)
     store.write_text(store.path("grid.yaml"), text)
     storage = optuna.storages.RDBStorage(storage_url(store))
