@@ -33,7 +33,10 @@ def test_cpu_grids_are_cpu_sized():
     for name in CPU_GRIDS:
         g = load_grid(os.path.join(ROOT, "grids", "cpu", name))
         assert all(r.resources.gpu == 0 and r.resources.cpu <= 1 for r in g.runs), name
-        assert all(r.model.d_model <= 128 for r in g.runs), name
+        # the ladder's held-out target is wider on purpose (2x the ladder's largest model, trained once
+        # to check `study predict`); every other CPU grid stays at d_model <= 128
+        widest = 192 if name == "ladder_target.yaml" else 128
+        assert all(r.model.d_model <= widest for r in g.runs), name
 
 
 @pytest.mark.slow

@@ -394,7 +394,14 @@ def test_killed_holder_is_taken_over_and_no_run_trains_twice(tmp_path):
 
 
 # ---- on S3 (moto) ----------------------------------------------------------------------------------
-def test_one_of_two_simultaneous_takers_wins_on_s3(s3_root, monkeypatch):  # noqa: F811
+@pytest.fixture
+def lease_root(s3_root):  # noqa: F811
+    """A results root of its own in the moto bucket: moto keeps one in-process state across servers, and
+    tests/test_s3.py lists the studies under its own root."""
+    return s3_root.replace("/results?", "/lease-results?", 1)
+
+
+def test_one_of_two_simultaneous_takers_wins_on_s3(lease_root, monkeypatch):
     """Two contenders at the same moment on the object store (no conditional writes): exactly one holds."""
     from store import Store
     from store.lease import LeaseHeld, acquire, current
@@ -406,7 +413,7 @@ def test_one_of_two_simultaneous_takers_wins_on_s3(s3_root, monkeypatch):  # noq
         got, refused, errors = [], [], []
 
         def contend():
-            store = Store(s3_root, "race")
+            store = Store(lease_root, "race")
             barrier.wait()
             try:
                 got.append(acquire(store, "run"))
@@ -421,19 +428,20 @@ def test_one_of_two_simultaneous_takers_wins_on_s3(s3_root, monkeypatch):  # noq
         for t in threads:
             t.join(120)
         assert not errors and len(got) == 1 and len(refused) == 1, (round_, got, refused, errors)
-        assert current(Store(s3_root, "race")).info["token"] == got[0].token
+        assert current(Store(lease_root, "race")).info["token"] == got[0].token
         got[0].release()
 
 
-def test_two_drivers_and_a_killed_holder_on_s3(s3_root, s3_env, tmp_path):  # noqa: F811
+@pytest.mark.slow
+def test_two_drivers_and_a_killed_holder_on_s3(lease_root, s3_env, tmp_path):  # noqa: F811
     from store import Store
     from study.grid import load_grid
 
     gpath = tmp_path / "s3lease.yaml"
     gpath.write_text(tiny_grid("s3lease", steps=30))
-    store = Store(s3_root, "s3lease")
+    store = Store(lease_root, "s3lease")
     try:
-        _killed_holder_taken_over(gpath, load_grid(str(gpath)), s3_root, store, tmp_path, s3_env)
+        _killed_holder_taken_over(gpath, load_grid(str(gpath)), lease_root, store, tmp_path, s3_env)
     finally:
         import shutil
 

@@ -66,6 +66,7 @@ def mlflow_server(tmp_path):
         log.close()
 
 
+@pytest.mark.slow  # a real MLflow server and a two-run sweep: 1.5 min on a loaded 2-core machine
 def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflow_server):
     from mlflow.tracking import MlflowClient
 
