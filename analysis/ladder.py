@@ -342,7 +342,7 @@ def fit_study(data: StudyData, hold_out: list[str] | None = ("largest",), split:
     Ts = sorted(int(T) for T, c in per_T.items() if c >= MIN_MODELS)
     n_models = lad["model_key"].nunique()
     n_sizes = lad["n_params_non_embedding"].nunique()
-    loops = sorted(lad["L_t"].unique())
+    loops = sorted(int(x) for x in lad["L_t"].unique())
     need = (f"the law (2 per T + beta) needs, after the held-out models, at least {MIN_MODELS} models evaluated "
             "at one T, 3 parameter counts and two loop counts (L = 1 and L > 1)")
     if not Ts or n_sizes < 3 or len(loops) < 2:
