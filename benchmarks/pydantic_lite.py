@@ -3,7 +3,7 @@ pydantic (a GPU box with torch, numpy, pandas, pyarrow and pyyaml only). benchma
 installs it as `pydantic` only when `import pydantic` fails; the project itself always uses pydantic.
 
 It keeps what a config needs at run time: fields with defaults, keyword construction that refuses
-unknown keys, `field_validator` / `model_validator(mode="after")`, frozen instances, `model_dump`,
+unknown keys, `field_validator` / `model_validator(mode="after" or "before")`, frozen instances, `model_dump`,
 `model_validate`. It does not check types or the numeric bounds of `Field` (ge, gt, ...): the
 configs gpu_check builds are fixed in its source.
 """
@@ -38,11 +38,15 @@ def field_validator(*names, **_kw):
 
 
 def model_validator(mode: str = "after"):
-    if mode != "after":
-        raise NotImplementedError("pydantic_lite supports model_validator(mode='after') only")
+    if mode not in ("after", "before"):
+        raise NotImplementedError("pydantic_lite supports model_validator(mode='after' or 'before') only")
 
     def deco(f):
-        f._lite_model = True
+        if mode == "before":  # a classmethod given the raw keyword dict, returning the dict to build from
+            f = f.__func__ if isinstance(f, classmethod) else f
+            f._lite_before = True
+        else:
+            f._lite_model = True
         return f
     return deco
 
@@ -68,6 +72,10 @@ class BaseModel:
 
     def __init__(self, **kw):
         cls = type(self)
+        for c in reversed(cls.__mro__):
+            for f in vars(c).values():
+                if getattr(f, "_lite_before", False):
+                    kw = f(cls, kw)
         unknown = set(kw) - set(cls._lite_defaults)
         if unknown:
             raise ValidationError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
