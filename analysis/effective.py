@@ -145,7 +145,7 @@ def _quantiles(a: np.ndarray) -> tuple[float, float]:
 
 
 # ---- resampling ------------------------------------------------------------------------------------
-def _example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: int, cache: dict) -> np.ndarray | None:
+def example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: int, cache: dict) -> np.ndarray | None:
     """The per-example scores of one evaluation when the samples table keeps every example, else None."""
     if data.store is None or not _may_hold_every_example(data, run_id, n):
         return None
@@ -194,7 +194,7 @@ def _may_hold_every_example(data: StudyData, run_id: str, n: int) -> bool:
     return kept is None or kept >= n
 
 
-def _prefetch(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
+def prefetch_scores(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
     """Read the samples of `rows` into `cache` in parallel (a round trip per file on an object store):
     one task per run, so no file is read twice; none of a run whose samples cannot hold every example."""
     if data.store is None or rows.empty:
@@ -239,7 +239,7 @@ def _primary_of(data: StudyData, run_id: str) -> str | None:
     return PRIMARY.get(task.iloc[0]) if len(task) else None
 
 
-def _resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:
+def resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:
     """B bootstrap values of one run's evaluation: over its examples."""
     n = int(row["n_examples"])
     if scores is not None:
@@ -331,7 +331,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
     runs = {k: sorted(rows.loc[rows["model_key"] == k, "run_id"].unique()) for k in keys}
     seed_u = {k: rng.random((B, len(runs[k]))) for k in keys}
     Ts = sorted(set(single["T"]) & set(looped["T"]))
-    _prefetch(data, rows[rows["T"].isin(Ts)], cache)
+    prefetch_scores(data, rows[rows["T"].isin(Ts)], cache)
     names = differing(looped["model_key"].unique(), ("model.K", "model.L"))
     info = {k: rows[rows["model_key"] == k].iloc[0] for k in keys}
 
@@ -344,7 +344,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
         recs = by_point.get((k, T))
         if not recs:
             return None
-        boots = np.stack([_resample_run(x, _example_scores(data, x["run_id"], x["eval_key"], metric,
+        boots = np.stack([resample_run(x, example_scores(data, x["run_id"], x["eval_key"], metric,
                                                            int(x["n_examples"]), cache), metric, rng, B)
                           for x in recs])  # (runs, B)
         idx = np.floor(seed_u[k][:, :len(recs)] * len(recs)).astype(int)  # (B, runs) seeds drawn

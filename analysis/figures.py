@@ -45,7 +45,7 @@ class Options:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _agg(data: StudyData) -> pd.DataFrame:
+def aggregated(data: StudyData) -> pd.DataFrame:
     cached = getattr(data, "_agg", None)
     if cached is None:
         cached = aggregate(data.evals)
@@ -55,7 +55,7 @@ def _agg(data: StudyData) -> pd.DataFrame:
 
 def _split_rows(data: StudyData, what: str, split: str) -> pd.DataFrame:
     """The aggregated rows of one split; MissingData naming the splits present when it has none."""
-    agg = _agg(data)
+    agg = aggregated(data)
     if agg.empty:
         raise MissingData(f"{what} needs evaluations: the study has no evals rows")
     if not (agg["split"] == split).any():
@@ -832,7 +832,7 @@ def training_curves(data: StudyData, out_dir: str, opts: Options = Options()) ->
 
 def text8(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str]:
     """The text8 NLL / BPC / perplexity table, with a bar chart of NLL (training curves: `training-curves`)."""
-    table = text8_table(_agg(data), split=opts.split)
+    table = text8_table(aggregated(data), split=opts.split)
     paths = [save_table(table, out_dir, "text8_table")]
     _theme()
     labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]

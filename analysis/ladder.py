@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.effective import LOOP_FIELDS, SIZE_FIELDS, _example_scores, _prefetch, _resample_run
+from analysis.effective import LOOP_FIELDS, SIZE_FIELDS, example_scores, prefetch_scores, resample_run
 from analysis.load import MissingData, StudyData
 from analysis.tables import DEFAULT_SPLIT, RATE_METRICS, differing, model_fields, primary_metric
 from stats import wilson
@@ -376,7 +376,7 @@ def fit_study(data: StudyData, hold_out: list[str] | None = ("largest",), split:
     # the bootstrap: runs (cases) with replacement, then each drawn run's examples
     rng = np.random.default_rng(seed)
     cache: dict = {}
-    _prefetch(data, ev, cache)
+    prefetch_scores(data, ev, cache)
 
     def draws(rows: pd.DataFrame) -> np.ndarray:
         return _draws(data, rows, metric, rng, n_boot, cache)
@@ -426,7 +426,7 @@ def _beta_by_T(Ts, x, lg, dg, tix, y0, n0, yb, wb) -> pd.DataFrame:
 def _draws(data: StudyData, rows: pd.DataFrame, metric: str, rng, B: int, cache: dict) -> np.ndarray:
     """(replicates, rows) resampled values of evaluation rows: their examples (per-example scores when the
     samples table keeps them all, else binomial)."""
-    return np.stack([_resample_run(r, _example_scores(data, r["run_id"], r["eval_key"], metric,
+    return np.stack([resample_run(r, example_scores(data, r["run_id"], r["eval_key"], metric,
                                                       int(r["n_examples"]), cache), metric, rng, B)
                      for r in rows.to_dict("records")], axis=1)
 
@@ -446,7 +446,7 @@ def measured_targets(law: Ladder, data: StudyData, targets: pd.DataFrame) -> pd.
     ev = ev.assign(model_key=ev["run_id"].map(key_of))
     info = targets.assign(model_key=[f"target:{lb}" for lb in targets["label"]]).set_index("model_key")
     cache: dict = {}
-    _prefetch(data, ev, cache)
+    prefetch_scores(data, ev, cache)
     return _heldout(law, ev, info, lambda rows: _draws(data, rows, law.metric, law._rng, law.n_boot, cache))
 
 

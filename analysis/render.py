@@ -47,9 +47,9 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -
                 out[n] = str(e)
         return out
     ctx = _context()
-    from analysis.figures import _agg
+    from analysis.figures import aggregated
 
-    _agg(data)  # aggregated once here and sent with the study, not once in every worker
+    aggregated(data)  # aggregated once here and sent with the study, not once in every worker
     # the slowest figures first, so the last worker to finish does not start a long one at the end
     order = sorted(names, key=lambda n: SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST))
     # the study pickled once, into a private directory every worker reads it from (as initargs it is

@@ -13,7 +13,7 @@ import os
 
 import pandas as pd
 
-from analysis.figures import FIGURES, Options, _agg, crossings_table, pairs_of
+from analysis.figures import FIGURES, Options, aggregated, crossings_table, pairs_of
 from analysis.load import MissingData, StudyData
 from analysis.tables import param_table, text8_table
 
@@ -97,7 +97,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
     try:
         from analysis.compare import EXPLANATION, compare
 
-        cmp = compare(data, list(opts.compare), opts.split, agg=_agg(data))
+        cmp = compare(data, list(opts.compare), opts.split, agg=aggregated(data))
         out.append(("Paired comparisons and verdicts", EXPLANATION,
                     cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
     except MissingData as e:
@@ -120,7 +120,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
         out.append(("Effective parameters", "", str(e)))
     try:
         out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
-                    text8_table(_agg(data), split=opts.split)))  # aggregated once per report
+                    text8_table(aggregated(data), split=opts.split)))  # aggregated once per report
     except MissingData as e:
         out.append(("Text8", "", str(e)))
     try:

@@ -543,11 +543,12 @@ def report(
 def _print_comparisons(data, opts) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
     from analysis.compare import compare
+    from analysis.figures import aggregated
     from analysis.load import MissingData
     from stats import VERDICT_RULE
 
     try:
-        c = compare(data, list(opts.compare), opts.split)
+        c = compare(data, list(opts.compare), opts.split, agg=aggregated(data))  # the report's table, once
     except MissingData as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -274,7 +274,7 @@ class Grid:
 
 
 # ---- loading -----------------------------------------------------------------------------
-class _GridLoader(yaml.SafeLoader):
+class GridLoader(yaml.SafeLoader):
     """`yaml.safe_load` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node, deep=False):
@@ -338,7 +338,7 @@ def read_regular_file(path: str, what: str, max_bytes: int | None = None, exc: t
         raise
 
 
-def _grid_text(path: str) -> str:
+def grid_file_text(path: str) -> str:
     """The text of grid file `path`, within MAX_GRID_BYTES and MAX_GRID_LINE (GridError otherwise)."""
     f = read_regular_file(path, "grid file", MAX_GRID_BYTES, GridError)
     lines, total = [], 0
@@ -357,7 +357,7 @@ def _grid_text(path: str) -> str:
         raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
 
 
-def _too_deep(obj: Any, limit: int) -> bool:
+def too_deep(obj: Any, limit: int) -> bool:
     """Whether `obj` nests mappings / lists deeper than `limit` (iteratively: no recursion)."""
     stack = [(obj, 0)]
     seen: set[int] = set()
@@ -383,22 +383,28 @@ def _yaml_error(path: str, e: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {' '.join(what.split())}"
 
 
+def safe_yaml(text: str):
+    """Parse YAML text with GridLoader (a yaml.SafeLoader subclass that also refuses a key given twice):
+    plain data only, nothing is constructed. Raises yaml.YAMLError, or RecursionError when nested too deeply."""
+    loader = GridLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
     """Read, validate and expand a grid file, after command-line `overrides` (study/overrides.py).
     Raises GridError naming file (or override) and key."""
-    text = _grid_text(path)
+    text = grid_file_text(path)
     try:
-        loader = _GridLoader(text)  # a yaml.SafeLoader subclass: plain data only, nothing is constructed
-        try:
-            raw = loader.get_single_data()
-        finally:
-            loader.dispose()
+        raw = safe_yaml(text)
     except RecursionError:
         raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
                         f"{MAX_GRID_DEPTH})") from None
     except yaml.YAMLError as e:
         raise GridError(_cut(_yaml_error(path, e))) from None
-    if _too_deep(raw, MAX_GRID_DEPTH):
+    if too_deep(raw, MAX_GRID_DEPTH):
         raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
                         f"a few")
     if not isinstance(raw, dict):

@@ -79,20 +79,16 @@ def _parse_one(text: str) -> Override:
     if not eq:
         bad("expected KEY=VALUE, +KEY=VALUE or ~KEY (e.g. train.steps=10, axes.L=[1,2])")
     path = _path(key, bad)
-    from study.grid import MAX_GRID_DEPTH, _GridLoader, _too_deep
+    from study.grid import MAX_GRID_DEPTH, safe_yaml, too_deep
 
     try:
-        loader = _GridLoader(vtext)  # yaml.SafeLoader that also refuses a key given twice: plain data only
-        try:
-            value = loader.get_single_data()
-        finally:
-            loader.dispose()
+        value = safe_yaml(vtext)
     except RecursionError:
         bad(f"the value nests more than {MAX_GRID_DEPTH} levels")
     except yaml.YAMLError as e:
         what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
         bad(f"the value is not valid YAML: {' '.join(what.split())}")
-    if _too_deep(value, MAX_GRID_DEPTH):
+    if too_deep(value, MAX_GRID_DEPTH):
         bad(f"the value nests more than {MAX_GRID_DEPTH} levels")
     return Override(text, op, path, value)
 
@@ -298,7 +294,7 @@ _MISSING = object()
 def expand_with(raw: dict, path: str, texts: Sequence[str]):
     """The Grid of `raw` (grid file `path`'s mapping) after override strings `texts`, validated as a
     file is (study.grid.expand); GridError in one line naming the override a key error comes from."""
-    from study.grid import MAX_GRID_DEPTH, TOP_KEYS, GridError, _too_deep, expand
+    from study.grid import MAX_GRID_DEPTH, TOP_KEYS, GridError, expand, too_deep
 
     try:
         new, claims = apply(raw, parse(texts), path)
@@ -306,7 +302,7 @@ def expand_with(raw: dict, path: str, texts: Sequence[str]):
         raise GridError(str(e)) from None
     if not isinstance(new, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
-    if _too_deep(new, MAX_GRID_DEPTH):
+    if too_deep(new, MAX_GRID_DEPTH):
         raise GridError(f"{path} with overrides: nested deeper than {MAX_GRID_DEPTH} levels")
     try:
         grid = expand(new, path)

@@ -333,12 +333,12 @@ def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
     if (not isinstance(path, str) or not path or os.path.isabs(path) or "\\" in path
             or ".." in path.split("/") or not path.endswith((".yaml", ".yml"))):
         err(where + ".file", f"must be a relative path to a .yaml file without '..' (got {path!r})")
-    from study.grid import GridError, _GridLoader, _grid_text
+    from study.grid import GridError, grid_file_text, safe_yaml
 
     if not os.path.lexists(path):
         err(where + ".file", f"{path} does not exist (relative to {os.getcwd()}): run `study tune` first")
     try:  # read as a grid is: a regular file within the grid bounds (no FIFO, no endless line), YAML kept safe
-        raw = yaml.load(_grid_text(path), Loader=_GridLoader)  # noqa: S506 (a yaml.SafeLoader subclass)
+        raw = safe_yaml(grid_file_text(path))
     except GridError as e:
         err(where + ".file", str(e))
     except RecursionError:

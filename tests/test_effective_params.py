@@ -101,21 +101,21 @@ def test_the_batched_fit_and_inversion_are_the_scalar_ones_per_replicate():
 def test_samples_are_not_read_for_a_run_whose_config_keeps_fewer_examples(tmp_path, monkeypatch):
     """A run that keeps 50 samples of 200 examples cannot be resampled per example: reading its files
     (20 per run, a round trip each on an object store) was most of effective-params at 1,000 runs."""
-    from analysis.effective import _example_scores
+    from analysis.effective import example_scores
 
     root = str(tmp_path / "results")
     write_study(root, "eff")
     data = load_study(root, "eff")
     rid = next(r for r in data.runs["run_id"] if "1x2" in r and r.endswith("s0"))  # the run with samples
     row = data.evals[(data.evals["run_id"] == rid)].iloc[0]
-    assert _example_scores(data, rid, row["eval_key"], "vpr", N, {}) is not None
+    assert example_scores(data, rid, row["eval_key"], "vpr", N, {}) is not None
     data = load_study(root, "eff")
     data.runs["config"] = [json.dumps({"eval": {"n_samples_kept": N - 1 if r == rid else N}})
                            for r in data.runs["run_id"]]
     reads = []
     original = Store.read_bytes
     monkeypatch.setattr(Store, "read_bytes", lambda self, path: reads.append(path) or original(self, path))
-    assert _example_scores(data, rid, row["eval_key"], "vpr", N, {}) is None
+    assert example_scores(data, rid, row["eval_key"], "vpr", N, {}) is None
     effective_params(data, n_boot=50)
     assert [p for p in reads if "/samples/" in p], "the other runs keep every example: read"
     assert not [p for p in reads if f"/samples/{rid}/" in p], reads
@@ -148,10 +148,10 @@ def test_a_model_beyond_the_single_pass_range_is_said_to_be_so(study):
 
 
 def test_per_example_scores_are_resampled_when_every_example_is_kept(study):
-    from analysis.effective import _example_scores
+    from analysis.effective import example_scores
 
     rows = study.evals[(study.evals["K"] == 1) & (study.evals["L_t"] == 2) & (study.evals["T"] == 1)]
-    got = {r.run_id: _example_scores(study, r.run_id, r.eval_key, "vpr", N, {}) for r in rows.itertuples()}
+    got = {r.run_id: example_scores(study, r.run_id, r.eval_key, "vpr", N, {}) for r in rows.itertuples()}
     kept = [s for s in got.values() if s is not None]
     assert len(kept) == 1 and kept[0].mean() == pytest.approx(rows["value"].min())  # seed 0 (-0.01)
     assert sum(s is None for s in got.values()) == 1  # seed 1: no samples, binomial from value and n
