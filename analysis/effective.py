@@ -38,9 +38,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
+import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, LOWER_IS_BETTER, RATE_METRICS, differing, model_fields,
-                             primary_metric)
+from analysis.tables import DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, model_fields, primary_metric
 from stats import Z95
 from store import index, is_safe_name
 
@@ -234,9 +234,7 @@ def _samples_of(store, run_id: str, eval_key: str, cache: dict) -> pd.DataFrame:
 
 def _primary_of(data: StudyData, run_id: str) -> str | None:
     task = data.runs.loc[data.runs["run_id"] == run_id, "task"]
-    from analysis.tables import PRIMARY
-
-    return PRIMARY.get(task.iloc[0]) if len(task) else None
+    return tasks.TASKS[task.iloc[0]][1].primary_metric if len(task) and task.iloc[0] in tasks.TASKS else None
 
 
 def resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:
@@ -244,7 +242,7 @@ def resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.rand
     n = int(row["n_examples"])
     if scores is not None:
         return scores[rng.integers(0, n, size=(B, n))].mean(axis=1)
-    if metric in RATE_METRICS and n > 0:
+    if tasks.is_rate(metric) and n > 0:
         p = min(max(float(row["value"]), 0.0), 1.0)
         return rng.binomial(n, p, size=B) / n
     lo, hi = row.get("ci_low"), row.get("ci_high")
@@ -289,7 +287,7 @@ def effective_params(data: StudyData, split: str = DEFAULT_SPLIT, n_boot: int = 
     table, curves, betas, skipped, reasons = [], [], [], [], []
     cache: dict = {}
     for variant, metric, sampler, d in _rows(data, split):
-        sign = -1.0 if metric in LOWER_IS_BETTER else 1.0  # fit a non-decreasing curve of sign * metric
+        sign = -1.0 if tasks.lower_is_better(metric) else 1.0  # fit a non-decreasing curve of sign * metric
         families = list(d.groupby("_family"))
         fam_names = differing([g["model_key"].iloc[0] for _, g in families], (*SIZE_FIELDS, *LOOP_FIELDS)) \
             if len(families) > 1 else {}

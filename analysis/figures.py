@@ -23,13 +23,11 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import (DEFAULT_SPLIT, DEFAULT_THRESHOLD, LOWER_IS_BETTER, RATE_METRICS, SHAPE_FIELDS,  # noqa: E402
+import tasks  # noqa: E402
+from analysis.tables import (DEFAULT_SPLIT, SHAPE_FIELDS,  # noqa: E402
                              aggregate, differing, family_key, heatmap_matrix, iso_flop_pairs, one_split,
                              pareto_front, primary_metric, select, text8_table, threshold_crossings)
 
-METRIC_LABEL = {"vpr": "valid puzzle rate (VPR)", "rtr": "reaches-target rate (RTR)", "cell_acc": "cell accuracy",
-                "exact": "exact match rate", "nll": "NLL bound (nats / char)", "bpc": "bits per char",
-                "ppl": "perplexity"}
 FORMATS = ("svg", "pdf")
 PNG_DPI = 130
 
@@ -77,8 +75,8 @@ def _by_variant(data: StudyData, what: str, split: str = DEFAULT_SPLIT) -> list[
 
 
 def _ylabel(metric: str) -> str:
-    ci = "95% Wilson CI" if metric in ("vpr", "rtr", "exact") else "95% CI"
-    return f"{METRIC_LABEL.get(metric, metric)}  (band: {ci})"
+    ci = "95% Wilson CI" if tasks.is_rate(metric) else "95% CI"
+    return f"{tasks.metric(metric).label}  (band: {ci})"
 
 
 def fmt_params(n: float) -> str:
@@ -228,17 +226,16 @@ def _thin(values: list[int], n: int, log: bool) -> list[int]:
 
 def _loc(metric: str) -> str:
     """Legend corner away from the curves: metrics rise with T (rates) or fall (likelihoods)."""
-    return "upper right" if metric in LOWER_IS_BETTER else "lower right"
+    return "upper right" if tasks.lower_is_better(metric) else "lower right"
 
 
 RATE_TICKS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-UNIT_METRICS = ("vpr", "rtr", "exact", "cell_acc")  # metrics on a 0..1 axis (rates and cell accuracy)
 
 
 def _rate_ylim(ax, metric: str) -> None:
     """A rate's axis: 0 to 1 with fixed ticks (what the automatic locator picks there, without its
     formatter's work on every layout and draw)."""
-    if metric in UNIT_METRICS:
+    if tasks.metric(metric).unit:
         ax.set_ylim(-0.02, 1.02)
         ax.set_yticks(RATE_TICKS, [f"{v:.1f}" for v in RATE_TICKS])
         ax.__dict__["_rmdm_rate"] = True  # _outer_y_labels may leave its labels to its left neighbour
@@ -483,9 +480,9 @@ def crossings_table(data: StudyData, opts: Options = Options()) -> pd.DataFrame:
 def _crossings(data: StudyData, opts: Options) -> pd.DataFrame:
     frames = []
     for variant, metric, d in _by_variant(data, "pareto", opts.split):
-        if metric not in RATE_METRICS:
+        if not tasks.is_rate(metric):
             continue  # crossings are for success rates (VPR, RTR); text8's likelihood has its own table
-        thr = opts.threshold if opts.threshold is not None else DEFAULT_THRESHOLD.get(metric, 0.95)
+        thr = opts.threshold if opts.threshold is not None else (tasks.metric(metric).threshold or 0.95)
         c = threshold_crossings(d, thr, metric, x=opts.pareto_x, split=opts.split)
         c["pareto"] = pareto_front(c).to_numpy()
         names = differing(c["model_key"])
@@ -542,7 +539,7 @@ def pareto(data: StudyData, out_dir: str, opts: Options = Options()) -> list[str
             title += "\nnever reached: " + ", ".join(f"{x.model} (best {x.best:.2f})"
                                                      for x in never.itertuples())
         elif len(never):  # a large sweep: the count and the closest; every model is in threshold_crossings.csv
-            top = never.sort_values("best", ascending=metric in LOWER_IS_BETTER).iloc[0]
+            top = never.sort_values("best", ascending=tasks.lower_is_better(metric)).iloc[0]
             title += f"\nnever reached by {len(never)} models (closest: {top.model}, best {top.best:.2f})"
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
@@ -591,8 +588,8 @@ def compute(data: StudyData, out_dir: str, opts: Options = Options()) -> list[st
             g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
             mk = ADAPTIVE_MARKERS[kinds.index(kind(smp, cap)) % len(ADAPTIVE_MARKERS)]
             _line(ax, g, "forward_passes_mean", None, colors[key], marker=mk, ls=":")
-        if metric in DEFAULT_THRESHOLD:
-            ax.axhline(DEFAULT_THRESHOLD[metric], color="0.5", lw=1, ls=":")
+        if tasks.metric(metric).threshold is not None:
+            ax.axhline(tasks.metric(metric).threshold, color="0.5", lw=1, ls=":")
         _x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         _rate_ylim(ax, metric)
         ax.set_ylabel(_ylabel(metric))
@@ -686,11 +683,11 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
     paths, used = [], set()
     # panels of one rate metric share the 0..1 scale: one colorbar beside the first row serves them all
     # (a colorbar per panel was a third of a large study's cross-depth figure)
-    shared = len(mats) > 1 and len({metric for _, metric, *_ in mats}) == 1 and mats[0][1] in UNIT_METRICS
+    shared = len(mats) > 1 and len({metric for _, metric, *_ in mats}) == 1 and tasks.metric(mats[0][1]).unit
     for ax, (variant, metric, (K, schedule, loss, width, rep), m) in zip(axes, mats):
-        rate = metric in UNIT_METRICS
+        rate = tasks.metric(metric).unit
         mesh = _heatmap(ax, m, vmin=0 if rate else None, vmax=1 if rate else None,
-                        label=None if shared else METRIC_LABEL.get(metric, metric))
+                        label=None if shared else tasks.metric(metric).label)
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
             if lt in list(m.columns):
                 ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
@@ -708,7 +705,7 @@ def cross_depth(data: StudyData, out_dir: str, opts: Options = Options()) -> lis
         paths.append(save_table(m.reset_index(), out_dir, name))
     if shared:
         cax = axes[min(1, len(axes) - 1)].inset_axes([1.05, 0.0, 0.05, 1.0])
-        fig.colorbar(mesh, cax=cax, label=f"{METRIC_LABEL.get(mats[0][1], mats[0][1])}, every panel"
+        fig.colorbar(mesh, cax=cax, label=f"{tasks.metric(mats[0][1]).label}, every panel"
                      ).outline.set_linewidth(0)
     fig.suptitle(f"{data.name}: cross-depth — train at L_t, sample at L_s (T = {T})")
     _tight(fig)
@@ -898,7 +895,7 @@ def effective_params(data: StudyData, out_dir: str, opts: Options = Options()) -
                             textcoords="offset points", xytext=(5, -10), fontsize=7)
         ax.set_xscale("log")
         ax.set_xlabel("parameters (single-pass models; looped models at the parameters they perform like)")
-        ax.set_ylabel(METRIC_LABEL.get(metric, metric))
+        ax.set_ylabel(tasks.metric(metric).label)
         _rate_ylim(ax, metric)
         ax.set_title(f"{variant}{' ' + fam if fam else ''}: metric vs parameters, L_s = L_t", fontsize=10)
         ax.legend(fontsize=7, loc=_loc(metric))

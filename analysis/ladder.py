@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+import tasks
 from analysis.effective import LOOP_FIELDS, SIZE_FIELDS, example_scores, prefetch_scores, resample_run
 from analysis.load import MissingData, StudyData
-from analysis.tables import DEFAULT_SPLIT, RATE_METRICS, differing, model_fields, primary_metric
+from analysis.tables import DEFAULT_SPLIT, differing, model_fields, primary_metric
 from stats import wilson
 
 N_BOOT = 400
@@ -290,8 +291,8 @@ def _runs_of(data: StudyData, split: str):
         variant, note = variants[0], None
     ev = ev[ev["task_variant"] == variant]
     metric = primary_metric(ev["task"].iloc[0], ev["metric"].unique())
-    if metric not in RATE_METRICS:
-        raise LadderError(f"study predict fits a success rate ({', '.join(sorted(RATE_METRICS))}); the primary "
+    if not tasks.is_rate(metric):
+        raise LadderError(f"study predict fits a success rate ({', '.join(sorted(m.name for _, c in tasks.TASKS.values() for m in c.metrics if m.kind == 'rate'))}); the primary "
                           f"metric of {variant} is {metric}")
     ev = ev[ev["metric"] == metric]
     sampler = "confidence" if (ev["sampler"] == "confidence").any() else ev["sampler"].mode().iloc[0]

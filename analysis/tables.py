@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+import tasks
 from analysis.load import MODEL_KEYS, MissingData
 from stats import SEED_METHOD, seed_interval, wilson  # noqa: F401 (wilson: tests check the one copy)
 
@@ -24,10 +25,6 @@ LOOP_ONLY_FIELDS = {"train.loss", "train.schedule", "train.loss_weights", "train
 # what identifies an evaluation point of a model
 POINT_KEYS = ["T", "L_s", "sampler", "split", "metric"]
 # metrics scored 0/1 per example, whose intervals are binomial (Wilson) from the evaluation size
-RATE_METRICS = {"vpr", "rtr", "exact"}
-PRIMARY = {"sudoku": "vpr", "countdown": "rtr", "text8": "nll"}
-DEFAULT_THRESHOLD = {"vpr": 0.95, "rtr": 0.70}
-LOWER_IS_BETTER = {"nll", "bpc", "ppl", "perplexity", "loss"}
 
 
 def model_fields(key: str) -> dict:
@@ -66,15 +63,11 @@ def one_split(d: pd.DataFrame, what: str) -> None:
 
 
 def primary_metric(task: str, available) -> str:
-    """The task's headline metric if present, else the first of vpr / rtr / nll present."""
-    avail = set(available)
-    m = PRIMARY.get(task)
-    if m in avail:
-        return m
-    for m in ("vpr", "rtr", "nll"):
-        if m in avail:
-            return m
-    raise MissingData(f"no primary metric (vpr, rtr, nll) for task {task!r}; metrics present: {sorted(avail)}")
+    """The task's headline metric if present, else the first registered task's headline present."""
+    try:
+        return tasks.primary_metric(task, available)
+    except LookupError as e:
+        raise MissingData(str(e)) from None
 
 
 def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +100,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
         forward_passes=("forward_passes", "mean"))
-    runs["k"] = np.where(runs["metric"].isin(RATE_METRICS), (runs["value"] * runs["n_examples"]).round(), np.nan)
+    runs["k"] = np.where(runs["metric"].map(tasks.is_rate).astype(bool), (runs["value"] * runs["n_examples"]).round(), np.nan)
     g = runs.groupby(keys, as_index=False, dropna=False).agg(**fpm,
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
         seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
@@ -119,7 +112,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     seeds = runs.groupby(keys, dropna=False, sort=True)[["value", "n_examples", "ci_low", "ci_high"]]
     lo, hi, how = [], [], []
     for r, (_, s) in zip(g.itertuples(index=False), seeds):
-        a, b, m = seed_interval(s["value"].tolist(), r.metric in RATE_METRICS, s["n_examples"].tolist(),
+        a, b, m = seed_interval(s["value"].tolist(), tasks.is_rate(r.metric), s["n_examples"].tolist(),
                                 s["ci_low"].tolist(), s["ci_high"].tolist())
         lo.append(a)
         hi.append(b)
@@ -161,7 +154,7 @@ def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str
     d = select(agg, metric, split=split)
     if x == "T":
         d = d[d["L_s"] == d["L_t"]]
-    lower = metric in LOWER_IS_BETTER
+    lower = tasks.lower_is_better(metric)
     rows = []
     keys = [c for c in MODEL_KEYS if c in d.columns]
     for key, g in d.groupby(keys, dropna=False):

@@ -50,7 +50,7 @@ def _task_facts(task_name: str, task_json: str) -> dict:
     N = len(task.pos_ids())
     free = FREE_POSITIONS[task_name](task) if task_name in FREE_POSITIONS else None
     return {"seq_len": N, "vocab": task.vocab_size, "free": free,
-            "likelihood": getattr(task, "eval_mode", "sample") == "likelihood", "what": _describe(task.cfg)}
+            "likelihood": task.eval_mode == "likelihood", "what": _describe(task.cfg)}
 
 
 def _countdown_free(task) -> tuple[int, int]:

@@ -504,7 +504,7 @@ def _check_search_point(search, sections: dict, point: dict, study: str, retries
                                       f"not both")
     m = search.metric
     if m.name not in ("final_loss", "val_loss"):
-        names = TASKS[run.task.name][1].metric_names
+        names = TASKS[run.task.name][1].metric_names_of()
         if m.name not in names:
             err("search.metric.name", f"unknown metric {m.name!r} for task {run.task.name}; allowed: "
                                       f"{', '.join(names)}, final_loss, val_loss")
@@ -744,7 +744,7 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
     train = _validate(TrainConfig, s["train"], "train", err)
     ev = _validate(EvalConfig, s["eval"], "eval", err)
     res = _validate(Resources, s["resources"], "resources", err)
-    if ev.adaptive and getattr(TASKS[task.name][1], "eval_mode", "sample") == "likelihood":
+    if ev.adaptive and TASKS[task.name][1].eval_mode == "likelihood":
         err("eval.adaptive", f"task {task.name} is scored by its likelihood bound, not by sampling: "
                              "adaptive sampling depth does not apply (remove eval.adaptive)")
     if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id

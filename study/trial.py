@@ -310,7 +310,7 @@ def prepared_task(run: Run, store: Store, log):
 
 def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full, store: Store,
                    precision: str = "float32") -> list[dict]:
-    if getattr(task, "eval_mode", "sample") == "likelihood":  # Text8: NLL bound, not sample-and-score
+    if task.eval_mode == "likelihood":  # Text8: NLL bound, not sample-and-score
         from study.evaluate import evaluate_likelihood
 
         return evaluate_likelihood(run, pt, model, task, ev_full, store, precision)

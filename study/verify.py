@@ -515,7 +515,7 @@ def _metrics_owed(rid: str, key: str, runs: dict, owed: dict, samples, tasks: di
             task = _task_of(row, tasks)
         except (ValueError, TypeError):
             return out  # reported with the samples
-        if getattr(task, "eval_mode", "sample") == "sample":
+        if task.eval_mode == "sample":
             out |= set(task.metric_names)
     return out
 
@@ -558,7 +558,7 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
     except (ValueError, TypeError) as e:
         v.problems.append(f"run {rid}: task not rebuilt from its runs row: {str(e).splitlines()[0][:160]}")
         return
-    likelihood = getattr(task, "eval_mode", "sample") == "likelihood"
+    likelihood = task.eval_mode == "likelihood"
     kind = "sample"
     pt = known.get(key)
     if pt is None and likelihood and key.endswith(GEN_SUFFIX) and key[: -len(GEN_SUFFIX)] in known:

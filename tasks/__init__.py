@@ -1,23 +1,82 @@
-"""Task registry: every task the studies know, by name."""
+"""Task registry: every task the studies know, by name, and what each declares about its metrics.
+
+Everything outside tasks/ asks here (never a table of its own keyed by task or metric name), so a new
+task is one file plus one `register` call.
+"""
 from __future__ import annotations
 
-from tasks.base import SPLITS, DataBound, DataBoundError, EvalSet, Task, TaskConfig, wilson
+from tasks.base import SPLITS, DataBound, DataBoundError, EvalSet, Metric, Task, TaskConfig
 from tasks.countdown import Countdown, CountdownConfig
 from tasks.sudoku import Sudoku, SudokuConfig
 from tasks.text8 import Text8, Text8Config
 
-TASKS: dict[str, tuple[type[TaskConfig], type[Task]]] = {
-    "sudoku": (SudokuConfig, Sudoku),
-    "countdown": (CountdownConfig, Countdown),
-    "text8": (Text8Config, Text8),
-}
+TASKS: dict[str, tuple[type[TaskConfig], type[Task]]] = {}
+
+# metrics no task declares but the tool itself records (the training loss of the history table)
+GENERIC_METRICS = {"loss": Metric("loss", "training loss", higher_is_better=False)}
+
+
+def register(config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
+    """Make a task known to grids, runs, evaluation and the report by its `name`."""
+    name = task_cls.name
+    if task_cls.primary_metric not in {m.name for m in task_cls.metrics}:
+        raise ValueError(f"task {name!r}: primary_metric {task_cls.primary_metric!r} is not one of its metrics")
+    for m in task_cls.metrics:  # one name, one meaning: a metric two tasks share is declared alike
+        other = metric(m.name, default=None)
+        if other is not None and other != m:
+            raise ValueError(f"task {name!r} declares metric {m.name!r} unlike an earlier task: {m} vs {other}")
+    TASKS[name] = (config_cls, task_cls)
+
+
+def task_class(name: str) -> type[Task]:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name][1]
 
 
 def make_task(cfg: TaskConfig) -> Task:
-    name = getattr(cfg, "name", None)
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name][1](cfg)
+    return task_class(getattr(cfg, "name", None))(cfg)
 
 
-__all__ = ["SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet", "Task", "TaskConfig", "make_task", "wilson"]
+_UNSET = object()
+
+
+def metric(name: str, default=_UNSET) -> Metric | None:
+    """The declaration of metric `name` (a task's, or a generic one); unknown names get a plain 'mean'
+    metric labelled by its name (or `default`, when given)."""
+    for _, cls in TASKS.values():
+        for m in cls.metrics:
+            if m.name == name:
+                return m
+    if name in GENERIC_METRICS:
+        return GENERIC_METRICS[name]
+    return Metric(str(name), str(name)) if default is _UNSET else default
+
+
+def is_rate(name: str) -> bool:
+    return metric(name).kind == "rate"
+
+
+def lower_is_better(name: str) -> bool:
+    return not metric(name).higher_is_better
+
+
+def primary_metric(task: str, available) -> str:
+    """The task's headline metric if present, else the first registered task's headline present."""
+    avail = set(available)
+    cls = TASKS.get(task, (None, None))[1]
+    if cls is not None and cls.primary_metric in avail:
+        return cls.primary_metric
+    for _, c in TASKS.values():
+        if c.primary_metric in avail:
+            return c.primary_metric
+    heads = ", ".join(c.primary_metric for _, c in TASKS.values())
+    raise LookupError(f"no primary metric ({heads}) for task {task!r}; metrics present: {sorted(avail)}")
+
+
+for _cfg, _task in ((SudokuConfig, Sudoku), (CountdownConfig, Countdown), (Text8Config, Text8)):
+    register(_cfg, _task)
+
+
+__all__ = ["SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet", "Metric", "Task", "TaskConfig",
+           "is_rate", "lower_is_better", "make_task", "metric", "primary_metric", "register", "task_class"]

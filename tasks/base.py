@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from stats import wilson  # noqa: F401  (re-exported: tasks.wilson)
 
 
 SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
@@ -65,6 +64,23 @@ class DataBound:
     exact: bool = True  # False: an upper bound (the generator may find fewer)
 
 
+@dataclass(frozen=True)
+class Metric:
+    """What the tool needs to know about one metric a task reports, so that nothing outside tasks/ keeps a
+    table keyed by metric or task name.
+
+    kind 'rate': a 0/1 score per example, whose interval is binomial (Wilson over examples; Agresti-Min
+    for paired differences); 'mean': any other per-example value (t intervals)."""
+
+    name: str
+    label: str  # axis label, e.g. "valid puzzle rate (VPR)"
+    kind: Literal["rate", "mean"] = "mean"
+    higher_is_better: bool = True
+    unit: bool = False  # drawn on a 0..1 axis
+    threshold: float | None = None  # the success level a crossing or Pareto figure uses by default
+    stored: bool = True  # False: derived by the report (text8's perplexity is exp(mean nll)), never an evals row
+
+
 @dataclass
 class EvalSet:
     """A fixed evaluation split: clean targets, conditioning mask, and a text per example."""
@@ -81,8 +97,20 @@ class EvalSet:
 
 class Task(ABC):
     name: str
-    metric_names: tuple[str, ...]
-    primary_metric: str
+    metrics: ClassVar[tuple[Metric, ...]]  # every metric the task reports, its headline first
+    primary_metric: ClassVar[str]  # the headline: figures, comparisons, tuning and loggers read it
+    # 'sample': evaluation samples outputs and scores them (study.evaluate); 'likelihood': it computes the
+    # model's NLL bound instead
+    eval_mode: ClassVar[Literal["sample", "likelihood"]] = "sample"
+
+    @classmethod
+    def metric_names_of(cls) -> tuple[str, ...]:
+        """The metrics stored as evals rows (derived ones, like perplexity, are the report's)."""
+        return tuple(m.name for m in cls.metrics if m.stored)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.metric_names_of()
 
     def __init__(self, cfg: TaskConfig):
         self.cfg = cfg

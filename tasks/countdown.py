@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from tasks.base import DataBound, EvalSet, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz
 
 OPS = "+-*/"
 EQ, PAD = 14, 15  # token ids: 0-9 digits, 10-13 OPS, 14 '=', 15 pad
@@ -258,7 +258,10 @@ def last_result(text: str) -> int | None:
 # ---- the task ----------------------------------------------------------------------------
 class Countdown(Task):
     name = "countdown"
-    metric_names = ("rtr", "well_formed", "ends_on_target", "exact")
+    metrics = (Metric("rtr", "reaches-target rate (RTR)", "rate", unit=True, threshold=0.70),
+               Metric("well_formed", "well-formed rate", "rate", unit=True),
+               Metric("ends_on_target", "ends-on-target rate", "rate", unit=True),
+               Metric("exact", "exact match rate", "rate", unit=True))
     primary_metric = "rtr"
 
     def __init__(self, cfg: CountdownConfig):

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from tasks.base import DataBound, EvalSet, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
@@ -618,7 +618,9 @@ def format_puzzles(pf: PuzzleFile, outputs: np.ndarray) -> str:
 
 class Sudoku(Task):
     name = "sudoku"
-    metric_names = ("vpr", "cell_acc", "exact")
+    metrics = (Metric("vpr", "valid puzzle rate (VPR)", "rate", unit=True, threshold=0.95),
+               Metric("cell_acc", "cell accuracy", "mean", unit=True),
+               Metric("exact", "exact match rate", "rate", unit=True))
     primary_metric = "vpr"
 
     def __init__(self, cfg: SudokuConfig):

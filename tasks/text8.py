@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from tasks.base import DataBoundError, EvalSet, Task, TaskConfig
+from tasks.base import DataBoundError, EvalSet, Metric, Task, TaskConfig
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 SPACE = 26
@@ -196,8 +196,10 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
 class Text8(Task):
     name = "text8"
     # the evals rows written (study/evaluate.py): each the mean of per-sequence scores; perplexity is exp(nll)
-    metric_names = ("nll", "bpc")
-    primary_metric = "bpc"
+    metrics = (Metric("nll", "NLL bound (nats / char)", higher_is_better=False),
+               Metric("bpc", "bits per char", higher_is_better=False),
+               Metric("ppl", "perplexity", higher_is_better=False, stored=False))
+    primary_metric = "nll"
     eval_mode = "likelihood"  # study.evaluate computes the NLL bound instead of sampling-and-scoring
 
     def __init__(self, cfg: Text8Config):
