@@ -22,9 +22,11 @@ import sys
 import tempfile
 import time
 
-from study.procs import descendants
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.helpers import descendants  # noqa: E402
+
 GRID = """
 study: {study}
 task: {{name: sudoku, n: 9, mask_rate: 0.25, n_train: 2000, n_test: 100}}

@@ -17,7 +17,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from model.atomic import save_atomic
 from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_per_step, train_flops_total
 from model.precision import autocast, choose, cpu_bf16_native
@@ -253,12 +252,6 @@ class Trainer:
         self.opt.load_state_dict(sd["opt"])
         self.state = TrainState(step=sd["step"], seconds=sd["seconds"], history=list(sd["history"]))
         torch.set_rng_state(sd["torch_rng"])
-
-    def save(self, path: str) -> None:
-        save_atomic(self.state_dict(), path)
-
-    def load(self, path: str) -> None:
-        self.load_state_dict(load_state(path, self.device))
 
 
 class CheckpointError(ValueError):

@@ -59,6 +59,25 @@ def wait_training(drv, store, out, *, n: int, timeout: float = 400) -> dict:
     raise AssertionError(f"{n} runs did not checkpoint within {timeout:.0f} s: " + open(out).read())
 
 
+def descendants(pid: int) -> list[int]:
+    """PIDs of every process below `pid`, read from /proc (Linux): what a test started, to end by PID."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -81,8 +100,6 @@ def kill_all(pids: list[int]) -> None:
 
 def kill_driver(drv, tree: list[int]) -> None:
     """The driver (if still alive) and `tree`, its descendants as recorded: Ray's processes outlive it."""
-    from study.procs import descendants
-
     if drv.poll() is None:
         tree = [*tree, *descendants(drv.pid)]
         os.kill(drv.pid, signal.SIGKILL)

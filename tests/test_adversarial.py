@@ -319,8 +319,7 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
     import sys
 
     from study.grid import load_grid
-    from study.procs import descendants
-    from tests.helpers import ROOT, kill_all, tiny_grid
+    from tests.helpers import ROOT, descendants, kill_all, tiny_grid
 
     g = tmp_path / "g.yaml"
     g.write_text(tiny_grid("sigterm", axes="seed: [0, 1]"))

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, alive, check_resumed, kill_all, study_cmd, tiny_grid, wait_training
+from tests.helpers import ROOT, alive, check_resumed, descendants, kill_all, study_cmd, tiny_grid, wait_training
 from tests.test_s3 import s3_env, s3_root  # noqa: F401  (the moto server fixtures, reused)
 
 # short heartbeats so that they run during the tests; the timeout stays far above them (same-machine
@@ -70,8 +70,6 @@ def _attempts(store, run_id: str) -> list[str]:
 
 def _held_trials(store, drv) -> list[int]:
     """PIDs of the held trials (from their heartbeats), each checked to be a process of `drv`."""
-    from study.procs import descendants
-
     pids = [int(b["pid"]) for b in store.read_progress().values() if b.get("phase") == "train"]
     mine = set(descendants(drv.pid))
     assert pids and set(pids) <= mine, (pids, sorted(mine))
@@ -281,7 +279,6 @@ def test_sigterm_releases_the_lease(tmp_path):
     from store import Store
     from store.lease import current
     from study.grid import load_grid
-    from study.procs import descendants
     from study.runner import HOLD_ENV
 
     gpath = tmp_path / "term.yaml"
@@ -312,7 +309,6 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
     from store import Store
     from store.lease import current, lease_dir
     from study.grid import load_grid
-    from study.procs import descendants
     from study.runner import HOLD_ENV
 
     gpath = tmp_path / "lost.yaml"
@@ -345,7 +341,6 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
 def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: dict) -> None:
     """A holds the study mid-training; B is refused; A is SIGKILLed by its handle; C takes over at once
     (A's process is gone), resumes every run from its checkpoint, and no run trains twice."""
-    from study.procs import descendants
     from study.runner import HOLD_ENV
 
     holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)

@@ -1,5 +1,8 @@
 """Exact resume: N steps straight == N/2 steps, save, load in a NEW process, N/2 more (float32, CPU).
 
+Saved and loaded as study/trial.py does: `torch.save(trainer.state_dict())`, then `load_state` (weights
+only) and `Trainer.load_state_dict`.
+
 Run: pytest tests/test_model_resume.py -x -q   (two tiny trainings and one subprocess; seconds)
 """
 from __future__ import annotations
@@ -31,11 +34,12 @@ SETUP = textwrap.dedent("""
 """)
 RESUME = SETUP + textwrap.dedent("""
     import sys
+    from model.train import load_state
     tr = Trainer(MODEL, TRAIN, SPEC, batch_fn)
-    tr.load(sys.argv[1])
+    tr.load_state_dict(load_state(sys.argv[1], tr.device))
     assert tr.state.step == 6, tr.state.step
     tr.train()
-    tr.save(sys.argv[2])
+    torch.save(tr.state_dict(), sys.argv[2])
 """)
 
 
@@ -48,7 +52,7 @@ def test_resume_in_a_new_process_gives_the_same_weights(tmp_path):
 
     half = Trainer(scope["MODEL"], scope["TRAIN"], scope["SPEC"], scope["batch_fn"])
     half.train(until=6)
-    half.save(str(tmp_path / "half.pt"))
+    torch.save(half.state_dict(), tmp_path / "half.pt")
     torch.manual_seed(12345)  # whatever the parent's RNG does next must not matter
 
     script = tmp_path / "resume.py"

@@ -10,10 +10,9 @@ import time
 
 from study.grid import load_grid
 from study.status import counts, snapshot
-from study.procs import descendants
 from study.runner import HOLD_ENV
 from store import Store
-from tests.helpers import ROOT, check_resumed, kill_driver, study_cmd, tiny_grid
+from tests.helpers import ROOT, check_resumed, descendants, kill_driver, study_cmd, tiny_grid
 
 
 def listening(pids: list[int]) -> list[str]:
