@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from model.atomic import write_text_atomic
+from atomicio import read_versioned_json, write_text
 
 ATTENTIONS = ("sdpa", "math")
 PRECISIONS = ("float32", "bf16")
@@ -125,8 +125,6 @@ def cache_path() -> str:
 
 
 def _read_cache(path: str) -> dict:
-    from model.atomic import read_versioned_json
-
     return read_versioned_json(path, CACHE_VERSION)
 
 
@@ -157,7 +155,7 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
     data.setdefault("entries", {})[key] = {"attention": att, "precision": prec, "times": times,
                                            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
-        write_text_atomic(json.dumps(data, indent=1, sort_keys=True), path)
+        write_text(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only home: the choice still holds for this run, it is just measured again next time
     return {"attention": att, "precision": prec, "how": "measured", "times": times}

@@ -12,7 +12,7 @@
     fig = s.figure("iso-param")               # a matplotlib Figure (or a list of them); saving is yours
 
 `rmdm_study` is the one documented name. The project also installs the packages `study`, `model`,
-`tasks`, `store`, `stats` and `analysis` (the layout the tool was asked for); importing `rmdm_study`
+`tasks`, `store`, `stats`, `analysis` and `atomicio` (the layout the tool was asked for); importing `rmdm_study`
 checks that each of those names is this project's own and raises ImportError naming any other package
 that shadows one, so a clash never passes silently.
 """
@@ -23,7 +23,7 @@ import os
 
 __all__ = ["open", "Results", "Study", "PACKAGES"]
 
-PACKAGES = ("study", "model", "tasks", "store", "stats", "analysis")
+PACKAGES = ("study", "model", "tasks", "store", "stats", "analysis", "atomicio")
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

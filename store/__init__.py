@@ -41,7 +41,6 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
@@ -50,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+import atomicio
 from store import index
 
 RUNS = pa.schema([
@@ -98,8 +98,8 @@ SCHEMAS = {"runs": RUNS, "evals": EVALS, "history": HISTORY, "samples": SAMPLES}
 SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 NAME_RULE = "1-200 letters, digits, '_', '-', '.', starting with a letter or digit, no '..'"
 QUARANTINE = "quarantine"  # <study>/quarantine/<where it was>.<UTC time>: damaged files set aside, never deleted
-# temp files of a write that never finished (a killed process, a full disk): Store.write_bytes'
-# `.<name>.<8 hex>.tmp`, model.atomic's and tasks.base.save_npz's `<name>.tmp-<pid>[.npz]`, task_data's `.part`
+# temp files of a write that never finished (a killed process, a full disk): atomicio's `.<name>.<8 hex>.tmp`
+# (Store.write_bytes names its temp files the same way); earlier versions' `<name>.tmp-<pid>[.npz]` and `.part`
 TEMP = re.compile(r"\..+\.[0-9a-f]{8}\.tmp|.+\.tmp-\d+(\.npz)?|.+\.[0-9a-f]{8}\.part")
 TEMP_AGE_S = 60.0  # a temp file untouched this long belongs to no live writer: left over
 
@@ -194,12 +194,12 @@ class Store:
 
     # ---- raw files -------------------------------------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
-        parent, name = path.rsplit("/", 1)
+        parent = path.rsplit("/", 1)[0]
         self.check_inside(path)
         self.fs.create_dir(parent, recursive=True)
         if self.local and os.path.isdir(path) and not os.path.islink(path):
             self.quarantine(path, "a directory where a file belongs")
-        tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = atomicio.temp_name(path)
         try:
             with self.fs.open_output_stream(tmp) as f:
                 f.write(data)
@@ -534,10 +534,7 @@ class Store:
             if info.type == pafs.FileType.File and info.base_name[0] != "." and not os.path.exists(local):
                 data = self.read_bytes(info.path)
                 if data is not None:
-                    tmp = f"{local}.{uuid.uuid4().hex[:8]}.part"
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                    os.replace(tmp, local)
+                    atomicio.write_bytes(local, data)
         yield d
         for name in sorted(set(os.listdir(d)) - stored):
             p = os.path.join(d, name)

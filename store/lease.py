@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+import atomicio
+
 BEAT_ENV, TTL_ENV, SETTLE_ENV, POLL_ENV = ("RMDM_LEASE_BEAT_S", "RMDM_LEASE_TTL_S", "RMDM_LEASE_SETTLE_S",
                                            "RMDM_LEASE_POLL_S")
 DEFAULTS = {BEAT_ENV: 10.0, TTL_ENV: 60.0, SETTLE_ENV: 2.0, POLL_ENV: 5.0}
@@ -249,10 +251,7 @@ class Lease:
     def _write(self) -> None:
         data = json.dumps(self.info, sort_keys=True).encode()
         if self.store.local:
-            tmp = f"{os.path.dirname(self.path)}/.{os.path.basename(self.path)}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
+            atomicio.write_bytes(self.path, data)
         else:
             with self.store.fs.open_output_stream(self.path) as f:  # a PUT replaces the object whole
                 f.write(data)

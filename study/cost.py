@@ -184,16 +184,16 @@ def cache_path() -> str:
 
 
 def _read_cache(path: str) -> dict:
-    from model.atomic import read_versioned_json
+    from atomicio import read_versioned_json
 
     shapes = read_versioned_json(path, CACHE_VERSION).get("shapes")
     return shapes if isinstance(shapes, dict) else {}
 
 
 def _write_cache(path: str, shapes: dict) -> None:
-    from model.atomic import write_text_atomic
+    from atomicio import write_text
 
-    write_text_atomic(json.dumps({"version": CACHE_VERSION, "shapes": shapes}, indent=1, sort_keys=True), path)
+    write_text(path, json.dumps({"version": CACHE_VERSION, "shapes": shapes}, indent=1, sort_keys=True))
 
 
 def _device_type(run: Run) -> str:

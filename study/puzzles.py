@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from atomicio import AtomicFile
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.sampler import sample_all
 from model.train import CheckpointError, load_state
@@ -99,7 +100,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
 
     if chunk < 1 or chunk % BATCH:
         raise ValueError(f"chunk must be a positive multiple of {BATCH} (got {chunk})")
-    tmp = _open_out(out) if out else None
+    dest = _open_out(out) if out else None
     try:
         store = find_run(results, run_id, study)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -136,39 +137,34 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             # a row per puzzle (its scores and cost); the text of the first n_samples_kept only
             samples += sample_rows(run_id, key, T, L_s, task, x, cond, output, ref if has_ref else None,
                                    [{m: s[m] for m in metrics} for s in scores], got, keep, start=pf.start)
-            if tmp:
-                tmp[1].write(format_puzzles(pf, output.numpy()))
+            if dest:
+                dest.write(format_puzzles(pf, output.numpy()))
 
         n = acc["vpr"].n
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler,
                 "split": f"external:{os.path.basename(puzzles)}", "eval_seconds": secs, "created_at": now(),
                 **cost.columns(model)}
         rows = [{**base, "n_examples": n, "metric": m, **acc[m].columns()} for m in metrics]
-        if tmp:
-            tmp[1].close()
         store.write_rows("samples", samples, run_id, f"{key}.parquet")
         store.write_rows("evals", rows, run_id, f"{key}.parquet")
-        if tmp:
-            os.replace(tmp[0], out)
-            tmp = None
+        if dest:
+            dest.commit()
     finally:
-        if tmp:  # an error before the end: no half-written --out is left behind
-            tmp[1].close()
-            os.unlink(tmp[0])
+        if dest:  # an error before the end: no half-written --out is left behind (nothing after a commit)
+            dest.discard()
     summary = {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows}
     return {"study": store.study, "eval_key": key, "n": n, "T": T, "L_s": L_s, "metrics": summary, "out": out}
 
 
-def _open_out(out: str):
-    """(temp path, open file) beside `out`: that `out` can be written is known before any work."""
+def _open_out(out: str) -> AtomicFile:
+    """`out` opened as a temp file beside it: that `out` can be written is known before any work."""
     if os.path.isdir(out):
         raise EvalError(f"--out {out}: is a directory; give a file name")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise EvalError(f"--out {out}: no such directory {parent}")
-    tmp = f"{out}.tmp-{os.getpid()}"
     try:
-        return tmp, open(tmp, "w", encoding="utf-8")
+        return AtomicFile(out, "w", encoding="utf-8")
     except OSError as e:
         raise EvalError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 

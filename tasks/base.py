@@ -5,7 +5,6 @@ from these declarations through `study`.
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -14,6 +13,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from atomicio import AtomicFile
+
 
 
 SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
@@ -21,10 +22,8 @@ SPLITS = ("test", "val")  # every task has both: numbers are reported on test, s
 
 def save_npz(path: str, **arrays) -> None:
     """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
+    with AtomicFile(path) as f:
+        np.savez_compressed(f.file, **arrays)
 
 
 class TaskConfig(BaseModel):

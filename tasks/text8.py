@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from atomicio import write_bytes
 from tasks.base import DataBoundError, EvalSet, Metric, Task, TaskConfig
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
@@ -183,12 +184,8 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
     if len(data) != TEXT8_CHARS:
         raise Text8Error(f"{url}: text8 has {len(data)} characters, expected {TEXT8_CHARS}")
     encode_text(data, f"{url}!text8")
-    os.makedirs(dest_dir, exist_ok=True)
     path = os.path.join(dest_dir, "text8")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_bytes(path, data)
     return path
 
 

@@ -78,7 +78,7 @@ def test_chunks_give_the_outputs_and_rows_of_one_pass(trained, tmp_path, csv):
     assert m_a.keys() == m_b.keys() and all(m_a[k] == pytest.approx(m_b[k], rel=1e-12) for k in m_a)
     # the row's VPR is the mean of the stored per-puzzle scores
     assert ev_a.set_index("metric").value["vpr"] == pytest.approx(sm_a.score.mean())
-    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]  # no temp file of --out left
 
 
 def test_samples_table_keeps_the_first_puzzles(trained, tmp_path):

@@ -1,0 +1,90 @@
+"""Local files written whole or not at all, and the versioned JSON caches kept that way.
+
+A write goes to a hidden temp file beside its target (`.<name>.<8 hex>.tmp`: the same directory, so
+the final rename is atomic; unique to the write, so concurrent writers of one file never mix their
+bytes), then is renamed onto the target; a failed write removes its temp file. A reader, another
+trial or another process, sees the old file or the new one, never half of one. The results store
+recognises this name as a temp file left by an interrupted write (`store.TEMP`).
+
+Why a package of its own: model/, tasks/, store/ and study/ all write such files, and the layer
+rule keeps them apart (model and tasks never import each other; store and stats import no other
+package of the project). So the one implementation sits below all of them, imports only the
+standard library, and every layer may import it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import IO
+
+
+def temp_name(path: str) -> str:
+    """Where a write of `path` goes first: a hidden file beside it, unique to this write."""
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+class AtomicFile:
+    """An open temp file beside `path`: `commit()` renames it onto `path`, `discard()` removes it.
+
+    As a context manager it commits on a normal exit and discards on an exception. Used directly, it
+    lets a caller open the output before any work (so that a bad path fails first) and commit it
+    once everything else succeeded."""
+
+    def __init__(self, path: str, mode: str = "wb", encoding: str | None = None):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path, self.tmp = path, temp_name(path)
+        self.file: IO = open(self.tmp, mode, encoding=encoding)
+
+    def write(self, data) -> int:
+        return self.file.write(data)
+
+    def commit(self) -> None:
+        self.file.close()
+        try:
+            os.replace(self.tmp, self.path)
+        except OSError:
+            self.discard()
+            raise
+        self.tmp = None
+
+    def discard(self) -> None:
+        """Remove the temp file (nothing after a commit)."""
+        if self.tmp is not None:
+            self.file.close()
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+            self.tmp = None
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    with AtomicFile(path, "wb") as f:
+        f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    with AtomicFile(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def read_versioned_json(path: str, version: int) -> dict:
+    """The JSON object at `path` if its "version" is `version`; {} when absent, broken or of another
+    version (a cache: measure again and rewrite it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("version") == version else {}
