@@ -36,6 +36,12 @@ class GridError(ValueError):
     """A grid that cannot be run, with file and key in the message."""
 
 
+def sampling_depth(value: int | str, L: int) -> int:
+    """A depth as a grid writes it (`eval.L_s`, `adaptive.max_loops`, `search.metric.L_s`): an integer, or
+    'train' for the run's training depth L."""
+    return L if value == "train" else value
+
+
 class Adaptive(Strict):
     """An adaptive-depth sampling point: loop until the predictions settle (argmax over the masked
     positions unchanged since the previous loop, confidence at each >= threshold), at most
@@ -172,9 +178,9 @@ class Run:
         common = dict(temperature=self.eval.temperature, remask=self.eval.remask, n_examples=self.eval.n_examples,
                       split=split, seed=self.eval.seed, data=data)
         for T, ls, smp in itertools.product(self.eval.T, self.eval.L_s, self.eval.sampler):
-            pts.append(EvalPoint(T=T, L_s=self.model.L if ls == "train" else ls, sampler=smp, **common))
+            pts.append(EvalPoint(T=T, L_s=sampling_depth(ls, self.model.L), sampler=smp, **common))
         for T, ad, smp in itertools.product(self.eval.T, self.eval.adaptive, self.eval.sampler):
-            cap = self.model.L if ad.max_loops == "train" else ad.max_loops
+            cap = sampling_depth(ad.max_loops, self.model.L)
             if cap >= 2:  # 'train' at L = 1: one loop leaves nothing to adapt
                 pts.append(EvalPoint(T=T, L_s=cap, sampler=smp, adaptive=ad.threshold, **common))
         return sorted(set(pts), key=lambda p: (p.sampler, p.adaptive is not None, p.adaptive or 0, p.L_s, p.T))
@@ -508,7 +514,7 @@ def _check_search_point(search, sections: dict, point: dict, study: str, retries
         if m.name not in names:
             err("search.metric.name", f"unknown metric {m.name!r} for task {run.task.name}; allowed: "
                                       f"{', '.join(names)}, final_loss, val_loss")
-        ls = run.model.L if m.L_s == "train" else m.L_s
+        ls = sampling_depth(m.L_s, run.model.L)
         if not any((p.T, p.L_s, p.sampler) == (m.T, ls, m.sampler) for p in run.eval_points()):
             err("search.metric", f"the eval point T={m.T}, L_s={m.L_s}, sampler={m.sampler} is not in the grid's "
                                  f"`eval` section (T={run.eval.T}, L_s={run.eval.L_s}): add it there")

@@ -40,7 +40,7 @@ from typing import Callable
 
 import yaml
 
-from study.grid import Grid, Run
+from study.grid import Grid, Run, sampling_depth
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
 from model.train import load_state
 from store import Store
@@ -79,7 +79,7 @@ def tuning_run(run: Run, search: Search) -> Run:
 
 # ---- scoring -------------------------------------------------------------------------------
 def _metric_point(run: Run, metric: SearchMetric):
-    ls = run.model.L if metric.L_s == "train" else metric.L_s
+    ls = sampling_depth(metric.L_s, run.model.L)
     for p in run.eval_points():
         if (p.T, p.L_s, p.sampler, p.adaptive) == (metric.T, ls, metric.sampler, None):  # fixed depth only
             return p
