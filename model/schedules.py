@@ -19,7 +19,7 @@ def depth_at(step: int, total_steps: int, max_depth: int, cfg: TrainConfig) -> i
         return max_depth
     frac = step / max(total_steps - 1, 1)  # 0 at the first step, 1 at the last
     if cfg.schedule == "stochastic":
-        g = torch.Generator().manual_seed(_mix(cfg.seed, step, 0x5EED))
+        g = torch.Generator().manual_seed(derive_seed(cfg.seed, step, 0x5EED))
         return int(torch.randint(lo, max_depth + 1, (1,), generator=g))
     if cfg.schedule == "curriculum":  # grows lo -> max_depth in equal stages
         return lo + min(int(frac * (max_depth - lo + 1)), max_depth - lo)
@@ -65,14 +65,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
 
 
-def _mix(*xs: int) -> int:
-    """A deterministic 63-bit seed from integers (Python's hash() is salted for str, not int,
-    but we avoid relying on it)."""
+def derive_seed(*xs: int) -> int:
+    """A deterministic 63-bit seed from integers: a run's seed, a step, a tag naming what the seed is
+    for (Python's hash() is salted for str, not int, but we avoid relying on it)."""
     h = 0x9E3779B97F4A7C15
     for x in xs:
         h = (h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         h ^= h >> 31
     return h & 0x7FFFFFFFFFFFFFFF
 
-
-step_seed = _mix

@@ -21,7 +21,7 @@ from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_per_step, train_flops_total
 from model.precision import autocast, choose, cpu_bf16_native
 from model.rmdm import RecursiveDenoiser, SeqSpec
-from model.schedules import check_loss_weights, depth_at, loop_weights, lr_at, step_seed
+from model.schedules import check_loss_weights, depth_at, derive_seed, loop_weights, lr_at
 
 BatchFn = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
@@ -92,7 +92,7 @@ class Trainer:
         self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
         check_loss_weights(train_cfg, model_cfg.L)
         self.device = torch.device(device)
-        torch.manual_seed(step_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
+        torch.manual_seed(derive_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
         self.model = RecursiveDenoiser(model_cfg, spec).to(self.device)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "emb" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
@@ -169,10 +169,10 @@ class Trainer:
         and nothing waits for the device: `sync_row` later turns them into floats and raises on
         the first non-finite loss since the last sync, naming its step."""
         cfg, step = self.cfg, self.state.step
-        gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, step))
         x0, cond = self.batch_fn(step, gen)
         # dropout draws from the global RNG: seed it per step too, so a resumed run (any device) repeats it
-        torch.manual_seed(step_seed(cfg.seed, step, 0xD0))
+        torch.manual_seed(derive_seed(cfg.seed, step, 0xD0))
         if self.device.type == "cuda":  # pinned host memory: the copy overlaps the previous step's kernels
             x0, cond = x0.pin_memory(), cond.pin_memory()
         x0, cond = x0.to(self.device, non_blocking=True), cond.to(self.device, non_blocking=True)
