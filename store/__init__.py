@@ -292,16 +292,21 @@ class Store:
                 self.unreadable[path] = f"a dangling symlink to {os.readlink(path)}"
             return None
 
+    def stamped_path(self, prefix: str) -> str:
+        """`prefix` followed by the UTC time (then -2, -3, ... if that is taken): a path nothing is at yet,
+        for files set aside (quarantine/, pruned/) and never overwritten."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest, n = f"{prefix}{stamp}", 1
+        while self.exists(dest):
+            n += 1
+            dest = f"{prefix}{stamp}-{n}"
+        return dest
+
     def quarantine(self, path: str, why: str) -> str:
         """Set a damaged file (or directory) aside under quarantine/, never deleted: returns the one line
         saying so (also kept in `quarantined`). The file's own name then reads as absent: redone."""
         rel = path[len(self.dir) + 1:] if path.startswith(self.dir + "/") else path.rsplit("/", 1)[-1]
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        dest = f"{self.dir}/{QUARANTINE}/{rel}.{stamp}"
-        n = 1
-        while self.exists(dest):
-            n += 1
-            dest = f"{self.dir}/{QUARANTINE}/{rel}.{stamp}-{n}"
+        dest = self.stamped_path(f"{self.dir}/{QUARANTINE}/{rel}.")
         self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
         if self.local and os.path.islink(path):
             os.replace(path, dest)  # the link itself, never what it points at

@@ -14,7 +14,6 @@ changed that never finished. `study status` and `study report` would list them f
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
@@ -133,12 +132,7 @@ def plan_prune(grid: Grid, store: Store) -> PrunePlan:
 def apply_prune(store: Store, plan: PrunePlan) -> str:
     """Move every file of every candidate to <study>/pruned/<UTC time>/ (never deleting); returns that
     directory. The caller holds the study's lease."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = f"{store.dir}/{PRUNED}/{stamp}"
-    n = 1
-    while store.exists(dest):
-        n += 1
-        dest = f"{store.dir}/{PRUNED}/{stamp}-{n}"
+    dest = store.stamped_path(f"{store.dir}/{PRUNED}/")
     lines = []
     for c in plan.prune:
         for path in c.files:
