@@ -261,38 +261,51 @@ def plan(
         typer.echo(line, err=True)
     measured = cost.measure(g.runs, echo=lambda m: typer.echo(m, err=True), refresh=remeasure) \
         if (measure or remeasure) else {}
-    rows = []
-    for r in g.runs:
-        c = r.costs()
-        pts = r.eval_points()
-        row = {"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
-               "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
-               "loss": r.train.loss, "seed": r.train.seed, **c,
-               "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in pts],
-               "tuned": g.tuned.get(r.run_id, {}), **cost.run_costs(r)}
-        m = measured.get(r.run_id)
-        if m is not None:
-            row.update(memory_bytes=m["memory"], memory_how=m["memory_how"])
-        if rate is not None:
-            row = cost.with_time(row, rate.train, rate.eval)
-        else:
-            row = cost.with_time(row, m and m["train"], m and m["eval"])
-        rows.append(row)
+    rows = [_plan_row(g, r, measured.get(r.run_id), rate) for r in g.runs]
     how = rate.how if rate else ("measured here (--measure)" if measured else None)
-    secs = [row["seconds"] for row in rows]
-    biggest = max(rows, key=lambda row: row["memory_bytes"], default=None)
-    totals = {"totals": True, "study": g.study, "runs": len(rows),
-              "train_flops": sum(row["train_flops"] for row in rows),
-              "eval_flops": sum(row["eval_flops"] for row in rows),
-              "seconds": sum(secs) if rows and None not in secs else None, "rate": how,
-              "memory_bytes_max": biggest["memory_bytes"] if biggest else None,
-              "memory_how": biggest["memory_how"] if biggest else None,
-              "memory_run_id": biggest["run_id"] if biggest else None}
+    totals = _plan_totals(g, rows, how)
     if json_out:
         for row in rows:
             typer.echo(json.dumps(row))
         typer.echo(json.dumps(totals))
         return
+    _echo_plan(g, grid, rows, totals)
+
+
+def _plan_row(g, r, m: dict | None, rate) -> dict:
+    """`study plan`'s row of run `r`: its shape, costs and eval points, timed at `rate` (given) or by `m`
+    (measured here; None: not measured)."""
+    from study import cost
+
+    row = {"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
+           "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
+           "loss": r.train.loss, "seed": r.train.seed, **r.costs(),
+           "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in r.eval_points()],
+           "tuned": g.tuned.get(r.run_id, {}), **cost.run_costs(r)}
+    if m is not None:
+        row.update(memory_bytes=m["memory"], memory_how=m["memory_how"])
+    if rate is not None:
+        return cost.with_time(row, rate.train, rate.eval)
+    return cost.with_time(row, m and m["train"], m and m["eval"])
+
+
+def _plan_totals(g, rows: list[dict], how: str | None) -> dict:
+    """The grid's totals: FLOPs, time (None unless every run is timed) and the largest training step."""
+    secs = [row["seconds"] for row in rows]
+    biggest = max(rows, key=lambda row: row["memory_bytes"], default=None)
+    return {"totals": True, "study": g.study, "runs": len(rows),
+            "train_flops": sum(row["train_flops"] for row in rows),
+            "eval_flops": sum(row["eval_flops"] for row in rows),
+            "seconds": sum(secs) if rows and None not in secs else None, "rate": how,
+            "memory_bytes_max": biggest["memory_bytes"] if biggest else None,
+            "memory_how": biggest["memory_how"] if biggest else None,
+            "memory_run_id": biggest["run_id"] if biggest else None}
+
+
+def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
+    """`study plan`'s table: the search groups (a search grid), a line per run, then the totals."""
+    from study import cost
+
     if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
         from study.tune import describe_search
 
@@ -313,10 +326,11 @@ def plan(
     typer.echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
                f"(at most: T x L_s forward passes per example)")
     if totals["seconds"] is not None:
-        typer.echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, at {how}")
+        typer.echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, "
+                   f"at {totals['rate']}")
     else:
         typer.echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
-    if biggest is not None:
+    if totals["memory_run_id"] is not None:
         typer.echo(f"peak memory of a training step: {cost.human_bytes(totals['memory_bytes_max'])} "
                    f"({totals['memory_how']}; run {totals['memory_run_id']})")
 
@@ -466,56 +480,17 @@ def report(
                                       "repeatable"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
-    from analysis.figures import FIGURES, FORMATS, Options
-    from analysis.load import MissingData, load_study
+    from analysis.figures import Options
 
-    names = list(FIGURES) if figure == "all" else [figure]
-    for n in names:
-        if n not in FIGURES:
-            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(FIGURES)}, all", err=True)
-            raise typer.Exit(2)
-    if fmt not in FORMATS:
-        typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
-        raise typer.Exit(2)
-    if pareto_x not in ("T", "forward_passes"):
-        typer.echo(f"error: unknown --pareto-x {pareto_x!r}; allowed: T, forward_passes", err=True)
-        raise typer.Exit(2)
-    from tasks.base import SPLITS
-
-    if split not in SPLITS:
-        typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
-        raise typer.Exit(2)
-    if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
-        _fail(f"--threshold {threshold}: a success rate in (0, 1] is meant (VPR or RTR)")
+    names = _report_options_or_exit(figure, fmt, pareto_x, split, threshold)
     _results_or_exit(results)
     study = _study_or_exit(study, results)
     if len(names) > 1 and jobs != 1:
         from analysis.render import prestart
 
         prestart()  # the drawing workers' fork server imports while the store is read
-    try:
-        data = load_study(results, study)
-    except MissingData as e:  # a study with no runs yet: what `study run` would write is missing
-        _fail(str(e))
-    except ValueError as e:  # the store itself is damaged
-        _fail(str(e), 1)
-    for path, why in sorted(data.store.unreadable.items()):
-        typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
-    named = []
-    for c in compare:
-        a, sep, b = c.partition(":")
-        if not sep or not a or not b:
-            typer.echo(f"error: --compare {c!r}: expected RUN_A:RUN_B (two run ids)", err=True)
-            raise typer.Exit(2)
-        named.append((a, b))
-    if named:
-        from analysis.compare import study_pairs
-
-        try:
-            study_pairs(data, named)  # unknown runs or runs of two tasks: refused before drawing
-        except MissingData as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
+    data = _report_data_or_exit(results, study)
+    named = _compare_pairs_or_exit(data, compare)
     opts = Options(fmt=fmt, threshold=threshold, T=T, pareto_x=pareto_x, split=split, compare=tuple(named))
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     if out is not None or data.store.local:
@@ -538,6 +513,68 @@ def report(
         _print_comparisons(data, opts)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
+
+
+def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, threshold: float | None) -> list[str]:
+    """The figures `study report` draws (every one for 'all'), once every option is known good; else exit 2."""
+    from analysis.figures import FIGURES, FORMATS
+
+    names = list(FIGURES) if figure == "all" else [figure]
+    for n in names:
+        if n not in FIGURES:
+            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(FIGURES)}, all", err=True)
+            raise typer.Exit(2)
+    if fmt not in FORMATS:
+        typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
+        raise typer.Exit(2)
+    if pareto_x not in ("T", "forward_passes"):
+        typer.echo(f"error: unknown --pareto-x {pareto_x!r}; allowed: T, forward_passes", err=True)
+        raise typer.Exit(2)
+    from tasks.base import SPLITS
+
+    if split not in SPLITS:
+        typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
+        raise typer.Exit(2)
+    if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
+        _fail(f"--threshold {threshold}: a success rate in (0, 1] is meant (VPR or RTR)")
+    return names
+
+
+def _report_data_or_exit(results: str, study: str):
+    """The study's tables for the figures (the unreadable files it skipped named on stderr), or exit."""
+    from analysis.load import MissingData, load_study
+
+    try:
+        data = load_study(results, study)
+    except MissingData as e:  # a study with no runs yet: what `study run` would write is missing
+        _fail(str(e))
+    except ValueError as e:  # the store itself is damaged
+        _fail(str(e), 1)
+    for path, why in sorted(data.store.unreadable.items()):
+        typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
+    return data
+
+
+def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
+    """The --compare RUN_A:RUN_B pairs, each checked against the study before anything is drawn; else exit 2."""
+    from analysis.load import MissingData
+
+    named = []
+    for c in compare:
+        a, sep, b = c.partition(":")
+        if not sep or not a or not b:
+            typer.echo(f"error: --compare {c!r}: expected RUN_A:RUN_B (two run ids)", err=True)
+            raise typer.Exit(2)
+        named.append((a, b))
+    if named:
+        from analysis.compare import study_pairs
+
+        try:
+            study_pairs(data, named)  # unknown runs or runs of two tasks: refused before drawing
+        except MissingData as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+    return named
 
 
 def _print_comparisons(data, opts) -> None:
