@@ -321,50 +321,12 @@ def _check_run_configs(store: Store, v: Verdict, runs: dict, tables: dict, grids
     for rid, row in sorted(runs.items()):
         rpath = store.path("runs", f"{rid}.parquet")
         cpath = store.path("configs", f"{rid}.json")
-        try:
-            row_cfg = json.loads(row["config"])
-            if not isinstance(row_cfg, dict):
-                raise ValueError("not a JSON object")
-        except (TypeError, ValueError) as e:
-            v.problems.append(f"{rpath}: field config is not a resolved config ({str(e)[:80]})")
-            row_cfg = None
-        raw = store.read_bytes(cpath)
-        file_cfg = None
-        if raw is None:
-            if row["status"] == "done":
-                v.problems.append(f"{cpath}: missing: run {rid} is done, its config must be stored")
-        else:
-            try:
-                file_cfg = json.loads(raw)
-                if not isinstance(file_cfg, dict):
-                    raise ValueError("not a JSON object")
-            except ValueError as e:
-                v.problems.append(f"{cpath}: not a resolved config ({str(e)[:80]})")
-                file_cfg = None
+        row_cfg = _row_config(v, row, rpath)
+        file_cfg = _stored_config(store, v, rid, row, cpath)
         sources = [(p, c) for p, c in ((cpath, file_cfg), (rpath + " field config", row_cfg)) if c is not None]
-        good = None
-        for where, cfg in sources:
-            try:
-                training = {k: cfg[k] for k in ("task", "model", "train")}
-            except KeyError as e:
-                v.problems.append(f"{where}: no {e.args[0]} section")
-                continue
-            h = config_hash(training)
-            if h != rid:
-                v.problems.append(f"{where}: run id {rid} is not the hash of its training config (task, model, "
-                                  f"train): that hashes to {h}")
-                continue
-            if cfg.get("run_id") != rid:
-                v.problems.append(f"{where}: field run_id is {cfg.get('run_id')!r}, its file's run is {rid}")
-            good = good or (where, cfg)
+        good = _config_of_its_id(v, rid, sources)
         if file_cfg is not None and row_cfg is not None:
-            own = {k: x for k, x in file_cfg.items() if k not in ("code_version", "grid")}
-            for k in _diff(own, row_cfg):
-                v.problems.append(f"{cpath}: field {k} is {_flat(own).get(k)!r} but the runs row's config "
-                                  f"({rpath}) says {_flat(row_cfg).get(k)!r}")
-            for k in ("code_version", "grid"):
-                if k in file_cfg and file_cfg[k] != row.get(k):
-                    v.problems.append(f"{cpath}: field {k} is {file_cfg[k]!r} but {rpath} says {row.get(k)!r}")
+            _check_configs_agree(v, row, file_cfg, row_cfg, cpath, rpath)
         if good is None:
             continue
         v.add("configs")
@@ -378,24 +340,90 @@ def _check_run_configs(store: Store, v: Verdict, runs: dict, tables: dict, grids
                        {k: x for k, x in cfg.items() if k not in ("code_version", "grid")}):
             v.problems.append(f"{where}: field {k} is not what the config classes make of it "
                               f"({_flat(cfg).get(k)!r})")
-        from study.trial import run_row  # the function that wrote the row
-
-        want = run_row(run, run.costs(), status=row["status"], code_version=row["code_version"])
-        for col in CONFIG_COLUMNS:
-            got, exp = row.get(col), want[col]
-            if col in ("config", "task_params"):
-                try:
-                    same = json.loads(got) == json.loads(exp)
-                except (TypeError, ValueError):
-                    same = False
-            else:
-                same = _equal(got, exp)
-            if not same:
-                shown = f"{exp!r}" if col not in ("config", "task_params") else "another value"
-                v.problems.append(f"{rpath}: field {col} is {str(got)[:80]!r} but its config implies {shown}")
+        _check_row_columns(v, run, row, rpath)
         _check_status(store, v, rid, row, rpath)
         out[rid] = run
     return out
+
+
+def _row_config(v: Verdict, row: dict, rpath: str) -> dict | None:
+    """The resolved config the runs row holds (its `config` field), or None (a problem) when it is none."""
+    try:
+        row_cfg = json.loads(row["config"])
+        if not isinstance(row_cfg, dict):
+            raise ValueError("not a JSON object")
+        return row_cfg
+    except (TypeError, ValueError) as e:
+        v.problems.append(f"{rpath}: field config is not a resolved config ({str(e)[:80]})")
+        return None
+
+
+def _stored_config(store: Store, v: Verdict, rid: str, row: dict, cpath: str) -> dict | None:
+    """configs/<run_id>.json, or None: absent (a problem for a done run) or not a JSON object (a problem)."""
+    raw = store.read_bytes(cpath)
+    if raw is None:
+        if row["status"] == "done":
+            v.problems.append(f"{cpath}: missing: run {rid} is done, its config must be stored")
+        return None
+    try:
+        file_cfg = json.loads(raw)
+        if not isinstance(file_cfg, dict):
+            raise ValueError("not a JSON object")
+        return file_cfg
+    except ValueError as e:
+        v.problems.append(f"{cpath}: not a resolved config ({str(e)[:80]})")
+        return None
+
+
+def _config_of_its_id(v: Verdict, rid: str, sources: list[tuple[str, dict]]) -> tuple[str, dict] | None:
+    """The first (where, config) of `sources` whose training sections hash to `rid`; each that does not
+    is a problem."""
+    good = None
+    for where, cfg in sources:
+        try:
+            training = {k: cfg[k] for k in ("task", "model", "train")}
+        except KeyError as e:
+            v.problems.append(f"{where}: no {e.args[0]} section")
+            continue
+        h = config_hash(training)
+        if h != rid:
+            v.problems.append(f"{where}: run id {rid} is not the hash of its training config (task, model, "
+                              f"train): that hashes to {h}")
+            continue
+        if cfg.get("run_id") != rid:
+            v.problems.append(f"{where}: field run_id is {cfg.get('run_id')!r}, its file's run is {rid}")
+        good = good or (where, cfg)
+    return good
+
+
+def _check_configs_agree(v: Verdict, row: dict, file_cfg: dict, row_cfg: dict, cpath: str, rpath: str) -> None:
+    """configs/<run_id>.json says what the runs row's config says, and names the same code version and grid."""
+    own = {k: x for k, x in file_cfg.items() if k not in ("code_version", "grid")}
+    for k in _diff(own, row_cfg):
+        v.problems.append(f"{cpath}: field {k} is {_flat(own).get(k)!r} but the runs row's config "
+                          f"({rpath}) says {_flat(row_cfg).get(k)!r}")
+    for k in ("code_version", "grid"):
+        if k in file_cfg and file_cfg[k] != row.get(k):
+            v.problems.append(f"{cpath}: field {k} is {file_cfg[k]!r} but {rpath} says {row.get(k)!r}")
+
+
+def _check_row_columns(v: Verdict, run: Run, row: dict, rpath: str) -> None:
+    """The runs row's config columns are those its config implies (as the trial that wrote it made them)."""
+    from study.trial import run_row  # the function that wrote the row
+
+    want = run_row(run, run.costs(), status=row["status"], code_version=row["code_version"])
+    for col in CONFIG_COLUMNS:
+        got, exp = row.get(col), want[col]
+        if col in ("config", "task_params"):
+            try:
+                same = json.loads(got) == json.loads(exp)
+            except (TypeError, ValueError):
+                same = False
+        else:
+            same = _equal(got, exp)
+        if not same:
+            shown = f"{exp!r}" if col not in ("config", "task_params") else "another value"
+            v.problems.append(f"{rpath}: field {col} is {str(got)[:80]!r} but its config implies {shown}")
 
 
 def _check_status(store: Store, v: Verdict, rid: str, row: dict, rpath: str) -> None:
@@ -547,8 +575,6 @@ def _point_from_rows(run: Run, task, key: str, r: dict) -> EvalPoint | None:
 def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row: dict, run: Run | None,
                  known: dict, tasks: dict) -> None:
     """One evals file against its evaluation point and its samples file."""
-    from study.evaluate import GEN_SUFFIX
-
     rid, key = rel[0], _stem(rel[1])
     path, spath = store.path("evals", *rel), store.path("samples", *rel)
     if not rows:
@@ -558,6 +584,41 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
     except (ValueError, TypeError) as e:
         v.problems.append(f"run {rid}: task not rebuilt from its runs row: {str(e).splitlines()[0][:160]}")
         return
+    found = _point_of_key(v, path, rid, key, rows, run, task, known)
+    if found is None:
+        return
+    pt, kind = found
+    if pt is not None:
+        _check_rows_at_point(v, path, key, rows, pt, kind)
+    if st is None:
+        return  # no samples file: a problem of its own
+    checked = _checked_samples(v, spath, rid, key, rows, row, st)
+    if checked is None:
+        return
+    srows, legacy = checked
+    scores = _sample_scores(v, spath, srows)
+    if scores is None:
+        return
+    primary = "known_words" if kind == "gen" else task.primary_metric
+    for s, sc in zip(srows, scores):
+        if primary in sc and not _same(s["score"], sc[primary]):
+            v.problems.append(f"{spath} example {s['example']}: field score is {s['score']} but its scores say "
+                              f"{primary} = {sc[primary]}")
+    m = len(srows)
+    _check_texts(store, v, spath, srows, scores, task, row, run, kind, m, legacy)
+    _check_values(v, path, spath, rows, scores, kind, legacy)
+    if not legacy and m:
+        _check_cost(v, path, spath, rows, srows, kind, pt, run, task)
+
+
+def _point_of_key(v: Verdict, path: str, rid: str, key: str, rows: list[dict], run: Run | None, task,
+                  known: dict) -> tuple[EvalPoint | None, str] | None:
+    """(the evaluation point of eval key `key`, the kind of evaluation: sample, likelihood, gen or ext).
+
+    The point is None for `ext` (an external puzzle file: only its digest is stored, so the key is checked
+    against the rows instead). None in all (a problem) when no grid, config or row names the key."""
+    from study.evaluate import GEN_SUFFIX
+
     likelihood = task.eval_mode == "likelihood"
     kind = "sample"
     pt = known.get(key)
@@ -578,23 +639,31 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
             v.problems.append(f"{path}: eval_key {key} is not the key of any evaluation point that a grid of the "
                               f"study or run {rid}'s config owes, nor of its rows' own fields (T, L_s, sampler, "
                               f"split, n_examples)")
-            return
-    if pt is not None:
-        label = pt.label if kind != "likelihood" and kind != "gen" else pt.sampler
-        for r in rows:
-            for fld, want in (("T", pt.T), ("L_s", pt.L_s), ("sampler", label), ("split", pt.split)):
-                if r[fld] != want:
-                    v.problems.append(f"{path}: field {fld} is {r[fld]!r} but eval point {key} is {fld} = {want!r}")
-            if kind != "gen" and r["n_examples"] is not None and r["n_examples"] > pt.n_examples:
-                v.problems.append(f"{path}: field n_examples is {r['n_examples']} but eval point {key} evaluates at "
-                                  f"most {pt.n_examples} examples")
-    if st is None:
-        return  # no samples file: a problem of its own
+            return None
+    return pt, kind
+
+
+def _check_rows_at_point(v: Verdict, path: str, key: str, rows: list[dict], pt: EvalPoint, kind: str) -> None:
+    """Each evals row's T, L_s, sampler and split are its point's, and it evaluates no more examples."""
+    label = pt.label if kind != "likelihood" and kind != "gen" else pt.sampler
+    for r in rows:
+        for fld, want in (("T", pt.T), ("L_s", pt.L_s), ("sampler", label), ("split", pt.split)):
+            if r[fld] != want:
+                v.problems.append(f"{path}: field {fld} is {r[fld]!r} but eval point {key} is {fld} = {want!r}")
+        if kind != "gen" and r["n_examples"] is not None and r["n_examples"] > pt.n_examples:
+            v.problems.append(f"{path}: field n_examples is {r['n_examples']} but eval point {key} evaluates at "
+                              f"most {pt.n_examples} examples")
+
+
+def _checked_samples(v: Verdict, spath: str, rid: str, key: str, rows: list[dict], row: dict,
+                     st) -> tuple[list[dict], bool] | None:
+    """(the samples rows by example, whether they are of an older store without per-example costs); None (a
+    problem) when the examples are not 0..m-1 once each."""
     srows = sorted(st.to_pylist(), key=lambda s: (s["example"] is None, s["example"] or 0))
     m = len(srows)
     if [s["example"] for s in srows] != list(range(m)):
         v.problems.append(f"{spath}: examples are not 0..{m - 1}, one row each")
-        return
+        return None
     # written before every example was stored with its cost: allowed for runs from before grids were recorded
     legacy = all(s["passes"] is None for s in srows)
     if legacy and row.get("grid") is not None:
@@ -611,6 +680,11 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
                 v.problems.append(f"{spath} example {s['example']}: field {fld} is {s[fld]!r}, its evals rows say "
                                   f"{rows[0][fld]!r}")
                 break
+    return srows, legacy
+
+
+def _sample_scores(v: Verdict, spath: str, srows: list[dict]) -> list[dict] | None:
+    """Each example's per-metric scores; None (a problem) at the first that is not a JSON object."""
     scores = []
     for s in srows:
         try:
@@ -619,14 +693,15 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
                 raise ValueError
         except ValueError:
             v.problems.append(f"{spath} example {s['example']}: field scores is not a JSON object of per-metric scores")
-            return
+            return None
         scores.append(sc)
-    primary = "known_words" if kind == "gen" else task.primary_metric
-    for s, sc in zip(srows, scores):
-        if primary in sc and not _same(s["score"], sc[primary]):
-            v.problems.append(f"{spath} example {s['example']}: field score is {s['score']} but its scores say "
-                              f"{primary} = {sc[primary]}")
-    _check_texts(store, v, spath, srows, scores, task, row, run, kind, m, legacy)
+    return scores
+
+
+def _check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: list[dict], kind: str,
+                  legacy: bool) -> None:
+    """Each evals row's value derived again from the per-example scores, where the samples hold every example."""
+    m = len(scores)
     partial = []
     for r in rows:
         if r["n_examples"] != m or (legacy and kind == "likelihood"):
@@ -642,8 +717,6 @@ def _check_point(store: Store, v: Verdict, rel: tuple, rows: list[dict], st, row
                         "per-example scores were stored for every example)")
         v.notes.append(f"{path}: {', '.join(partial)} not re-derived: its samples file is of an older store "
                        f"({m} examples kept of {rows[0]['n_examples']})")
-    if not legacy and m:
-        _check_cost(v, path, spath, rows, srows, kind, pt, run, task)
 
 
 def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str) -> None:
