@@ -75,7 +75,9 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
 
 
 CHUNK = 4096  # puzzles read, sampled and scored at a time: memory stays bounded whatever the file's size
-BATCH = 256  # the sampler's batch (sample_all's default); CHUNK is a multiple of it, so chunking never changes an output
+# the sampler's batch (sample_all's default, which study.evaluate uses); CHUNK is a multiple of it, so
+# chunking never changes an output
+BATCH = 256
 SAMPLES_KEPT = 1000  # puzzles whose text the samples table keeps by default: the file's first (--out holds all)
 
 
@@ -115,7 +117,9 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
 
         split = f"external:{os.path.basename(puzzles)}"
-        pt = EvalPoint(T=T, L_s=L_s, sampler=sampler, temperature=0.0, remask=0.0, n_examples=0, split=split, seed=seed)
+        # how to sample: the sampler's defaults (argmax, no remasking); n_examples: the file's, read as it comes
+        pt = EvalPoint(T=T, L_s=L_s, sampler=sampler, temperature=0.0, remask=0.0, n_examples=0, split=split,
+                       seed=seed)
         metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
         for pf in iter_puzzles(puzzles, task.n, chunk):
             givens = torch.from_numpy(pf.givens)

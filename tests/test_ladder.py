@@ -238,10 +238,10 @@ def test_cli_errors_are_one_line(synth, tmp_path):
     small = Store(str(tmp_path), "tiny")
     for K, L, d in [(1, 1, 48), (1, 2, 64), (2, 1, 96)]:
         run_id = f"r{K}x{L}d{d}"
-        small.write_rows("runs", [full_row("runs", **{"run_id": run_id, "study": "tiny", "task": "sudoku", "task_params": "{}", "K": K,
-                                   "L_t": L, "d_model": d, "heads": 4, "batch": 8, "steps": 10, "seed": 0,
-                                   "n_params": 1000 * d, "n_params_non_embedding": 900 * d, "status": "done",
-                                   "config": "{}", "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})],
+        small.write_rows("runs", [full_row("runs", run_id=run_id, study="tiny", task="sudoku", task_params="{}", K=K,
+                                           L_t=L, d_model=d, heads=4, batch=8, steps=10, seed=0,
+                                           n_params=1000 * d, n_params_non_embedding=900 * d, status="done",
+                                           config="{}", created_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))],
                          f"{run_id}.parquet")
         small.write_rows("evals", [_eval(run_id, "k", 1, L, 0.5, 10)], run_id, "k.parquet")
     r = _study("predict", "--study", "tiny", "--results", str(tmp_path))
