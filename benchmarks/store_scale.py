@@ -124,7 +124,8 @@ def _build_part(args) -> int:
             vpr = min(1.0, max(0.0, ceiling * (1 - math.exp(-pt.T * pt.L_s / 4)) + 0.03 * (rng.random() - 0.5)))
             base = {"run_id": rid, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
                     "split": pt.split, "n_examples": 200, "forward_passes": pt.T * pt.L_s,
-                    "eval_flops": 10**9 * pt.T * pt.L_s, "eval_seconds": 1.0, "created_at": now()}
+                    "eval_flops": 10**9 * pt.T * pt.L_s, "eval_seconds": 1.0, "created_at": now(),
+                    "forward_passes_mean": None}
             store.write_rows("evals", [{**base, "metric": m, "value": v, "ci_low": max(0.0, v - 0.05),
                                         "ci_high": min(1.0, v + 0.05)}
                                        for m, v in (("vpr", vpr), ("cell_acc", (1 + vpr) / 2))],
@@ -133,7 +134,8 @@ def _build_part(args) -> int:
                         "input": "".join(rng.choice(cells + "..") for _ in range(81)),
                         "output": "".join(rng.choice(cells) for _ in range(81)),
                         "reference": "".join(rng.choice(cells) for _ in range(81)), "score": float(rng.random() < vpr),
-                        "scores": '{"vpr": 1.0, "cell_acc": 1.0}'} for i in range(N_SAMPLES)]
+                        "scores": '{"vpr": 1.0, "cell_acc": 1.0}', "passes": None, "steps": None}
+                       for i in range(N_SAMPLES)]
             store.write_rows("samples", samples, rid, f"{pt.key}.parquet")
             n += 2
         return n

@@ -32,6 +32,7 @@ pyarrow-supported URI: every read and write goes through `pyarrow.fs`, task data
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import io
@@ -367,9 +368,18 @@ class Store:
             self.write_bytes(path, old + data)
 
     # ---- tables ----------------------------------------------------------------------------
-    def write_rows(self, table: str, rows: list[dict], *parts: str) -> None:
+    def write_rows(self, table: str, rows: list, *parts: str) -> None:
+        """Write `rows` as the file `<table>/<parts>`: dicts, or dataclass rows (study.evaluate.EvalRow,
+        SampleRow). Each row holds exactly the table's columns, a null one as None: a row with an
+        unknown or a missing column is refused (ValueError, nothing written), so a misspelt column
+        never reaches the store as a null."""
         schema = SCHEMAS[table]
-        t = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+        columns = {name: [] for name in schema.names}
+        for r in rows:
+            r = check_row(table, r if isinstance(r, dict) else row_dict(r))
+            for name, values in columns.items():
+                values.append(r[name])
+        t = pa.Table.from_pydict(columns, schema=schema)
         buf = io.BytesIO()
         pq.write_table(t, buf, write_page_checksum=True)  # a page's bytes changed later fail its read
         self.write_bytes(self.path(table, *parts), buf.getvalue())
@@ -596,6 +606,25 @@ class Summary:
 
     def history_readable(self, run_id: str) -> bool:
         return run_id not in self._bad_history
+
+
+def row_dict(row) -> dict:
+    """A dataclass row (slots or not) as a dict of its fields."""
+    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
+
+
+def check_row(table: str, row: dict) -> dict:
+    """`row` when its keys are exactly the columns of `table`; else a ValueError naming the table, the
+    unknown or missing columns and the allowed ones."""
+    names = SCHEMAS[table].names
+    if len(row) != len(names) or not all(k in row for k in names):
+        unknown = [k for k in row if k not in names]
+        missing = [k for k in names if k not in row]
+        raise ValueError(f"{table} row: " + "; ".join(
+            ([f"unknown column(s) {', '.join(map(repr, unknown))}"] if unknown else [])
+            + ([f"missing column(s) {', '.join(map(repr, missing))} (pass None for a null)"] if missing else []))
+            + f"; the columns of {table} are {', '.join(names)}")
+    return row
 
 
 def schema_name(schema: pa.Schema) -> str:

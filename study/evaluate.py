@@ -1,43 +1,241 @@
-"""Likelihood-scored evaluation (Text8): `study.trial.evaluate_point` for a task whose
-`eval_mode` is "likelihood". It writes the NLL bound per character (nats) and bits per character
-of the evaluation sequences, and a few unconditional samples (T steps, L_s loops) for a look.
+"""The one evaluation path: sample a model on examples, score the outputs with the task, and build
+the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
 
-Two eval keys per point, so every evals value is the mean of its samples rows' per-example scores:
-- `<key>` (the grid's point): evals rows nll and bpc; samples, one row per evaluated sequence,
-  `scores` = {"nll": its NLL bound per character, "bpc": that / ln 2}, `reference` = its text for
-  the first n_samples_kept sequences (input and output null: nothing is generated). Perplexity is
-  exp(nll), a transform of the mean and not a mean itself: the analysis derives it from nll.
-- `<key>-gen` (when any sample is kept): the evals row known_words of min(n_samples_kept, 16)
-  unconditional generations, and their samples rows (text, scores, cost).
+`evaluate` samples and scores; every caller goes through it: a run's eval points (`evaluate_point`,
+called by study.trial), the generations of a likelihood point, `study eval --puzzles` (study/puzzles.py,
+a chunk of the file at a time) and a search's scores (study/tune.py, nothing written).
 
-`forward_passes` keeps the store's one meaning, block passes per example (a model call at L_s
-loops is L_s of them; see model/sampler.py): the NLL bound calls the model once per noise level,
-so its rows say n_t * L_s whatever T is; the `known_words` row of the generated samples says
-the steps the sampler actually ran times L_s.
-(`study eval --puzzles`, external puzzle files, is study/puzzles.py.)
+A task's `eval_mode` says how its points are evaluated:
+- 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
+  of the samples rows' per-example scores (95% interval: Wilson for 0/1 scores, else normal), and a
+  samples row per example: its scores and cost (block passes, denoising steps), its text for the
+  first `eval.n_samples_kept` examples only.
+- 'likelihood' (Text8): the NLL bound per character (nats) and bits per character of the evaluation
+  sequences, and a few unconditional samples (T steps, L_s loops) for a look. Two eval keys per point:
+  `<key>`: evals rows nll and bpc; samples, one row per evaluated sequence, `scores` = {"nll": its
+  NLL bound per character, "bpc": that / ln 2}, `reference` = its text for the first n_samples_kept
+  sequences (input and output null: nothing is generated). Perplexity is exp(nll), a transform of
+  the mean and not a mean itself: the analysis derives it from nll.
+  `<key>-gen` (when any sample is kept): the evals row known_words of min(n_samples_kept, 16)
+  unconditional generations (no interval), and their samples rows (text, scores, cost).
+
+`forward_passes` keeps the store's one meaning, block passes per example (a model call at L_s loops
+is L_s of them; see model/sampler.py): the most any example ran when sampling; the NLL bound calls
+the model once per noise level, so its rows say n_t * L_s whatever T is.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import math
 import time
+from dataclasses import dataclass
+
+import torch
 
 from model import RecursiveDenoiser
 from model.elbo import nll_bound
-from model.sampler import sample_all
+from model.sampler import Sampled, sample_all
+from stats import mean_ci, wilson
 from store import Store
-from stats import mean_ci
-from study.trial import now, sample_rows, sampling_cost
+from study.grid import EvalPoint, Run
 from tasks import EvalSet
 
-
 GEN_SUFFIX = "-gen"  # eval key of a likelihood point's unconditional generations: `<key>-gen`
+N_GENERATE = 16  # the most unconditional generations a likelihood point draws (fewer if fewer are kept)
+NLL_BATCH = 64  # sequences per call of the NLL bound
+
+
+@dataclass(slots=True)
+class EvalRow:
+    """One row of the evals table (store.EVALS): one metric of one evaluation point."""
+
+    run_id: str
+    eval_key: str
+    T: int
+    L_s: int
+    sampler: str  # the unmasking rule; `confidence+adaptive(0.9)` for adaptive depth (L_s is then its cap)
+    split: str
+    n_examples: int
+    metric: str
+    value: float
+    ci_low: float | None
+    ci_high: float | None
+    forward_passes: int  # block passes per example: the most any example ran
+    eval_flops: int
+    eval_seconds: float
+    created_at: dt.datetime
+    forward_passes_mean: float | None  # block passes per example, the mean over examples (None: likelihood)
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One row of the samples table (store.SAMPLES): one evaluated example."""
+
+    run_id: str
+    eval_key: str
+    T: int
+    L_s: int
+    example: int
+    input: str | None  # the texts: for the first n_samples_kept examples only
+    output: str | None
+    reference: str | None
+    score: float  # the primary metric
+    scores: str  # JSON of every metric's score of this example
+    passes: int  # block passes it ran
+    steps: int | None  # denoising steps it ran (None for a likelihood score)
+
+
+@dataclass
+class Evaluation:
+    """The rows of one eval key (and what they were made of: per-example scores, the sampler's output)."""
+
+    key: str
+    evals: list[EvalRow]
+    samples: list[SampleRow]
+    scores: list[dict[str, float]]
+    got: Sampled | None = None
+    seconds: float = 0.0  # sampling time (the NLL bound's too for a likelihood point)
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id: str, *, keep: int,
+             precision: str = "float32", key: str | None = None, split: str | None = None,
+             inputs: torch.Tensor | None = None, reference: bool = True, start: int = 0,
+             metrics: tuple[str, ...] | None = None, primary: str | None = None) -> Evaluation:
+    """Sample the examples of `ev` as `pt` says, score the outputs against `ev`, and build their rows.
+
+    inputs: what the sampler is given where it is not ev.x0 (only the `ev.cond` positions are read);
+    reference: whether the samples rows keep ev.x0 as the examples' reference text; start: the number
+    of the first example (a chunk of a longer file: the sampler's seed is pt.seed + start, so chunking
+    never changes an output); metrics: the evals rows' metrics (default the task's), and then the only
+    per-example scores kept; key and split default to pt's; keep: examples whose text is kept."""
+    x = ev.x0 if inputs is None else inputs
+    t0 = time.perf_counter()
+    got = sample_all(model, x, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
+                     remask=pt.remask, seed=pt.seed + start, precision=precision, adaptive=pt.adaptive)
+    seconds = time.perf_counter() - t0
+    scores = task.score(got.x, ev)
+    if metrics is not None:
+        scores = [{m: s[m] for m in metrics} for s in scores]
+    key = key or pt.key
+    base = {"run_id": run_id, "eval_key": key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
+            "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), **sampling_cost(model, got)}
+    evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base)]
+    samples = sample_rows(run_id, key, pt, task, x, ev.cond, got, ev.x0 if reference else None, scores, keep,
+                          start, primary or task.primary_metric)
+    return Evaluation(key, evals, samples, scores, got, seconds)
+
+
+def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full: EvalSet, store: Store,
+                   precision: str = "float32") -> list[EvalRow]:
+    """Evaluate one eval point of a run (its first `pt.n_examples` examples of `ev_full`) and write its
+    rows; returns its evals rows (a likelihood point's generations' included)."""
+    ev = ev_full.head(pt.n_examples)
+    keep = min(run.eval.n_samples_kept, len(ev))
+    if task.eval_mode == "likelihood":
+        done = evaluate_likelihood(run.run_id, pt, model, task, ev, keep, precision)
+    else:
+        done = [evaluate(model, task, pt, ev, run.run_id, keep=keep, precision=precision)]
+    for e in done:
+        write(store, run.run_id, e)
+    return [r for e in done for r in e.evals]
+
+
+def write(store: Store, run_id: str, e: Evaluation) -> None:
+    """Samples first: an eval point counts as done only once its evals file exists."""
+    store.write_rows("samples", e.samples, run_id, f"{e.key}.parquet")
+    store.write_rows("evals", e.evals, run_id, f"{e.key}.parquet")
+
+
+def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, task, ev: EvalSet, keep: int,
+                        precision: str = "float32", n_generate: int = N_GENERATE) -> list[Evaluation]:
+    """NLL bound / bpc of the sequences of `ev` at depth L_s, and min(keep, n_generate) unconditional
+    samples at (T, L_s): the point's generations (when any) then the point itself, in the order they
+    are written (see the module docstring for the two keys)."""
+    device = next(model.parameters()).device
+    t_values = task.t_values()
+    t0 = time.perf_counter()
+    per_char = []
+    for i in range(0, len(ev), NLL_BATCH):
+        x, c = ev.x0[i:i + NLL_BATCH].to(device), ev.cond[i:i + NLL_BATCH].to(device)
+        nats = nll_bound(model, x, c, t_values, n_loops=pt.L_s, seed=pt.seed + i, precision=precision)
+        per_char += (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
+    seconds = time.perf_counter() - t0
+    n, n_t = len(per_char), len(t_values)
+    n_gen = min(keep, n_generate, len(ev))
+    gen = None
+    if n_gen > 0:
+        # fixed depth whatever the point says: its rows' sampler is the unmasking rule
+        gen = evaluate(model, task, dataclasses.replace(pt, adaptive=None), ev.head(n_gen), run_id, keep=n_gen,
+                       precision=precision, key=pt.key + GEN_SUFFIX, metrics=("known_words",), primary="known_words")
+        seconds += gen.seconds
+    base = {"run_id": run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
+            "split": pt.split, "eval_seconds": seconds, "created_at": now(), "forward_passes_mean": None,
+            **likelihood_cost(model, n_t, pt.L_s, n)}
+    ln2 = math.log(2)
+    point = Evaluation(pt.key, [EvalRow(**r) for r in likelihood_rows(per_char, base)], [
+        SampleRow(run_id, pt.key, pt.T, pt.L_s, example=i, input=None, output=None,
+                  reference=task.render(ev.x0[i]) if i < keep else None, score=v / ln2,
+                  scores=json.dumps({"nll": v, "bpc": v / ln2}), passes=n_t * pt.L_s, steps=None)
+        for i, v in enumerate(per_char)], [{"nll": v, "bpc": v / ln2} for v in per_char])
+    if gen is None:
+        return [point]
+    # the generations' known_words carry no interval, the point's timing, and nothing as their input
+    gen.evals = [dataclasses.replace(r, ci_low=None, ci_high=None, eval_seconds=seconds,
+                                     created_at=base["created_at"]) for r in gen.evals]
+    for r in gen.samples:
+        r.input = ""
+    return [gen, point]
+
+
+def sample_rows(run_id: str, key: str, pt: EvalPoint, task, x, cond, got: Sampled, ref, scores: list[dict],
+                keep: int, start: int, primary: str) -> list[SampleRow]:
+    """One samples row per evaluated example (number `start` + i): its per-metric scores and its cost
+    (block passes, denoising steps) always; its input, output and reference text for the first `keep`
+    examples only (null beyond), so every evals value can be derived again from the rows."""
+    passes, steps = got.passes.tolist(), got.steps.tolist()
+    return [SampleRow(run_id, key, pt.T, pt.L_s, example=start + i,
+                      input=task.render(x[i], cond[i]) if i < keep else None,
+                      output=task.render(got.x[i]) if i < keep else None,
+                      reference=task.render(ref[i]) if i < keep and ref is not None else None,
+                      score=s[primary], scores=json.dumps(s), passes=int(passes[i]), steps=int(steps[i]))
+            for i, s in enumerate(scores)]
+
+
+def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
+    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling
+    eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
+    above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
+    eval_flops: every block pass, plus the head each time it read predictions."""
+    passes = int(got.passes.sum())
+    flops = model.flops_per_forward(passes, heads=got.head_calls) if passes else 0
+    return {"forward_passes": got.forward_passes, "forward_passes_mean": got.forward_passes_mean,
+            "eval_flops": flops}
 
 
 def likelihood_cost(model: RecursiveDenoiser, n_t: int, L_s: int, n: int) -> dict:
     """forward_passes / eval_flops of the NLL bound of n sequences: once per noise level (L_s loops each)
     per sequence, whatever T is."""
     return {"forward_passes": n_t * L_s, "eval_flops": n_t * model.flops_per_forward(L_s) * n}
+
+
+def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
+    """One evals row per metric: the mean of the per-example scores and its 95% interval
+    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
+    n = len(scores)
+    rows = []
+    for m in metrics:
+        vals = [s[m] for s in scores]
+        value = sum(vals) / n
+        binary = all(v in (0.0, 1.0) for v in vals)
+        lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]
+        rows.append({**base, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi})
+    return rows
 
 
 def likelihood_rows(per_char: list[float], base: dict) -> list[dict]:
@@ -48,57 +246,3 @@ def likelihood_rows(per_char: list[float], base: dict) -> list[dict]:
     ln2 = math.log(2)
     return [{**base, "n_examples": n, "metric": "nll", "value": nll, "ci_low": lo, "ci_high": hi},
             {**base, "n_examples": n, "metric": "bpc", "value": nll / ln2, "ci_low": lo / ln2, "ci_high": hi / ln2}]
-
-
-def evaluate_likelihood(run, pt, model: RecursiveDenoiser, task, ev_full: EvalSet, store: Store,
-                        precision: str = "float32", n_generate: int = 16) -> list[dict]:
-    """NLL bound / bpc of `pt.n_examples` evaluation sequences at depth L_s, and
-    min(n_samples_kept, n_generate) unconditional samples at (T, L_s); writes evals and samples
-    (see the module docstring for the two keys). Returns the evals rows of both."""
-    ev = ev_full.head(pt.n_examples)
-    device = next(model.parameters()).device
-    t_values = task.t_values()
-    t0 = time.perf_counter()
-    per_char = []
-    bs = 64
-    for i in range(0, len(ev), bs):
-        x, c = ev.x0[i:i + bs].to(device), ev.cond[i:i + bs].to(device)
-        nats = nll_bound(model, x, c, t_values, n_loops=pt.L_s, seed=pt.seed + i, precision=precision)
-        per_char += (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
-    n = len(per_char)
-
-    n_gen = min(run.eval.n_samples_kept, n_generate, len(ev))
-    got = None
-    if n_gen > 0:
-        got = sample_all(model, ev.x0[:n_gen], ev.cond[:n_gen], T=pt.T, L_s=pt.L_s, unmask=pt.sampler,
-                         temperature=pt.temperature, remask=pt.remask, seed=pt.seed, precision=precision)
-    secs = time.perf_counter() - t0
-
-    n_t = len(t_values)
-    base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
-            "split": pt.split, "eval_seconds": secs, "created_at": now(), **likelihood_cost(model, n_t, pt.L_s, n)}
-    rows = likelihood_rows(per_char, base)
-    ln2 = math.log(2)
-    keep = min(run.eval.n_samples_kept, n)
-    samples = [{"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "example": i,
-                "input": None, "output": None, "reference": task.render(ev.x0[i]) if i < keep else None,
-                "score": v / ln2, "scores": json.dumps({"nll": v, "bpc": v / ln2}), "passes": n_t * pt.L_s,
-                "steps": None} for i, v in enumerate(per_char)]
-    gen_rows = []
-    if got is not None:
-        gen_key = pt.key + GEN_SUFFIX
-        gen_out = got.x
-        scores = task.score(gen_out, ev.head(n_gen))
-        vals = [s["known_words"] for s in scores]
-        gen_rows = [{**base, "eval_key": gen_key, "n_examples": len(vals), "metric": "known_words",
-                     "value": sum(vals) / len(vals), "ci_low": None, "ci_high": None, **sampling_cost(model, got)}]
-        gen_samples = sample_rows(run.run_id, gen_key, pt.T, pt.L_s, task, ev.x0, ev.cond, gen_out, ev.x0, scores,
-                                  got, keep=n_gen, primary="known_words")
-        for r in gen_samples:
-            r["input"] = ""  # unconditional: nothing given
-        store.write_rows("samples", gen_samples, run.run_id, f"{gen_key}.parquet")
-        store.write_rows("evals", gen_rows, run.run_id, f"{gen_key}.parquet")
-    # samples first: an eval point counts as done only once its evals file exists (the generations before it)
-    store.write_rows("samples", samples, run.run_id, f"{pt.key}.parquet")
-    store.write_rows("evals", rows, run.run_id, f"{pt.key}.parquet")
-    return rows + gen_rows

@@ -9,17 +9,16 @@ import io
 import json
 import math
 import os
-import time
 
 import torch
 
 from atomicio import AtomicFile
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
-from model.sampler import sample_all
 from model.train import CheckpointError, load_state
 from store import Store, list_studies
 from stats import mean_ci_from_sd, wilson
-from study.trial import now, sample_rows
+from study.evaluate import EvalRow, Evaluation, evaluate, now, write
+from study.grid import EvalPoint
 from tasks import TASKS, EvalSet, make_task
 
 class EvalError(ValueError):
@@ -77,7 +76,9 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
 
 
 CHUNK = 4096  # puzzles read, sampled and scored at a time: memory stays bounded whatever the file's size
-BATCH = 256  # the sampler's batch; CHUNK is a multiple of it, so chunking never changes an output
+# the sampler's batch (sample_all's default, which study.evaluate uses); CHUNK is a multiple of it, so
+# chunking never changes an output
+BATCH = 256
 SAMPLES_KEPT = 1000  # puzzles whose text the samples table keeps by default: the file's first (--out holds all)
 
 
@@ -116,43 +117,42 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         # keyed by the file's content, not its name: one file under two names is one evaluation point
         key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
 
+        split = f"external:{os.path.basename(puzzles)}"
+        # how to sample: the sampler's defaults (argmax, no remasking); n_examples: the file's, read as it comes
+        pt = EvalPoint(T=T, L_s=L_s, sampler=sampler, temperature=0.0, remask=0.0, n_examples=0, split=split,
+                       seed=seed)
         metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
         for pf in iter_puzzles(puzzles, task.n, chunk):
             givens = torch.from_numpy(pf.givens)
             cond = givens >= 0
             x = torch.where(cond, givens, torch.zeros_like(givens))
-            t0 = time.perf_counter()
-            # seeded by the index of the chunk's first puzzle: sample_all seeds batch i `seed + i`
-            got = sample_all(model, x, cond, T=T, L_s=L_s, unmask=sampler, seed=seed + pf.start, batch_size=BATCH)
-            secs += time.perf_counter() - t0
-            cost.add(got)
-            output = got.x
             has_ref = pf.solutions is not None  # the whole file has solutions or none (one CSV header)
-            ref = torch.from_numpy(pf.solutions) if has_ref else x
-            scores = task.score(output, EvalSet(ref, cond))
             metrics = metrics or (task.metric_names if has_ref else ("vpr",))
+            keep = len(x) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(x)))
+            # a row per puzzle (its scores and cost); the text of the first n_samples_kept only. Seeded by the
+            # index of the chunk's first puzzle (`start`): sample_all seeds batch i `seed + i`
+            e = evaluate(model, task, pt, EvalSet(torch.from_numpy(pf.solutions) if has_ref else x, cond), run_id,
+                         keep=keep, key=key, split=split, inputs=x, reference=has_ref, start=pf.start,
+                         metrics=metrics)
+            secs += e.seconds
+            cost.add(e.got)
             for m in metrics:
-                acc.setdefault(m, _Running()).add([s[m] for s in scores])
-            keep = len(scores) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(scores)))
-            # a row per puzzle (its scores and cost); the text of the first n_samples_kept only
-            samples += sample_rows(run_id, key, T, L_s, task, x, cond, output, ref if has_ref else None,
-                                   [{m: s[m] for m in metrics} for s in scores], got, keep, start=pf.start)
+                acc.setdefault(m, _Running()).add([s[m] for s in e.scores])
+            samples += e.samples
             if dest:
-                dest.write(format_puzzles(pf, output.numpy()))
+                dest.write(format_puzzles(pf, e.got.x.numpy()))
 
         n = acc["vpr"].n
-        base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler,
-                "split": f"external:{os.path.basename(puzzles)}", "eval_seconds": secs, "created_at": now(),
-                **cost.columns(model)}
-        rows = [{**base, "n_examples": n, "metric": m, **acc[m].columns()} for m in metrics]
-        store.write_rows("samples", samples, run_id, f"{key}.parquet")
-        store.write_rows("evals", rows, run_id, f"{key}.parquet")
+        base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
+                "eval_seconds": secs, "created_at": now(), **cost.columns(model)}
+        rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns()) for m in metrics]
+        write(store, run_id, Evaluation(key, rows, samples, []))
         if dest:
             dest.commit()
     finally:
         if dest:  # an error before the end: no half-written --out is left behind (nothing after a commit)
             dest.discard()
-    summary = {r["metric"]: (r["value"], r["ci_low"], r["ci_high"]) for r in rows}
+    summary = {r.metric: (r.value, r.ci_low, r.ci_high) for r in rows}
     return {"study": store.study, "eval_key": key, "n": n, "T": T, "L_s": L_s, "metrics": summary, "out": out}
 
 
@@ -180,7 +180,7 @@ def _file_digest(path: str) -> str:
 
 class _Running:
     """One metric's per-puzzle scores so far, in constant memory: the value and 95% interval of
-    study.trial.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
+    study.evaluate.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
     (the spread by Welford's update, exact to rounding)."""
 
     def __init__(self):
@@ -204,7 +204,7 @@ class _Running:
 
 
 class _Cost:
-    """study.trial.sampling_cost over chunks: passes summed (and their most), head calls summed."""
+    """study.evaluate.sampling_cost over chunks: passes summed (and their most), head calls summed."""
 
     def __init__(self):
         self.n, self.passes, self.most, self.heads = 0, 0, 0, 0

@@ -14,6 +14,7 @@ from study.grid import Grid, Run
 from study.nodeloss import unwatch_all, watcher
 from study.status import LiveView, retried_since
 from store import Store
+from study.faults import fault_config, fault_steps
 from study.loggers import callbacks as logger_callbacks, final_metrics
 from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
                          trial_payload)
@@ -168,35 +169,6 @@ def _trainable(config: dict) -> None:
         # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
         store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
         raise
-
-
-# fault injection for tests, "RUN_ID:STEP[,RUN_ID:STEP...]", read by the driver, sent to the trials
-FAULT_ENV = "RMDM_FAULT_NAN_AT"  # the run's weights turn to NaN before that training step (every attempt)
-HOLD_ENV = "RMDM_FAULT_HOLD_AT"  # the run's first attempt stops before that step and waits to be killed
-
-
-def fault_config() -> dict:
-    """The faults this environment injects, as a driver sends them to its trials (in the param space)."""
-    return {"faults": injected_faults(), "holds": injected_faults(env=HOLD_ENV)}
-
-
-def fault_steps(config: dict, run_id: str) -> dict:
-    """`execute`'s fault arguments for one run, from a trial's config (see fault_config)."""
-    return {"nan_at_step": config.get("faults", {}).get(run_id), "hold_at_step": config.get("holds", {}).get(run_id)}
-
-
-def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, int]:
-    """Runs and steps of a fault: a deterministic diverging run on any CPU (where a huge lr overflows
-    at a step that depends on the instruction set), or a trial guaranteed to be mid-training when a
-    test kills it (however fast the machine trains)."""
-    spec = os.environ.get(env, "") if spec is None else spec
-    out = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        run_id, sep, step = item.partition(":")
-        if not sep or not step.strip().isdigit():
-            raise ValueError(f"${env}: {item!r}: use RUN_ID:STEP[,RUN_ID:STEP...]")
-        out[run_id.strip()] = int(step)
-    return out
 
 
 def _loopback_only() -> None:

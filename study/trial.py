@@ -6,7 +6,6 @@ the store are not evaluated again.
 """
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 import os
@@ -17,12 +16,12 @@ import traceback
 
 import torch
 
-from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig
-from model.sampler import Sampled, sample_all
-from study.grid import EvalConfig, EvalPoint, Run, Resources
+from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store
-from stats import mean_ci, wilson
+from study import faults
+from study.evaluate import evaluate_point, now
+from study.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
 
 
@@ -63,10 +62,6 @@ def trial_payload(run: Run) -> dict:
     return d
 
 
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 def pick_device(resources: Resources) -> torch.device:
     """CUDA when the grid asked for a GPU, else the CPU. A GPU asked for where CUDA is unavailable
     (a node without a driver, a CPU-only torch, an empty CUDA_VISIBLE_DEVICES) is an error: a run
@@ -99,9 +94,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
             nan_at_step: int | None = None, hold_at_step: int | None = None, grid: str | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
-    `nan_at_step` is fault injection for tests (see study.runner.FAULT_ENV): the weights turn to NaN
-    just before that training step, so its loss is NaN on every CPU, in every attempt that reaches it;
-    `hold_at_step` stops the first attempt before that step until the process is killed (HOLD_ENV there).
+    `nan_at_step`, `hold_at_step`: fault injection for tests (study/faults.py).
     `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
     device = pick_device(run.resources)
@@ -114,12 +107,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
-        while step == hold_at_step and attempt == 1:
-            time.sleep(1.0)  # the heartbeat thread goes on: the test sees a run mid-training and kills it
-        if step == nan_at_step:
-            with torch.no_grad():
-                for p in trainer.model.parameters():
-                    p.fill_(float("nan"))
+        faults.before_step(step, attempt, trainer.model, nan_at_step, hold_at_step)
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)
@@ -180,8 +168,8 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
 
     hist = trainer.state.history
     row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
-                  train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None, grid=grid)
-    row.update(attention=trainer.attention, precision=trainer.precision)
+                  train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None, grid=grid,
+                  attention=trainer.attention, precision=trainer.precision)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
 
@@ -308,74 +296,12 @@ def prepared_task(run: Run, store: Store, log):
     return box["task"]
 
 
-def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full, store: Store,
-                   precision: str = "float32") -> list[dict]:
-    if task.eval_mode == "likelihood":  # Text8: NLL bound, not sample-and-score
-        from study.evaluate import evaluate_likelihood
-
-        return evaluate_likelihood(run, pt, model, task, ev_full, store, precision)
-    ev = ev_full.head(pt.n_examples)
-    t0 = time.perf_counter()
-    got = sample_all(model, ev.x0, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
-                     remask=pt.remask, seed=pt.seed, precision=precision, adaptive=pt.adaptive)
-    out = got.x
-    secs = time.perf_counter() - t0
-    scores = task.score(out, ev)
-    n = len(scores)
-    # sampler: `confidence`, or `confidence+adaptive(0.9)` for adaptive depth (L_s is then its cap)
-    base = {"run_id": run.run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
-            "split": pt.split, "eval_seconds": secs, "created_at": now(), **sampling_cost(model, got)}
-    rows = metric_rows(scores, task.metric_names, base)
-    samples = sample_rows(run.run_id, pt.key, pt.T, pt.L_s, task, ev.x0, ev.cond, out, ev.x0, scores, got,
-                          keep=min(run.eval.n_samples_kept, n))
-    # samples first: an eval point counts as done only once its evals file exists
-    store.write_rows("samples", samples, run.run_id, f"{pt.key}.parquet")
-    store.write_rows("evals", rows, run.run_id, f"{pt.key}.parquet")
-    return rows
-
-
-def sample_rows(run_id: str, eval_key: str, T: int, L_s: int, task, x, cond, out, ref, scores: list[dict],
-                got: Sampled, keep: int, start: int = 0, primary: str | None = None) -> list[dict]:
-    """One samples row per evaluated example (number `start` + i): its per-metric scores and its cost
-    (block passes, denoising steps) always; its input, output and reference text for the first `keep`
-    examples only (null beyond), so every evals value can be derived again from the rows."""
-    passes, steps = got.passes.tolist(), got.steps.tolist()
-    return [{"run_id": run_id, "eval_key": eval_key, "T": T, "L_s": L_s, "example": start + i,
-             "input": task.render(x[i], cond[i]) if i < keep else None,
-             "output": task.render(out[i]) if i < keep else None,
-             "reference": task.render(ref[i]) if i < keep and ref is not None else None,
-             "score": s[primary or task.primary_metric], "scores": json.dumps(s), "passes": int(passes[i]),
-             "steps": int(steps[i])} for i, s in enumerate(scores)]
-
-
-def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
-    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling
-    eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
-    above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
-    eval_flops: every block pass, plus the head each time it read predictions."""
-    passes = int(got.passes.sum())
-    flops = model.flops_per_forward(passes, heads=got.head_calls) if passes else 0
-    return {"forward_passes": got.forward_passes, "forward_passes_mean": got.forward_passes_mean,
-            "eval_flops": flops}
-
-
-def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
-    """One evals row per metric: the mean of the per-example scores and its 95% interval
-    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
-    n = len(scores)
-    rows = []
-    for m in metrics:
-        vals = [s[m] for s in scores]
-        value = sum(vals) / n
-        binary = all(v in (0.0, 1.0) for v in vals)
-        lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]
-        rows.append({**base, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi})
-    return rows
-
-
 def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,
             error: str | None = None, attempts: int = 1, train_seconds: float | None = None,
-            final_loss: float | None = None, grid: str | None = None) -> dict:
+            final_loss: float | None = None, grid: str | None = None, attention: str | None = None,
+            precision: str | None = None) -> dict:
+    """The runs row (every column of store.RUNS). attention, precision: what the run trained with (None
+    when it did not train in this process)."""
     return {
         "run_id": run.run_id, "study": run.study, "group": run.group, "task": run.task.name,
         "task_params": json.dumps(run.task.model_dump(), sort_keys=True), "K": run.model.K, "L_t": run.model.L,
@@ -384,7 +310,7 @@ def run_row(run: Run, costs: dict, status: str, code_version: str, device: str |
         "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
         "status": status, "error": error, "attempts": attempts, "device": device, **node_info(),
         "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
-        "grid": grid,
+        "grid": grid, "attention": attention, "precision": precision,
     }
 
 

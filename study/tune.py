@@ -44,6 +44,7 @@ from study.grid import Grid, Run, sampling_depth
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
 from model.train import load_state
 from store import Store
+from study.evaluate import evaluate
 from study.trial import execute, format_error, run_from_resolved, run_row, start_attempt, trial_payload
 
 DB_NAME = "optuna.db"
@@ -114,15 +115,14 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
     search, the validation split: see `tuning_run`).
 
     val_loss is the masked-diffusion ELBO of the final loop (what a sampler at L_s = L_t
-    uses), on that split with noise fixed by the eval seed. Task metrics sample as
-    `evaluate_point` does. Used for intermediate evaluations (pruning on the objective) and
+    uses), on that split with noise fixed by the eval seed. Task metrics: `study.evaluate.evaluate`,
+    as the run's own evaluation of that point. Used for intermediate evaluations (pruning on the objective) and
     for val_loss at the end. The global torch RNG is left as it was: the training around an
     intermediate evaluation must not change because of it.
     """
     import torch
 
     from model import RecursiveDenoiser, SeqSpec
-    from model.sampler import sample_all
     from model.train import diffusion_loss
 
     with torch.random.fork_rng(devices=[]):
@@ -144,11 +144,8 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
                     total, n = total + float(loss) * len(x), n + len(x)
                 return total / n
             pt = _metric_point(run, metric)
-            ev = ev_full.head(pt.n_examples)
-            got = sample_all(model, ev.x0, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler,
-                             temperature=pt.temperature, remask=pt.remask, seed=pt.seed)
-            scores = task.score(got.x, ev)
-            return sum(s[metric.name] for s in scores) / len(scores)
+            e = evaluate(model, task, pt, ev_full.head(pt.n_examples), run.run_id, keep=0)
+            return next(r.value for r in e.evals if r.metric == metric.name)
 
 
 # ---- the trial -----------------------------------------------------------------------------
@@ -157,7 +154,7 @@ def _trainable(config: dict) -> None:
     import torch
     from ray import tune
 
-    from study.runner import fault_steps
+    from study.faults import fault_steps
 
     values = {k: config[k] for k in config["param_keys"]}
     run = with_values(run_from_resolved(config["base"]), values)
@@ -408,7 +405,7 @@ def _fit_group(grid, group, study, storage, todo, abs_results, version, store, S
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.runner import fault_config
+    from study.faults import fault_config
     from study.loggers import callbacks as logger_callbacks
 
     search = grid.search

@@ -721,8 +721,7 @@ def _check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: l
 
 def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str) -> None:
     """value, ci_low, ci_high of one evals row, derived again from the per-example scores."""
-    from study.evaluate import likelihood_rows
-    from study.trial import metric_rows
+    from study.evaluate import likelihood_rows, metric_rows
 
     m = r["metric"]
     if kind == "likelihood" and m in ("nll", "bpc") and all("nll" in s for s in scores):
@@ -768,7 +767,7 @@ def _check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list
                 break
     else:
         from model.sampler import Sampled
-        from study.trial import sampling_cost
+        from study.evaluate import sampling_cost
 
         if any(s["passes"] is None or s["steps"] is None for s in srows):
             v.problems.append(f"{spath}: per-example passes or steps missing: the evaluation cost cannot be derived")

@@ -206,10 +206,6 @@ def format_input(operands: list[int], target: int) -> str:
     return ",".join(str(x) for x in [*operands, target])
 
 
-def format_steps(steps) -> str:
-    return ",".join(f"{a}{OPS[o] if isinstance(o, (int, np.integer)) else o}{b}={c}" for a, o, b, c in steps)
-
-
 # ---- strict scoring ----------------------------------------------------------------------
 def parse_input(text: str) -> tuple[list[int], int]:
     parts = text.split(",")

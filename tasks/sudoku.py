@@ -592,17 +592,6 @@ def _is_cells(text: str, n: int, blanks: str) -> bool:
         return False
 
 
-def read_puzzles(path: str, n: int = 9) -> PuzzleFile:
-    """Every puzzle of `path` at once (see iter_puzzles, which reads a large file in bounded memory)."""
-    chunks = list(iter_puzzles(path, n))
-    first = chunks[0]
-    sols = [c.solutions for c in chunks if c.solutions is not None]
-    return PuzzleFile(path=path, n=n, givens=np.concatenate([c.givens for c in chunks]),
-                      solutions=np.concatenate(sols) if sols else None, fmt=first.fmt,
-                      blank=next((c.blank for c in chunks if c.blank != "."), "."),
-                      comments=[x for c in chunks for x in c.comments], header=first.header)
-
-
 def format_puzzles(pf: PuzzleFile, outputs: np.ndarray) -> str:
     """The completed grids in the input's order and format (CSV: quizzes,solutions). For a chunk of
     iter_puzzles, the text of that chunk: the CSV header only with the first (start 0)."""

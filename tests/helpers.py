@@ -130,7 +130,7 @@ def hooked_block_passes(store, run, pt, scratch: str) -> int:
     evaluation writes go to a scratch store under `scratch`, never to `store`."""
     from store import Store
     from study.puzzles import load_run_model
-    from study.trial import evaluate_point
+    from study.evaluate import evaluate_point
     from tasks import make_task
 
     _, _, model = load_run_model(store, run.run_id)
@@ -193,3 +193,13 @@ def ctrl_c_when(cmd: list[str], cwd, env: dict, ready, timeout: float = 600, aft
             p.kill()
             p.communicate()
     return p.returncode, out
+
+
+def full_row(table: str, **values) -> dict:
+    """A row of the store's `table` with `values` and every other column None: the store refuses a row
+    with a missing column, and a synthetic store's test sets only the columns it reads."""
+    from store import SCHEMAS
+
+    unknown = set(values) - set(SCHEMAS[table].names)
+    assert not unknown, f"not columns of {table}: {sorted(unknown)}"
+    return {**dict.fromkeys(SCHEMAS[table].names), **values}

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 
 from store import Store
+from tests.helpers import full_row
 
 N = 100  # examples per evaluation point: values are counts / 100
 TS = [1, 2, 4, 8]
@@ -43,19 +44,21 @@ def n_params(K: int, d_model: int = 64) -> int:
 def run_row(study: str, task: str, tp: dict, K: int, L: int, seed: int = 0, d_model: int = 64,
             loss: str = "all", schedule: str = "fixed") -> dict:
     run_id = f"{task}-{tp.get('mask_rate', 'x')}-{K}x{L}-d{d_model}-{loss}-{schedule}-s{seed}".replace(".", "p")
-    return {"run_id": run_id, "study": study, "task": task, "task_params": json.dumps(tp, sort_keys=True), "K": K,
+    return full_row("runs", **{
+            "run_id": run_id, "study": study, "task": task, "task_params": json.dumps(tp, sort_keys=True), "K": K,
             "L_t": L, "schedule": schedule, "loss": loss, "d_model": d_model, "heads": 4, "lr": 1e-3, "batch": 32,
             "steps": 100, "seed": seed, "n_params": n_params(K, d_model), "n_params_non_embedding": K * 100,
             "flops_per_forward": K * L * 1000, "train_seconds": 1.0, "final_loss": 0.5, "status": "done",
             "error": None, "attempts": 1, "node": "testnode", "device": "cpu", "code_version": "abc123",
-            "config": "{}", "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
+            "config": "{}", "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
 
 
 def eval_row(run: dict, T: int, L_s: int, metric: str, value: float, sampler: str = "confidence") -> dict:
-    return {"run_id": run["run_id"], "eval_key": f"T{T}-L{L_s}-{sampler}", "T": T, "L_s": L_s, "sampler": sampler,
+    return full_row("evals", **{
+            "run_id": run["run_id"], "eval_key": f"T{T}-L{L_s}-{sampler}", "T": T, "L_s": L_s, "sampler": sampler,
             "split": "test", "n_examples": N, "metric": metric, "value": value, "ci_low": None, "ci_high": None,
             "forward_passes": T * L_s, "eval_flops": T * L_s * 1000 * N, "eval_seconds": 0.1,
-            "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
+            "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
 
 
 def _write(store: Store, run: dict, evals: list[dict], history: bool = True) -> None:
@@ -66,8 +69,8 @@ def _write(store: Store, run: dict, evals: list[dict], history: bool = True) -> 
     for key, rows in by_key.items():
         store.write_rows("evals", rows, run["run_id"], f"{key}.parquet")
     if history:
-        rows = [{"run_id": run["run_id"], "step": s, "loss": 3.0 / (1 + s / 50) + 0.1 * run["seed"],
-                 "loop_losses": [3.0 / (1 + s / 50)] * run["L_t"], "L_t": run["L_t"], "lr": 1e-3, "seconds": s / 10}
+        rows = [full_row("history", run_id=run["run_id"], step=s, loss=3.0 / (1 + s / 50) + 0.1 * run["seed"],
+                         loop_losses=[3.0 / (1 + s / 50)] * run["L_t"], L_t=run["L_t"], lr=1e-3, seconds=s / 10)
                 for s in range(0, 101, 20)]
         store.write_rows("history", rows, f"{run['run_id']}.parquet")
     store.write_config(run["run_id"], {"run_id": run["run_id"], "model": {"K": run["K"], "L": run["L_t"]}})

@@ -20,6 +20,7 @@ from analysis.effective import ABOVE, IN_RANGE, effective_params, invert, invert
 from analysis.figures import FIGURES, Options
 from analysis.load import MissingData, load_study
 from store import Store
+from tests.helpers import full_row
 from test_analysis_data import _write, eval_row, run_row
 
 BETA = 0.8
@@ -60,9 +61,9 @@ def write_study(root: str, study: str, single_K=(1, 2, 4, 8), samples_for=(1, 2)
                 for r in rows:
                     k = round(r["value"] * N)
                     store.write_rows("samples", [
-                        {"run_id": run["run_id"], "eval_key": r["eval_key"], "T": r["T"], "L_s": L, "example": i,
-                         "input": "", "output": "", "reference": "", "score": float(i < k),
-                         "scores": json.dumps({"vpr": float(i < k)})} for i in range(N)], run["run_id"],
+                        full_row("samples", run_id=run["run_id"], eval_key=r["eval_key"], T=r["T"], L_s=L, example=i,
+                                 input="", output="", reference="", score=float(i < k),
+                                 scores=json.dumps({"vpr": float(i < k)})) for i in range(N)], run["run_id"],
                         f"{r['eval_key']}.parquet")
 
 

@@ -186,6 +186,7 @@ def _paired_store(root: str, delta: float, n: int = 400, seeds=(0,)):
     the samples files, A solving (0.5 + delta) and B 0.5 of the same puzzles in expectation."""
     from store import Store
     from test_analysis_data import eval_row, run_row
+    from tests.helpers import full_row
 
     store = Store(root, "paired")
     rng = np.random.default_rng(5)
@@ -201,9 +202,9 @@ def _paired_store(root: str, delta: float, n: int = 400, seeds=(0,)):
                 ev = eval_row(run, T, L, "vpr", float(y.mean()))
                 ev.update(n_examples=n, ci_low=wilson(y.sum(), n)[0], ci_high=wilson(y.sum(), n)[1])
                 store.write_rows("evals", [ev], run["run_id"], f"{ev['eval_key']}.parquet")
-                store.write_rows("samples", [{"run_id": run["run_id"], "eval_key": ev["eval_key"], "T": T, "L_s": L,
-                                              "example": j, "input": None, "output": None, "reference": None,
-                                              "score": float(v), "scores": json.dumps({"vpr": float(v)})}
+                store.write_rows("samples", [full_row("samples", run_id=run["run_id"], eval_key=ev["eval_key"], T=T,
+                                                       L_s=L, example=j, input=None, output=None, reference=None,
+                                                       score=float(v), scores=json.dumps({"vpr": float(v)}))
                                              for j, v in enumerate(y)], run["run_id"], f"{ev['eval_key']}.parquet")
     return store
 

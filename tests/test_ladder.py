@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from store import Store
-from tests.helpers import ROOT
+from tests.helpers import ROOT, full_row
 
 STUDY = "cpu_ladder"  # the ladder grid's own study name, so --budget prices candidates from its grid.yaml
 TARGET_STUDY = "cpu_ladder_target"
@@ -39,15 +39,15 @@ def true_vpr(N: int, L: int, T: int) -> float:
 
 
 def _eval(run_id, key, T, L, value, n):
-    return {"run_id": run_id, "eval_key": key, "T": T, "L_s": L, "sampler": "confidence", "split": "test",
-            "n_examples": n, "metric": "vpr", "value": value, "ci_low": None, "ci_high": None,
-            "forward_passes": T * L, "eval_flops": 1, "eval_seconds": 0.1,
-            "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
+    return full_row("evals", run_id=run_id, eval_key=key, T=T, L_s=L, sampler="confidence", split="test",
+                    n_examples=n, metric="vpr", value=value, ci_low=None, ci_high=None,
+                    forward_passes=T * L, eval_flops=1, eval_seconds=0.1,
+                    created_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
 
 
 def _run_row(run, study: str) -> dict:
     c = run.costs()
-    return {"run_id": run.run_id, "study": study, "task": "sudoku",
+    return full_row("runs", **{"run_id": run.run_id, "study": study, "task": "sudoku",
             "task_params": json.dumps(run.task.model_dump(), sort_keys=True), "K": run.model.K, "L_t": run.model.L,
             "schedule": run.train.schedule, "loss": run.train.loss, "d_model": run.model.d_model,
             "heads": run.model.n_heads, "lr": run.train.lr, "batch": run.train.batch_size, "steps": run.train.steps,
@@ -55,7 +55,7 @@ def _run_row(run, study: str) -> dict:
             "flops_per_forward": c["flops_per_forward"], "train_seconds": 1.0, "final_loss": 0.5, "status": "done",
             "error": None, "attempts": 1, "node": "t", "device": "cpu", "code_version": "abc",
             "config": json.dumps(run.resolved(), sort_keys=True),
-            "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
+            "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
 
 
 def write_study(root: str, grid_path: str, rng, examples_every: int = 2, law=None) -> Store:
@@ -238,10 +238,10 @@ def test_cli_errors_are_one_line(synth, tmp_path):
     small = Store(str(tmp_path), "tiny")
     for K, L, d in [(1, 1, 48), (1, 2, 64), (2, 1, 96)]:
         run_id = f"r{K}x{L}d{d}"
-        small.write_rows("runs", [{"run_id": run_id, "study": "tiny", "task": "sudoku", "task_params": "{}", "K": K,
-                                   "L_t": L, "d_model": d, "heads": 4, "batch": 8, "steps": 10, "seed": 0,
-                                   "n_params": 1000 * d, "n_params_non_embedding": 900 * d, "status": "done",
-                                   "config": "{}", "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}],
+        small.write_rows("runs", [full_row("runs", run_id=run_id, study="tiny", task="sudoku", task_params="{}", K=K,
+                                           L_t=L, d_model=d, heads=4, batch=8, steps=10, seed=0,
+                                           n_params=1000 * d, n_params_non_embedding=900 * d, status="done",
+                                           config="{}", created_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))],
                          f"{run_id}.parquet")
         small.write_rows("evals", [_eval(run_id, "k", 1, L, 0.5, 10)], run_id, "k.parquet")
     r = _study("predict", "--study", "tiny", "--results", str(tmp_path))

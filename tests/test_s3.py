@@ -13,7 +13,7 @@ import subprocess
 import pyarrow.fs as pafs
 import pytest
 
-from tests.helpers import ROOT, check_resumed, kill_driver, study_cmd, tiny_grid, wait_training
+from tests.helpers import ROOT, check_resumed, full_row, kill_driver, study_cmd, tiny_grid, wait_training
 
 BUCKET = "rmdm"
 GRID = tiny_grid("s3demo", steps=120)
@@ -72,8 +72,9 @@ def test_store_tables_logs_and_data_on_s3(s3_root, tmp_path):
 
     store = Store(s3_root, "unit")
     assert not store.local and store.dir == f"{BUCKET}/results/unit"
-    store.write_rows("runs", [{"run_id": "r1", "study": "unit", "status": "done"}], "r1.parquet")
-    store.write_rows("evals", [{"run_id": "r1", "eval_key": "k1", "metric": "vpr", "value": 0.5}], "r1", "k1.parquet")
+    store.write_rows("runs", [full_row("runs", run_id="r1", study="unit", status="done")], "r1.parquet")
+    store.write_rows("evals", [full_row("evals", run_id="r1", eval_key="k1", metric="vpr", value=0.5)],
+                     "r1", "k1.parquet")
     assert store.run_row("r1")["status"] == "done"
     assert store.eval_keys("r1") == {"k1"}
     assert store.read("evals", filter_run="r1").value.tolist() == [0.5]

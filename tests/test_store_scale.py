@@ -11,14 +11,15 @@ import pandas as pd
 import pyarrow as pa
 
 from store import Store, index
+from tests.helpers import full_row
 
 N_RUNS, KEYS = 20, ("T1_a", "T2_a")
 OLD = 1_600_000_000  # file mtimes are set explicitly (never the clock): older than the newest file by far
 
 
 def rows_of(rid: str, status: str = "done") -> dict:
-    return {"runs": [{"run_id": rid, "study": "s", "task": "sudoku", "K": 1, "L_t": 1, "status": status}],
-            "history": [{"run_id": rid, "step": s, "loss": 1.0 / (s + 1), "L_t": 1} for s in range(3)]}
+    return {"runs": [full_row("runs", run_id=rid, study="s", task="sudoku", K=1, L_t=1, status=status)],
+            "history": [full_row("history", run_id=rid, step=s, loss=1.0 / (s + 1), L_t=1) for s in range(3)]}
 
 
 def build(tmp_path) -> Store:
@@ -29,9 +30,9 @@ def build(tmp_path) -> Store:
         store.write_rows("runs", r["runs"], f"{rid}.parquet")
         store.write_rows("history", r["history"], f"{rid}.parquet")
         for k in KEYS:
-            store.write_rows("evals", [{"run_id": rid, "eval_key": k, "metric": "vpr", "value": i / 100}],
+            store.write_rows("evals", [full_row("evals", run_id=rid, eval_key=k, metric="vpr", value=i / 100)],
                              rid, f"{k}.parquet")
-            store.write_rows("samples", [{"run_id": rid, "eval_key": k, "example": 0, "output": "1234"}],
+            store.write_rows("samples", [full_row("samples", run_id=rid, eval_key=k, example=0, output="1234")],
                              rid, f"{k}.parquet")
     age_all(store, OLD)
     return store
@@ -74,7 +75,7 @@ def test_changed_new_and_deleted_files_after_indexing(tmp_path):
     # a rerun rewrites one row, a new run appears, one file disappears; all written after the index
     store.write_rows("runs", rows_of("r00", status="failed")["runs"], "r00.parquet")
     store.write_rows("runs", rows_of("r99")["runs"], "r99.parquet")
-    store.write_rows("evals", [{"run_id": "r99", "eval_key": "T1_a", "metric": "vpr", "value": 0.5}],
+    store.write_rows("evals", [full_row("evals", run_id="r99", eval_key="T1_a", metric="vpr", value=0.5)],
                      "r99", "T1_a.parquet")
     store.delete(store.path("runs", "r05.parquet"))
     for s in (store, Store(store.root, "s")):
@@ -97,7 +98,7 @@ def test_a_file_rewritten_in_the_same_mtime_granule_is_never_taken_from_the_inde
     assert sorted(store.read("evals")["value"]) == sorted(i / 100 for i in range(N_RUNS) for _ in KEYS)
     path = store.path("evals", "r03", "T1_a.parquet")
     size = os.path.getsize(path)
-    store.write_rows("evals", [{"run_id": "r03", "eval_key": "T1_a", "metric": "vpr", "value": 0.77}],
+    store.write_rows("evals", [full_row("evals", run_id="r03", eval_key="T1_a", metric="vpr", value=0.77)],
                      "r03", "T1_a.parquet")
     os.utime(path, (OLD + 100, OLD + 100))
     assert os.path.getsize(path) == size  # the same identity as the version read before
@@ -125,7 +126,7 @@ def test_sub_second_mtimes_index_all_but_the_last_moments_and_still_see_a_racy_r
     assert indexed == {f"r{i:02d}" for i in range(N_RUNS)} - {"r03", f"r{N_RUNS - 1:02d}"}
     path = store.path("evals", "r03", "T1_a.parquet")
     size = os.path.getsize(path)
-    store.write_rows("evals", [{"run_id": "r03", "eval_key": "T1_a", "metric": "vpr", "value": 0.77}],
+    store.write_rows("evals", [full_row("evals", run_id="r03", eval_key="T1_a", metric="vpr", value=0.77)],
                      "r03", "T1_a.parquet")
     os.utime(path, ns=(racy_ns, racy_ns))
     assert os.path.getsize(path) == size  # the same identity as the version read before
@@ -268,7 +269,7 @@ def test_effective_params_reads_only_the_samples_of_points_it_uses(tmp_path, mon
     rid = next(r for r in data.runs["run_id"] if "1x2" in r and r.endswith("s0"))
     unused = Store(root, "eff")
     for T in (1, 2):  # samples of a point the analysis never uses (L_s = 1 != L_t = 2)
-        unused.write_rows("samples", [{"run_id": rid, "eval_key": f"T{T}-Ls1-x", "example": 0, "score": 1.0}],
+        unused.write_rows("samples", [full_row("samples", run_id=rid, eval_key=f"T{T}-Ls1-x", example=0, score=1.0)],
                           rid, f"T{T}-Ls1-x.parquet")
     data = load_study(root, "eff")
     reads = []

@@ -60,7 +60,7 @@ def test_puzzles_blank_the_configured_share(tiny_sudoku):
 import pytest  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from tasks.sudoku import (PuzzleFileError, fingerprint, format_puzzles, pattern_grid, read_puzzles,  # noqa: E402
+from tasks.sudoku import (PuzzleFileError, fingerprint, format_puzzles, iter_puzzles, pattern_grid,  # noqa: E402
                           split_grids, symmetry_np)
 
 
@@ -133,7 +133,7 @@ QUIZ = "".join("." if i % 3 == 0 else ch for i, ch in enumerate(SOL))
 def test_read_lines_with_dots_zeros_and_comments(tmp_path):
     p = tmp_path / "p.txt"
     p.write_text(f"# a header comment\n{QUIZ}  easy one\n\n{QUIZ.replace('.', '0')}\t#2\n{SOL}\n")
-    pf = read_puzzles(str(p))
+    (pf,) = iter_puzzles(str(p))  # one chunk: the whole file
     assert pf.fmt == "lines" and pf.givens.shape == (3, 81) and pf.solutions is None
     assert (pf.givens[0] == pf.givens[1]).all() and (pf.givens[0] == -1).sum() == 27
     assert pf.comments == ["  easy one", "\t#2", ""]
@@ -144,7 +144,7 @@ def test_read_lines_with_dots_zeros_and_comments(tmp_path):
 def test_read_csv_quizzes_solutions(tmp_path):
     p = tmp_path / "p.csv"
     p.write_text(f"quizzes,solutions\n{QUIZ.replace('.', '0')},{SOL}\n{SOL},{SOL}\n")
-    pf = read_puzzles(str(p))
+    (pf,) = iter_puzzles(str(p))  # one chunk: the whole file
     assert pf.fmt == "csv" and (pf.solutions[0] == VALID).all() and (pf.givens[1] == VALID).all()
     out = format_puzzles(pf, np.stack([VALID] * 2)).splitlines()
     assert out[0] == "quizzes,solutions" and out[1] == f"{QUIZ.replace('.', '0')},{SOL}"
@@ -162,7 +162,7 @@ def test_malformed_puzzle_files_fail_with_the_line_number(tmp_path, text, where,
     p = tmp_path / "bad.txt"
     p.write_text(text)
     with pytest.raises(PuzzleFileError) as e:
-        read_puzzles(str(p))
+        list(iter_puzzles(str(p)))
     assert str(e.value).startswith(str(p) + where) and what in str(e.value), str(e.value)
 
 

@@ -13,7 +13,8 @@ from study.grid import expand
 from store import Store
 import study.puzzles as puzzles
 from study.puzzles import load_run_model
-from study.trial import evaluate_point, execute
+from study.evaluate import evaluate_point
+from study.trial import execute
 from tasks import make_task
 from tasks.sudoku import DIGITS, generate_solutions
 
