@@ -103,7 +103,7 @@ def _init(path: str) -> None:
 def _draw_one(name: str, out_dir: str, opts) -> tuple[list[str] | str, Computed]:
     """(the figure's paths or why it was not drawn, the derived tables it computed that this worker had not
     sent back yet: a few small frames)."""
-    from analysis.figures import FIGURES
+    from analysis.figures import FIGURES  # preloaded by the fork server (prestart), where there is one
 
     before = _DERIVED.computed.copy()
     try:

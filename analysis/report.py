@@ -1,7 +1,9 @@
 """The study report: one self-contained HTML page (figures embedded as data URIs, no external
 resource) and its Markdown twin (figures linked as PNG files beside it), with every figure drawn,
 the tables (parameter counts, threshold crossings, iso-FLOP pairs, text8, tuning), the grid that
-produced them and its provenance (code versions, per-run configs).
+produced them and its provenance (code versions, per-run configs). Both pages are written from one
+list of blocks (headings, paragraphs, tables, figures, files' text) by two small renderers, so they
+say the same things in the same order.
 """
 from __future__ import annotations
 
@@ -317,7 +319,9 @@ def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
         if others:
             spans = ["Files: "]
             for i, o in enumerate(others):
-                spans += [", "] * (i > 0) + [Mono(o)]
+                if i:
+                    spans.append(", ")
+                spans.append(Mono(o))
             out.append(Paragraph(tuple(spans)))
     return out
 
