@@ -12,7 +12,7 @@ import pandas as pd
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, SHAPE_FIELDS,
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, SHAPE_FIELDS, aggregate,
                              differing, iso_flop_pairs, model_fields, models, primary_metric, select)
 from stats import PAIR_METHOD, VERDICT_RULE, paired_difference, verdict
 
@@ -97,8 +97,6 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
     """One row per pair (study_pairs) and T both models were evaluated at (each at L_s = its L_t, the
     default sampler, one split): the difference A - B in the task's primary metric with its paired 95%
     interval (stats.paired_difference; `method` says which) and the verdict (stats.VERDICT_RULE)."""
-    from analysis.tables import aggregate
-
     pairs = study_pairs(data, named)
     if pairs.empty:
         return pd.DataFrame(columns=COLUMNS)

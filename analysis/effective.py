@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, model_fields, primary_metric
+from analysis.tables import DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric
 from stats import Z95
 from store import index, is_safe_name
 
@@ -147,7 +147,7 @@ def _quantiles(a: np.ndarray) -> tuple[float, float]:
 # ---- resampling ------------------------------------------------------------------------------------
 def example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: int, cache: dict) -> np.ndarray | None:
     """The per-example scores of one evaluation when the samples table keeps every example, else None."""
-    if data.store is None or not _may_hold_every_example(data, run_id, n):
+    if data.store is None or not _may_hold_every_example(data, run_id, n, cache):
         return None
     s = _samples_of(data.store, run_id, eval_key, cache)
     if s.empty:
@@ -174,23 +174,25 @@ def example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: 
 SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
 
 
-def _kept(data: StudyData, run_id: str) -> int | None:
+KEPT = ("n_samples_kept",)  # the key of a score cache's run_id -> eval.n_samples_kept (a tuple: never a run id)
+
+
+def _kept(data: StudyData, run_id: str, cache: dict) -> int | None:
     """eval.n_samples_kept of the run's stored config (examples per point in its samples table), or None
-    where the runs row does not say."""
-    memo = data.__dict__.get("_n_samples_kept")
-    if memo is None:  # parsed once per study, even when no config says it
-        memo = data.__dict__["_n_samples_kept"] = {}
+    where the runs row does not say; parsed once per cache, for every run."""
+    if KEPT not in cache:
+        kept = cache[KEPT] = {}
         for rid, cfg in zip(data.runs["run_id"], data.runs["config"] if "config" in data.runs else []):
             try:
-                memo[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
+                kept[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
             except (TypeError, ValueError, KeyError):
                 pass
-    return memo.get(run_id)
+    return cache[KEPT].get(run_id)
 
 
-def _may_hold_every_example(data: StudyData, run_id: str, n: int) -> bool:
+def _may_hold_every_example(data: StudyData, run_id: str, n: int, cache: dict) -> bool:
     """False when the run's config says its samples keep fewer than n examples per point: no file to read."""
-    kept = _kept(data, run_id)
+    kept = _kept(data, run_id, cache)
     return kept is None or kept >= n
 
 
@@ -201,7 +203,7 @@ def prefetch_scores(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
         return
     by_run: dict[str, list[str]] = {}
     for run_id, key, n in dict.fromkeys(zip(rows["run_id"], rows["eval_key"], rows["n_examples"])):
-        if _may_hold_every_example(data, run_id, int(n)):
+        if _may_hold_every_example(data, run_id, int(n), cache):
             by_run.setdefault(run_id, []).append(key)
     if not by_run:
         return
@@ -273,8 +275,6 @@ def _rows(data: StudyData, split: str) -> list[tuple[str, str, str, pd.DataFrame
 
 
 def _describe(sizes: pd.DataFrame) -> str:
-    from analysis.figures import fmt_params
-
     return ", ".join(f"({r.K} x 1) d={r.d_model} {fmt_params(r.n_params)}" for r in
                      sizes.drop_duplicates("model_key").sort_values("n_params").itertuples())
 
@@ -430,17 +430,3 @@ def effective_tables(eff: Effective) -> tuple[pd.DataFrame, pd.DataFrame]:
     t = eff.table.sort_values(["task_variant", "family", "L", "K", "model", "T"])[cols].reset_index(drop=True)
     return t, eff.beta.copy()
 
-
-def cached(data: StudyData, split: str = DEFAULT_SPLIT) -> Effective:
-    """effective_params of a study, computed once per split (the figure and the report's tables share it);
-    a MissingData is remembered too."""
-    memo = data.__dict__.setdefault("_effective", {})
-    if split not in memo:
-        try:
-            memo[split] = effective_params(data, split)
-        except MissingData as e:
-            memo[split] = e
-    got = memo[split]
-    if isinstance(got, MissingData):
-        raise got
-    return got

@@ -3,10 +3,12 @@
 Drawing is most of a large study's report (a 100-model sweep's `--figure all` draws a few hundred
 panels) and matplotlib draws on one core, so `draw` spreads the figures over `jobs` processes. The
 workers are started by a fork server (a clean process: never a fork of a caller that holds Ray's or
-Arrow's threads) and receive the study as the caller read it (pickled once, to a private file), so every
-worker draws from the same rows and none reads the store again. Figures are returned in the order
-asked, and a figure the data cannot support comes back as its MissingData message, as it does in
-one process.
+Arrow's threads) and receive the study as the caller read it, with its aggregated table (pickled
+once, to a private file), so every worker draws from the same rows and none reads the store or
+aggregates again. Each worker hands back, with each figure, the derived tables it computed (threshold
+crossings, effective parameters, iso-FLOP pairs) into the caller's Derived, for the report's tables.
+Figures are returned in the order asked, and a figure the data cannot support comes back as its
+MissingData message, as it does in one process.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ import pickle
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
+from analysis.derived import Computed, Derived
 from analysis.load import MissingData, StudyData
 
 # below this many runs a study draws in a second or two: starting workers would cost more than it saves
 PARALLEL_FROM_RUNS = 200
 
-_DATA: StudyData | None = None
-_SENT: set[tuple] = set()  # (memo, key) a worker already sent back
+_DATA: StudyData | None = None  # a worker's study, and the derived tables its figures computed
+_DERIVED: Derived | None = None
 
 
 def auto_jobs(data: StudyData, n_figures: int) -> int:
@@ -34,46 +37,42 @@ def auto_jobs(data: StudyData, n_figures: int) -> int:
     return max(1, min(cores, n_figures))
 
 
-def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1) -> dict[str, list[str] | str]:
-    """{figure name: the paths it wrote, or why it was not drawn}, in the order of `names`."""
+def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
+         derived: Derived | None = None) -> dict[str, list[str] | str]:
+    """{figure name: the paths it wrote, or why it was not drawn}, in the order of `names`. The derived
+    tables the figures compute are kept in `derived` (the caller's, for the report)."""
+    # imported here, not above: prestart() runs before the store is read and must not wait for matplotlib
     from analysis.figures import FIGURES
 
+    derived = derived if derived is not None else Derived(data)
     if jobs <= 1 or len(names) < 2:
         out: dict[str, list[str] | str] = {}
         for n in names:
             try:
-                out[n] = FIGURES[n](data, out_dir, opts)
+                out[n] = FIGURES[n](data, out_dir, opts, derived)
             except MissingData as e:
                 out[n] = str(e)
         return out
-    ctx = _context()
-    from analysis.figures import aggregated
-
-    aggregated(data)  # aggregated once here and sent with the study, not once in every worker
+    derived.aggregated()  # once here, sent with the study: every figure but two reads it
     # the slowest figures first, so the last worker to finish does not start a long one at the end
-    order = sorted(names, key=lambda n: SLOW_FIRST.index(n) if n in SLOW_FIRST else len(SLOW_FIRST))
+    order = sorted(names, key=lambda n: -FIGURES[n].cost)
     # the study pickled once, into a private directory every worker reads it from (as initargs it is
     # pickled again for each worker and pushed through its pipe one after the other: tens of MB
     # for a 1,000-run study, half a second before the last worker starts drawing)
     with tempfile.TemporaryDirectory(prefix="rmdm_draw_") as tmp:  # mode 0700: this user's only
         path = os.path.join(tmp, "study.pickle")
         with open(path, "wb") as f:
-            pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
-        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init,
+            pickle.dump((data, derived.computed), f, protocol=pickle.HIGHEST_PROTOCOL)
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=_context(), initializer=_init,
                                  initargs=(path,)) as pool:
             futures = {n: pool.submit(_draw_one, n, out_dir, opts) for n in order}
             results = {n: f.result() for n, f in futures.items()}
     out = {}
     for n in names:
-        got, memos = results[n]
-        for key, kept in memos.items():  # tables a worker computed (effective parameters, crossings,
-            data.__dict__.setdefault(key, {}).update(kept)  # iso-FLOP pairs): the report's tables reuse them
+        got, computed = results[n]
+        derived.computed.update(computed)
         out[n] = got
     return out
-
-
-# measured at 1,000 runs (benchmarks/store_scale.py): the longest first
-SLOW_FIRST = ["compute", "cross-depth", "iso-flop", "effective-params", "iso-param", "text8", "pareto"]
 
 
 def _context():
@@ -95,23 +94,20 @@ def prestart() -> None:
 
 
 def _init(path: str) -> None:
-    global _DATA
+    global _DATA, _DERIVED
     with open(path, "rb") as f:
-        _DATA = pickle.load(f)  # written by draw() in its own private directory, a moment ago
+        _DATA, computed = pickle.load(f)  # written by draw() in its own private directory, a moment ago
+    _DERIVED = Derived(_DATA, computed)
 
 
-def _draw_one(name: str, out_dir: str, opts):
-    from analysis.figures import FIGURES
+def _draw_one(name: str, out_dir: str, opts) -> tuple[list[str] | str, Computed]:
+    """(the figure's paths or why it was not drawn, the derived tables it computed that this worker had not
+    sent back yet: a few small frames)."""
+    from analysis.figures import FIGURES  # preloaded by the fork server (prestart), where there is one
 
+    before = _DERIVED.computed.copy()
     try:
-        got = FIGURES[name](_DATA, out_dir, opts)
+        got = FIGURES[name](_DATA, out_dir, opts, _DERIVED)
     except MissingData as e:
         got = str(e)
-    # the tables this figure memoised (a few small frames), each sent back once, for the report's tables
-    memos = {}
-    for k in ("_effective", "_memo"):
-        new = {key: v for key, v in _DATA.__dict__.get(k, {}).items() if (k, key) not in _SENT}
-        if new:
-            memos[k] = new
-            _SENT.update((k, key) for key in new)
-    return got, memos
+    return got, _DERIVED.computed.since(before)

@@ -1,7 +1,9 @@
 """The study report: one self-contained HTML page (figures embedded as data URIs, no external
 resource) and its Markdown twin (figures linked as PNG files beside it), with every figure drawn,
 the tables (parameter counts, threshold crossings, iso-FLOP pairs, text8, tuning), the grid that
-produced them and its provenance (code versions, per-run configs).
+produced them and its provenance (code versions, per-run configs). Both pages are written from one
+list of blocks (headings, paragraphs, tables, figures, files' text) by two small renderers, so they
+say the same things in the same order.
 """
 from __future__ import annotations
 
@@ -10,12 +12,18 @@ import datetime as dt
 import html
 import json
 import os
+from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.figures import FIGURES, Options, aggregated, crossings_table, pairs_of
+from analysis.compare import EXPLANATION, compare
+from analysis.derived import Derived
+from analysis.effective import effective_tables
+from analysis.figures import FIGURES, Options
 from analysis.load import MissingData, StudyData
 from analysis.tables import param_table, text8_table
+from analysis.tuning import importances_table, load_searches
+from store.provenance import grids as grids_run
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1200px;color:#222;
@@ -73,7 +81,7 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame | str]]:
+def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, str, pd.DataFrame | str]]:
     """(title, explanation, table or the reason it is missing) for every table of the report."""
     out: list[tuple[str, str, pd.DataFrame | str]] = []
     out.append(("Parameter counts", "Every model of the study: parameters (of the K shared layers plus embeddings "
@@ -81,7 +89,7 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                 "training configuration but the seed; differs names the other fields that tell models of one "
                 "task apart.", param_table(data.runs)))
     try:
-        c = crossings_table(data, opts)
+        c = derived.crossings(opts.threshold, opts.pareto_x, opts.split)
         c = c[["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
                "crossing", "T", "L_s", "value", "best", "pareto"]]
         x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes (steps run x L_s)"
@@ -90,22 +98,18 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
                     "models (fewest parameters and steps).", c))
     except MissingData as e:
         out.append(("Threshold crossings", "", str(e)))
-    pairs = pairs_of(data).drop(columns=["key_recursive", "key_single"])
+    pairs = derived.pairs().drop(columns=["key_recursive", "key_single"])
     out.append(("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per "
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
     try:
-        from analysis.compare import EXPLANATION, compare
-
-        cmp = compare(data, list(opts.compare), opts.split, agg=aggregated(data))
+        cmp = compare(data, list(opts.compare), opts.split, agg=derived.aggregated())
         out.append(("Paired comparisons and verdicts", EXPLANATION,
                     cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
     except MissingData as e:
         out.append(("Paired comparisons and verdicts", "", str(e)))
     try:
-        from analysis.effective import cached, effective_tables
-
-        fitted = cached(data, opts.split)
+        fitted = derived.effective(opts.split)
         eff, beta = effective_tables(fitted)
         skipped = (" Left out: " + "; ".join(fitted.skipped) + ".") if fitted.skipped else ""
         out.append(("Effective parameters", "Each looped (K x L), sampled at L_s = L, placed on its family's "
@@ -120,12 +124,10 @@ def tables(data: StudyData, opts: Options) -> list[tuple[str, str, pd.DataFrame 
         out.append(("Effective parameters", "", str(e)))
     try:
         out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
-                    text8_table(aggregated(data), split=opts.split)))  # aggregated once per report
+                    text8_table(derived.aggregated(), split=opts.split)))
     except MissingData as e:
         out.append(("Text8", "", str(e)))
     try:
-        from analysis.tuning import importances_table, load_searches
-
         imp = importances_table(load_searches(data.dir))
         out.append(("Tuning: parameter importances", "PED-ANOVA importances of the Optuna search's parameters "
                     "(Optuna's PedAnovaImportanceEvaluator, asked for by name; the method column says so).",
@@ -148,18 +150,133 @@ def provenance(data: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
     return versions, per_run.sort_values(["task", "model", "seed"]).reset_index(drop=True)
 
 
-def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str],
-                 opts: Options = Options()) -> tuple[str, str]:
-    """Write report.html (self-contained) and report.md into out_dir; `drawn` maps each figure name to
-    the paths it wrote or to the reason it was not drawn. Returns (html path, md path)."""
-    os.makedirs(out_dir, exist_ok=True)
+# ---- the document: one list of blocks, written as HTML and as Markdown ------------------------------
+@dataclass(frozen=True)
+class Bold:
+    text: str
+
+
+@dataclass(frozen=True)
+class Mono:
+    text: str  # a path, a file or a command
+
+
+Spans = tuple  # of str, Bold and Mono: a paragraph's text
+
+
+@dataclass(frozen=True)
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    spans: Spans
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Something the report would show but cannot: `lead` (as 'Not drawn:') then why."""
+    text: str
+    lead: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    df: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class Image:
+    path: str  # the PNG: embedded in the HTML, linked from the Markdown by `rel`
+    rel: str
+    name: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Pre:
+    text: str  # a file's text (YAML)
+
+
+@dataclass(frozen=True)
+class Details:
+    """A file's text under a summary line, folded in the HTML; in the Markdown (unless html_only) the line
+    and the text."""
+    summary: str
+    text: str
+    html_only: bool = False
+
+
+@dataclass(frozen=True)
+class MarkdownOnly:
+    spans: Spans  # a paragraph the HTML says with its Details instead
+
+
+def _html_spans(spans: Spans) -> str:
+    return "".join(f"<b>{html.escape(s.text)}</b>" if isinstance(s, Bold) else
+                   f"<code>{html.escape(s.text)}</code>" if isinstance(s, Mono) else html.escape(s) for s in spans)
+
+
+def _md_spans(spans: Spans) -> str:
+    return "".join(f"**{s.text}**" if isinstance(s, Bold) else f"`{s.text}`" if isinstance(s, Mono) else s
+                   for s in spans)
+
+
+def to_html(title: str, blocks: list) -> str:
+    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+           f"<style>{CSS}</style></head><body>"]
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
+        elif isinstance(b, Paragraph):
+            out.append(f"<p>{_html_spans(b.spans)}</p>")
+        elif isinstance(b, Missing):
+            out.append(f"<p class='missing'>{html.escape(' '.join(filter(None, [b.lead, b.text])))}</p>")
+        elif isinstance(b, Table):
+            out.append(html_table(b.df))
+        elif isinstance(b, Image):
+            b64 = base64.b64encode(open(b.path, "rb").read()).decode()
+            out.append(f"<figure><img src='data:image/png;base64,{b64}' alt='{html.escape(b.name)} figure'>"
+                       f"<figcaption>{html.escape(b.caption)}</figcaption></figure>")
+        elif isinstance(b, Pre):
+            out.append(f"<pre>{html.escape(b.text)}</pre>")
+        elif isinstance(b, Details):
+            out.append(f"<details><summary>{html.escape(b.summary)}</summary><pre>{html.escape(b.text)}</pre>"
+                       "</details>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def to_markdown(blocks: list) -> str:
+    out = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append(f"{'#' * b.level} {b.text}")
+        elif isinstance(b, (Paragraph, MarkdownOnly)):
+            out.append(_md_spans(b.spans))
+        elif isinstance(b, Missing):
+            out.append(f"*{b.lead}* {b.text}" if b.lead else f"*{b.text}*")
+        elif isinstance(b, Table):
+            out.append(md_table(b.df))
+        elif isinstance(b, Image):
+            out += [f"![{b.name}]({b.rel})", "", f"*{b.caption}*"]
+        elif isinstance(b, Pre):
+            out += ["```yaml", b.text.rstrip(), "```"]
+        elif isinstance(b, Details) and not b.html_only:
+            out += [f"`{b.summary}`", "", "```yaml", b.text.rstrip(), "```"]
+        else:
+            continue
+        out.append("")
+    return "\n".join(out)
+
+
+# ---- the report's sections ------------------------------------------------------------------------
+def _intro(data: StudyData, opts: Options) -> list:
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     status = ", ".join(f"{n} {s}" for s, n in data.runs["status"].value_counts().items())
-    intro = (f"Study <b>{html.escape(data.name)}</b> from <code>{html.escape(data.dir)}</code>: "
-             f"{data.runs['run_id'].nunique()} runs ({html.escape(status)}), {len(data.evals)} evaluation rows. "
-             f"Generated {when} from the Parquet store alone (nothing retrained). {INTERVALS}")
-    sup = data.superseded
-    ev_left = data.left_out_evals
+    sup, ev_left = data.superseded, data.left_out_evals
     note = f" Every number is from the {opts.split!r} split."
     if sup is not None and not sup.empty:
         note += (f" {len(sup)} runs are left out (a later run has the same whole training configuration and "
@@ -167,106 +284,98 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     if ev_left is not None and not ev_left.empty:
         note += (f" {len(ev_left)} evaluation rows are left out (an older or smaller evaluation of a point "
                  "another row holds, never averaged in): see Left out.")
-    intro += html.escape(note)
-    h = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.name)} — R-MDM study "
-         f"report</title><style>{CSS}</style></head><body>", f"<h1>{html.escape(data.name)}: R-MDM study report</h1>",
-         f"<p>{intro}</p>"]
-    md = [f"# {data.name}: R-MDM study report", "",
-          f"Study **{data.name}** from `{data.dir}`: {data.runs['run_id'].nunique()} runs ({status}), "
-          f"{len(data.evals)} evaluation rows. Generated {when} from the Parquet store alone (nothing retrained). "
-          f"{INTERVALS}" + note, ""]
+    return [Heading(1, f"{data.name}: R-MDM study report"),
+            Paragraph(("Study ", Bold(data.name), " from ", Mono(data.dir),
+                       f": {data.runs['run_id'].nunique()} runs ({status}), {len(data.evals)} evaluation rows. "
+                       f"Generated {when} from the Parquet store alone (nothing retrained). {INTERVALS}{note}"))]
 
+
+def _left_out(data: StudyData) -> list:
+    sup, ev_left = data.superseded, data.left_out_evals
+    out = []
     if sup is not None and not sup.empty:
-        left = sup.assign(created_at=sup["created_at"].astype(str))
-        h += ["<h2>Left out</h2>", "<p>Runs not analysed, with the run analysed instead and why.</p>",
-              html_table(left)]
-        md += ["## Left out", "", "Runs not analysed, with the run analysed instead and why.", "", md_table(left), ""]
+        out += [Heading(2, "Left out"), Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
+                Table(sup.assign(created_at=sup["created_at"].astype(str)))]
     if ev_left is not None and not ev_left.empty:
-        left = ev_left.assign(created_at=ev_left["created_at"].astype(str))
-        what = ("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, metric); "
-                "of rows with equal n_examples the newest is kept, of different sizes the largest. kept names "
-                "the eval_key analysed instead.")
-        if sup is None or sup.empty:
-            h.append("<h2>Left out</h2>")
-            md += ["## Left out", ""]
-        h += [f"<p>{html.escape(what)}</p>", html_table(left)]
-        md += [what, "", md_table(left), ""]
+        if not out:
+            out.append(Heading(2, "Left out"))
+        out += [Paragraph(("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, "
+                           "metric); of rows with equal n_examples the newest is kept, of different sizes the "
+                           "largest. kept names the eval_key analysed instead.",)),
+                Table(ev_left.assign(created_at=ev_left["created_at"].astype(str)))]
+    return out
 
-    h.append("<h2>Figures</h2>")
-    md += ["## Figures", ""]
+
+def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
+    out = [Heading(2, "Figures")]
     for name, res in drawn.items():
-        doc = (FIGURES[name].__doc__ or name).strip().split("\n\n")[0].replace("\n", " ")
-        h.append(f"<h3>{html.escape(name)}</h3>")
-        md += [f"### {name}", ""]
+        out.append(Heading(3, name))
         if isinstance(res, str):
-            h.append(f"<p class='missing'>Not drawn: {html.escape(res)}</p>")
-            md += [f"*Not drawn:* {res}", ""]
+            out.append(Missing(res, lead="Not drawn:"))
             continue
-        for p in res:
-            if p.endswith(".png"):
-                b64 = base64.b64encode(open(p, "rb").read()).decode()
-                h.append(f"<figure><img src='data:image/png;base64,{b64}' alt='{html.escape(name)} figure'>"
-                         f"<figcaption>{html.escape(doc)}</figcaption></figure>")
-                md += [f"![{name}]({os.path.relpath(p, out_dir)})", "", f"*{doc}*", ""]
+        caption = FIGURES[name].caption
+        out += [Image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
         others = [os.path.relpath(p, out_dir) for p in res if not p.endswith(".png")]
         if others:
-            h.append("<p>Files: " + ", ".join(f"<code>{html.escape(o)}</code>" for o in others) + "</p>")
-            md += ["Files: " + ", ".join(f"`{o}`" for o in others), ""]
+            spans = ["Files: "]
+            for i, o in enumerate(others):
+                if i:
+                    spans.append(", ")
+                spans.append(Mono(o))
+            out.append(Paragraph(tuple(spans)))
+    return out
 
-    h.append("<h2>Tables</h2>")
-    md += ["## Tables", ""]
-    for title, note, t in tables(data, opts):
-        h.append(f"<h3>{html.escape(title)}</h3>")
-        md += [f"### {title}", ""]
-        if isinstance(t, str):
-            h.append(f"<p class='missing'>Not available: {html.escape(t)}</p>")
-            md += [f"*Not available:* {t}", ""]
-        else:
-            h += [f"<p>{html.escape(note)}</p>", html_table(t)]
-            md += [note, "", md_table(t), ""]
 
-    h.append("<h2>Grid</h2>")
-    md += ["## Grid", ""]
+def _tables(data: StudyData, opts: Options, derived: Derived) -> list:
+    out = [Heading(2, "Tables")]
+    for title, note, t in tables(data, opts, derived):
+        out.append(Heading(3, title))
+        out += [Missing(t, lead="Not available:")] if isinstance(t, str) else [Paragraph((note,)), Table(t)]
+    return out
+
+
+def _grids(data: StudyData) -> list:
+    out = [Heading(2, "Grid")]
     if data.grid_text:
-        h += [f"<p><code>{html.escape(data.dir)}/grid.yaml</code>, as last run:</p>",
-              f"<pre>{html.escape(data.grid_text)}</pre>"]
-        md += [f"`{data.dir}/grid.yaml`, as last run:", "", "```yaml", data.grid_text.rstrip(), "```", ""]
+        out += [Paragraph((Mono(f"{data.dir}/grid.yaml"), ", as last run:")), Pre(data.grid_text)]
     else:
-        h.append("<p class='missing'>No grid.yaml in the study directory.</p>")
-        md += ["*No grid.yaml in the study directory.*", ""]
+        out.append(Missing("No grid.yaml in the study directory."))
     # every grid the study ran (store/provenance.py), oldest first; runs name theirs in runs.grid
-    from store.provenance import grids as grids_run
-
     ran = grids_run(data.store) if getattr(data, "store", None) is not None else []
     by_grid = data.runs["grid"].value_counts().to_dict() if "grid" in data.runs else {}
-    h.append(f"<h3>Grids run ({len(ran)})</h3>")
-    md += [f"### Grids run ({len(ran)})", ""]
+    out.append(Heading(3, f"Grids run ({len(ran)})"))
     if not ran:
-        h.append("<p class='missing'>No grid record (grids/log.jsonl): the study predates it.</p>")
-        md += ["*No grid record (grids/log.jsonl): the study predates it.*", ""]
+        out.append(Missing("No grid record (grids/log.jsonl): the study predates it."))
     for g in ran:
         when = "; ".join(f"{c} {t or 'time unknown'}" + (f" ({p})" if p else "") for t, c, p in g["runs"])
-        line = f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)"
-        h.append(f"<details><summary>{html.escape(line)}</summary><pre>{html.escape(g['text'] or '(file missing)')}"
-                 "</pre></details>")
-        md += [f"`{line}`", "", "```yaml", (g["text"] or "(file missing)").rstrip(), "```", ""]
+        out.append(Details(f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)",
+                           g["text"] or "(file missing)"))
+    return out
 
+
+def _provenance(data: StudyData) -> list:
     versions, per_run = provenance(data)
-    h += ["<h2>Provenance</h2>", "<p>Code versions of the runs (runs.code_version):</p>", html_table(versions),
-          f"<p>Per run ({len(data.configs)} resolved configs in <code>configs/</code>):</p>", html_table(per_run)]
-    md += ["## Provenance", "", "Code versions of the runs (runs.code_version):", "", md_table(versions), "",
-           f"Per run ({len(data.configs)} resolved configs in `configs/`):", "", md_table(per_run), ""]
+    out = [Heading(2, "Provenance"), Paragraph(("Code versions of the runs (runs.code_version):",)), Table(versions),
+           Paragraph((f"Per run ({len(data.configs)} resolved configs in ", Mono("configs/"), "):")), Table(per_run)]
     for run_id in sorted(data.configs):
         # the file's own text when read (written as this dump would write it), else the dump
         text = data.config_texts.get(run_id) or json.dumps(data.configs[run_id], indent=2, sort_keys=True, default=str)
-        h.append(f"<details><summary>configs/{html.escape(run_id)}.json</summary><pre>{html.escape(text)}</pre>"
-                 "</details>")
-    md += [f"The resolved configs are in `{data.dir}/configs/<run_id>.json`.", ""]
-    h.append("</body></html>")
+        out.append(Details(f"configs/{run_id}.json", text, html_only=True))
+    return out + [MarkdownOnly(("The resolved configs are in ", Mono(f"{data.dir}/configs/<run_id>.json"), "."))]
 
+
+def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str],
+                 opts: Options = Options(), derived: Derived | None = None) -> tuple[str, str]:
+    """Write report.html (self-contained) and report.md into out_dir, from one list of blocks; `drawn`
+    maps each figure name to the paths it wrote or to the reason it was not drawn; `derived`: the tables
+    the figures computed (analysis.derived), reused here. Returns (html path, md path)."""
+    derived = derived if derived is not None else Derived(data)
+    os.makedirs(out_dir, exist_ok=True)
+    blocks = (_intro(data, opts) + _left_out(data) + _figures(drawn, out_dir) + _tables(data, opts, derived)
+              + _grids(data) + _provenance(data))
     html_path, md_path = os.path.join(out_dir, "report.html"), os.path.join(out_dir, "report.md")
     with open(html_path, "w", encoding="utf-8") as f:
-        f.write("\n".join(h))
+        f.write(to_html(f"{data.name} — R-MDM study report", blocks))
     with open(md_path, "w", encoding="utf-8") as f:
-        f.write("\n".join(md))
+        f.write(to_markdown(blocks))
     return html_path, md_path

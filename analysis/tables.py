@@ -55,6 +55,19 @@ def differing(keys: Iterable[str], shown: Iterable[str] = SHAPE_FIELDS) -> dict[
     return {k: ", ".join(f"{label[f]}={_fmt(fields[k].get(f))}" for f in vary) for k in keys}
 
 
+def shape_label(K, L) -> str:
+    """A model's shape as the figures and tables name it: '(K x L)'."""
+    return f"({K} x {L})"
+
+
+def fmt_params(n: float) -> str:
+    """10_600_000 -> '10.6M', 150_000 -> '150k', 150 -> '150'."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{int(n)}"
+
+
 def one_split(d: pd.DataFrame, what: str) -> None:
     """Refuse rows from more than one split: a figure never averages test and validation numbers."""
     if "split" in d and d["split"].nunique() > 1:

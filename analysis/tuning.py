@@ -1,4 +1,5 @@
-"""`--figure tuning`: optimization history and parameter importances of the study's Optuna search.
+"""The study's Optuna searches, read for `--figure tuning` (analysis/figures/tuning.py) and the report's
+importances table.
 
 `study tune` keeps its Optuna storage in the study directory as `optuna.*`: an SQLite file
 (`optuna.db`, `.sqlite`, `.sqlite3`) or an Optuna journal file (any other `optuna.*`, e.g.
@@ -9,11 +10,9 @@ from __future__ import annotations
 
 import os
 
-import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
-from analysis.load import MissingData, StudyData
+from analysis.load import MissingData
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -73,43 +72,8 @@ def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, flo
     return out
 
 
-def tuning(data: StudyData, out_dir: str, opts) -> list[str]:
-    from analysis.figures import save, save_table
-
-    searches = load_searches(data.dir)
-    sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(len(searches), 2, figsize=(11, 3.8 * len(searches)), squeeze=False)
-    paths = []
-    for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):
-        ax_h.scatter(df["number"], df["value"], s=18, color=sns.color_palette("deep")[0], label="trial value")
-        ax_h.step(df["number"], df["best_so_far"], where="post", color=sns.color_palette("deep")[3],
-                  label=f"best so far ({direction})")
-        ax_h.set_xlabel("trial number")
-        ax_h.set_ylabel("objective value")
-        ax_h.set_title(f"{name}: optimization history ({len(df)} completed trials)", fontsize=10)
-        ax_h.legend(fontsize=8, loc="lower right" if direction == "maximize" else "upper right")
-        if imp:
-            names = list(imp)[::-1]
-            ax_i.barh(names, [imp[n] for n in names], color=sns.color_palette("deep")[2])
-            ax_i.set_xlabel(f"importance ({IMPORTANCE_METHOD}: how far each parameter's top-trial values stand "
-                            "out; normalised to sum 1)")
-            ax_i.set_xlim(0, 1)
-            ax_i.set_title(f"{name}: parameter importances", fontsize=10)
-        else:
-            ax_i.axis("off")
-            ax_i.set_title(f"{name}: importances need >= 2 trials and a varied parameter", fontsize=10)
-        paths.append(save_table(df, out_dir, f"tuning_trials_{_safe(name)}"))
-    fig.suptitle(f"{data.name}: hyperparameter search (Optuna)")
-    fig.tight_layout()
-    return save(fig, out_dir, "tuning", opts.fmt) + paths
-
-
 def importances_table(searches) -> pd.DataFrame:
     rows = [{"search": name, "parameter": p, "importance": v, "method": IMPORTANCE_METHOD}
             for name, _, imp, _ in searches for p, v in imp.items()]
     return pd.DataFrame(rows, columns=["search", "parameter", "importance", "method"])
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "search"
 

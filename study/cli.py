@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
+from analysis.catalog import figure_names
 
 
 class _Commands(TyperGroup):
@@ -460,9 +461,8 @@ def tune(
 
 @app.command()
 def report(
-    figure: str = typer.Option("iso-param", "--figure", help="iso-param, iso-flop, pareto, compute, cross-depth, "
-                               "mask-rate, losses, schedules, text8, training-curves, effective-params, tuning, or "
-                               "'all' (every figure the data supports, report.html/.md and the verdicts)"),
+    figure: str = typer.Option("iso-param", "--figure", help=", ".join(figure_names()) + ", or 'all' (every "
+                               "figure the data supports, report.html/.md and the verdicts)"),
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
     out: Optional[str] = typer.Option(None, "--out", help="output directory (default: the study's figures/)"),
@@ -495,9 +495,11 @@ def report(
     out_dir = out or (f"{data.dir}/figures" if data.store.local else f"figures/{data.name}")
     if out is not None or data.store.local:
         _writable_dir_or_exit(out_dir, "--out")  # before drawing anything
+    from analysis.derived import Derived
     from analysis.render import auto_jobs, draw
 
-    drawn = draw(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)))
+    derived = Derived(data)  # the tables figures, report and verdicts share, each computed once
+    drawn = draw(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)), derived)
     for n, got in drawn.items():
         if isinstance(got, str):
             typer.echo(f"{n}: not drawn: {got}", err=True)
@@ -507,10 +509,10 @@ def report(
     if figure == "all":
         from analysis.report import write_report
 
-        for p in write_report(data, out_dir, drawn, opts):
+        for p in write_report(data, out_dir, drawn, opts, derived):
             typer.echo(p)
     if figure == "all" or named:
-        _print_comparisons(data, opts)
+        _print_comparisons(data, opts, derived)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
 
@@ -577,15 +579,14 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
     return named
 
 
-def _print_comparisons(data, opts) -> None:
+def _print_comparisons(data, opts, derived) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
     from analysis.compare import compare
-    from analysis.figures import aggregated
     from analysis.load import MissingData
     from stats import VERDICT_RULE
 
     try:
-        c = compare(data, list(opts.compare), opts.split, agg=aggregated(data))  # the report's table, once
+        c = compare(data, list(opts.compare), opts.split, agg=derived.aggregated())  # the report's table, once
     except MissingData as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -164,7 +164,7 @@ def test_adaptive_is_refused_for_a_likelihood_task():
 def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
     """4x4 Sudoku, d 16, 20 steps, trained and evaluated through study.trial.execute (real Parquet);
     the adaptive point's rows say what it spent (<= the cap's), and the compute figure draws it."""
-    from analysis.figures import compute
+    from analysis.figures import FIGURES
     from analysis.load import load_study
     from store import Store
     from study.trial import execute
@@ -192,7 +192,7 @@ def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
     plain = {**raw, "eval": {k: v for k, v in raw["eval"].items() if k != "adaptive"}}
     assert {p.key for p in expand(plain, "ada4.yaml").runs[0].eval_points()} == \
         set(ev.eval_key[ev.sampler == "confidence"])
-    paths = compute(load_study(root, "ada4"), str(tmp_path / "fig"))
+    paths = FIGURES["compute"](load_study(root, "ada4"), str(tmp_path / "fig"))
     assert any(p.endswith(".png") for p in paths)
 
 

@@ -11,11 +11,16 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from analysis.figures import FIGURES, Options, crossings_table
+from analysis.derived import Derived
+from analysis.figures import FIGURES, Options
 from analysis.load import MissingData, latest_study, load_study
 from analysis.tables import (aggregate, heatmap_matrix, iso_flop_pairs, pareto_front, select, text8_table,
                              threshold_crossings)
 from test_analysis_data import CROSS, TEXT8_NLL, write_all
+
+
+def crossings_table(data, opts):
+    return Derived(data).crossings(opts.threshold, opts.pareto_x, opts.split)
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +428,7 @@ def test_figures_read_the_test_split_only_and_never_average_splits(two_split_sto
     # a line handed rows of two splits refuses rather than drawing their mix
     import matplotlib.pyplot as plt
 
-    from analysis.figures import _line
+    from analysis.plotting import line as _line
 
     fig, ax = plt.subplots()
     rows = agg[agg["metric"] == "vpr"]

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from analysis import figures as F  # noqa: E402
+from analysis import plotting as P  # noqa: E402
 from analysis.load import load_study  # noqa: E402
 from benchmarks.store_scale import build  # noqa: E402
 
@@ -55,7 +56,7 @@ def drawn(monkeypatch, data, name):
             if ax.get_visible() and ax.get_title():
                 leg = ax.get_legend()
                 got.append((ax.get_title(), len(leg.get_texts()) if leg else 0))
-        F.plt.close(fig)
+        P.plt.close(fig)
         return []
 
     monkeypatch.setattr(F, "save", keep)
@@ -115,9 +116,9 @@ def test_tick_values_are_thinned_to_about_nine_spread_over_the_axis():
     """A compute axis of T x L_s values (1, 2, 3, 4, 6, 8, 12, 16, ... 160) printed every one of them
     on top of each other; now at most about nine, first and last kept, spread on the log axis."""
     values = sorted({t * ls for t in (1, 2, 4, 8, 16, 24, 32, 40) for ls in (1, 2, 3, 4)})
-    ticks = F._thin(values, 9, log=True)
+    ticks = P.thin(values, 9, log=True)
     assert ticks[0] == 1 and ticks[-1] == 160 and len(ticks) <= 10 and set(ticks) <= set(values)
-    assert F._thin([1, 2, 4, 8], 9, log=True) == [1, 2, 4, 8]
+    assert P.thin([1, 2, 4, 8], 9, log=True) == [1, 2, 4, 8]
     gaps = [b / a for a, b in zip(ticks, ticks[1:])]
     assert min(gaps[:-1]) >= 1.5, ticks  # no two neighbours crowded (the last may sit closer)
 
@@ -131,7 +132,7 @@ def test_bands_and_seed_bars_keep_each_lines_color():
     import pandas as pd
     from matplotlib.collections import LineCollection, PolyCollection
 
-    from analysis.figures import _flush_bands, _line
+    from analysis.plotting import flush_bands as _flush_bands, line as _line
 
     fig, ax = plt.subplots()
     red, blue = (0.8, 0.1, 0.1), (0.1, 0.2, 0.8)
@@ -155,7 +156,7 @@ def test_bands_and_seed_bars_keep_each_lines_color():
 def test_a_rate_panel_leaves_its_y_labels_to_a_left_neighbour_of_the_same_metric():
     import matplotlib.pyplot as plt
 
-    from analysis.figures import _grid, _outer_y_labels, _rate_ylim
+    from analysis.plotting import grid as _grid, outer_y_labels as _outer_y_labels, rate_ylim as _rate_ylim
 
     fig, axes = _grid(6, cols=3)  # two rows of three
     for i, ax in enumerate(axes):
@@ -175,7 +176,7 @@ def test_a_line_refuses_two_rows_at_one_x_and_draws_in_x_order():
     import pandas as pd
     import pytest
 
-    from analysis.figures import _line
+    from analysis.plotting import line as _line
 
     fig, ax = plt.subplots()
     g = pd.DataFrame({"T": [4, 1, 2], "value": [0.9, 0.1, 0.5], "ci_low": 0.0, "ci_high": 1.0, "n_seeds": 1,

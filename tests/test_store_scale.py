@@ -225,7 +225,7 @@ def test_save_measures_the_figure_once_and_writes_the_same_png(tmp_path, monkeyp
 def test_cross_depth_heatmaps_are_drawn_one_panel_at_a_time(tmp_path, monkeypatch):
     """sns.heatmap draws the whole figure to check its tick labels: with n panels that was n draws of
     up to n panels each (quadratic in models). Now only saving draws the figure: once per file."""
-    from analysis.figures import Options, cross_depth
+    from analysis.figures import FIGURES, Options
     from test_analysis_data import _write, eval_row, run_row
 
     root = str(tmp_path / "results")
@@ -239,7 +239,7 @@ def test_cross_depth_heatmaps_are_drawn_one_panel_at_a_time(tmp_path, monkeypatc
 
     data = load_study(root, "cd")
     seen = _draws(monkeypatch)
-    paths = cross_depth(data, str(tmp_path / "fig"), Options())
+    paths = FIGURES["cross-depth"](data, str(tmp_path / "fig"), Options())
     assert sum(p.endswith(".csv") for p in paths) == len(widths)
     assert len(seen) == 2 and all(n == len(widths) for n in seen), f"figure draws: {seen}"  # PNG, SVG
 

@@ -1,0 +1,133 @@
+"""The tables computed from a study that several figures and the report's tables read: the seeds
+aggregated, the iso-FLOP pairs, the threshold crossings and the effective parameters.
+
+A `Derived` is built by the caller for one study read and handed to every figure and to the report,
+so each table is computed at most once, on first use. What it has computed is a `Computed`: plain
+tables, small enough to send between processes, which is how the drawing workers of analysis/render.py
+start from the caller's aggregated table and hand back what they computed for the report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+import tasks
+from analysis.effective import Effective, effective_params
+from analysis.load import MissingData, StudyData
+from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, pareto_front, primary_metric, select,
+                             shape_label, threshold_crossings)
+
+
+@dataclass
+class Computed:
+    """The derived tables computed so far; a MissingData is kept too (it is the answer for that study)."""
+
+    aggregated: pd.DataFrame | None = None
+    pairs: pd.DataFrame | None = None
+    crossings: dict[tuple, pd.DataFrame | MissingData] = field(default_factory=dict)  # (threshold, x, split) ->
+    effective: dict[str, Effective | MissingData] = field(default_factory=dict)  # split ->
+
+    def since(self, before: Computed) -> Computed:
+        """What this holds that `before` (an earlier copy of it) did not; the aggregated table is never
+        sent back: whoever sent `before` has it."""
+        return Computed(pairs=self.pairs if before.pairs is None else None,
+                        crossings={k: v for k, v in self.crossings.items() if k not in before.crossings},
+                        effective={k: v for k, v in self.effective.items() if k not in before.effective})
+
+    def copy(self) -> Computed:
+        return Computed(self.aggregated, self.pairs, dict(self.crossings), dict(self.effective))
+
+    def update(self, other: Computed) -> None:
+        """Take from `other` what this lacks."""
+        if self.aggregated is None:
+            self.aggregated = other.aggregated
+        if self.pairs is None:
+            self.pairs = other.pairs
+        for k, v in other.crossings.items():
+            self.crossings.setdefault(k, v)
+        for k, v in other.effective.items():
+            self.effective.setdefault(k, v)
+
+
+def _answer(got):
+    if isinstance(got, MissingData):
+        raise got
+    return got
+
+
+class Derived:
+    """The derived tables of one study read, each computed on first use (callers never modify them)."""
+
+    def __init__(self, data: StudyData, computed: Computed | None = None):
+        self.data = data
+        self.computed = computed if computed is not None else Computed()
+
+    def aggregated(self) -> pd.DataFrame:
+        """analysis.tables.aggregate of the study's evaluations: every split, seeds aggregated."""
+        if self.computed.aggregated is None:
+            self.computed.aggregated = aggregate(self.data.evals)
+        return self.computed.aggregated
+
+    def pairs(self) -> pd.DataFrame:
+        """analysis.tables.iso_flop_pairs of the study's runs."""
+        if self.computed.pairs is None:
+            self.computed.pairs = iso_flop_pairs(self.data.runs)
+        return self.computed.pairs
+
+    def split_rows(self, what: str, split: str) -> pd.DataFrame:
+        """The aggregated rows of one split; MissingData naming the splits present when it has none."""
+        agg = self.aggregated()
+        if agg.empty:
+            raise MissingData(f"{what} needs evaluations: the study has no evals rows")
+        if not (agg["split"] == split).any():
+            raise MissingData(f"{what}: no evaluations on split {split!r} (splits present: "
+                              f"{', '.join(sorted(map(str, agg['split'].unique())))})")
+        return agg[agg["split"] == split]
+
+    def by_variant(self, what: str, split: str = DEFAULT_SPLIT) -> list[tuple[str, str, pd.DataFrame]]:
+        """(task variant, its primary metric, its aggregated rows of that metric on `split`), variants with data only."""
+        agg = self.split_rows(what, split)
+        out = []
+        for variant, g in agg.groupby("task_variant"):
+            metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
+            d = select(g, metric, split=split)
+            if not d.empty:
+                out.append((variant, metric, d))
+        return out
+
+    def crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
+        """Threshold crossings of every model of every task variant with a rate metric (threshold None:
+        each metric's default)."""
+        key = (threshold, x, split)
+        if key not in self.computed.crossings:
+            try:
+                self.computed.crossings[key] = self._crossings(threshold, x, split)
+            except MissingData as e:
+                self.computed.crossings[key] = e
+        return _answer(self.computed.crossings[key])
+
+    def _crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
+        frames = []
+        for variant, metric, d in self.by_variant("pareto", split):
+            if not tasks.is_rate(metric):
+                continue  # crossings are for success rates (VPR, RTR); text8's likelihood has its own table
+            thr = threshold if threshold is not None else (tasks.metric(metric).threshold or 0.95)
+            c = threshold_crossings(d, thr, metric, x=x, split=split)
+            c["pareto"] = pareto_front(c).to_numpy()
+            names = differing(c["model_key"])
+            c["model"] = [shape_label(k, l) + (f" {names[key]}" if names[key] else "")
+                          for k, l, key in zip(c["K"], c["L_t"], c["model_key"])]
+            frames.append(c.assign(metric=metric, threshold=thr, x=x))
+        if not frames:
+            raise MissingData("threshold crossings need a success-rate metric (VPR or RTR); the study has none")
+        return pd.concat(frames, ignore_index=True)
+
+    def effective(self, split: str = DEFAULT_SPLIT) -> Effective:
+        """analysis.effective.effective_params of the study on `split` (the figure and the report's tables)."""
+        if split not in self.computed.effective:
+            try:
+                self.computed.effective[split] = effective_params(self.data, split)
+            except MissingData as e:
+                self.computed.effective[split] = e
+        return _answer(self.computed.effective[split])
