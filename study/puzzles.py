@@ -1,6 +1,7 @@
-"""`study eval RUN_ID --puzzles FILE`: solve the Sudoku puzzles of an external file with a
-trained run's final weights, write `evals` and `samples` rows beside the run's own, and
-optionally the completed grids in the input's order and format.
+"""`study eval RUN_ID --puzzles FILE`: solve the examples of an external file (Sudoku puzzles, or
+whatever the run's task reads: `Task.read_inputs`) with a trained run's final weights, write `evals`
+and `samples` rows beside the run's own, and optionally the completed examples in the input's order
+and format (`Task.format_outputs`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from store import Store, list_studies
 from stats import mean_ci_from_sd, wilson
 from study.trial import now, sample_rows
 from tasks import TASKS, EvalSet, make_task
+
 
 class EvalError(ValueError):
     """`study eval` cannot run: unknown run, wrong task, bad file (message says which)."""
@@ -84,7 +86,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
                      T: int | None = None, L_s: int | None = None, out: str | None = None,
                      sampler: str = "confidence", seed: int = 0, n_samples_kept: int | None = SAMPLES_KEPT,
                      device: str | None = None, chunk: int = CHUNK) -> dict:
-    """Solve the Sudoku puzzles of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
+    """Solve the examples (Sudoku puzzles) of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
 
     The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
     256: the outputs are those of sampling the whole file at once), so memory does not grow with the
@@ -95,8 +97,6 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
 
     T defaults to the largest T of the run's grid, L_s to its training depth. Returns a summary:
     eval_key, n, metrics {name: (value, ci_low, ci_high)}, out."""
-    from tasks.sudoku import Sudoku, format_puzzles, iter_puzzles
-
     if chunk < 1 or chunk % BATCH:
         raise ValueError(f"chunk must be a positive multiple of {BATCH} (got {chunk})")
     tmp = _open_out(out) if out else None
@@ -104,32 +104,31 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         store = find_run(results, run_id, study)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         cfg, task, model = load_run_model(store, run_id, dev)
-        if not isinstance(task, Sudoku):
-            raise EvalError(f"--puzzles reads Sudoku files; run {run_id!r} is task {task.name!r}")
-        T = T or max(cfg.get("eval", {}).get("T", [task.n]))
+        if task.eval_mode != "sample":
+            raise EvalError(f"run {run_id!r} is task {task.name!r}, scored by its likelihood, not by sampling: "
+                            f"`study eval` solves input files of sample-and-score tasks")
+        T = T or max(cfg.get("eval", {}).get("T") or [task.free_positions()[1]])
         L_s = L_s or model.cfg.L
         if T < 1 or L_s < 1:
             raise EvalError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
-        for _ in iter_puzzles(puzzles, task.n, chunk):  # every line checked before the first is sampled
+        for _ in task.read_inputs(puzzles, chunk):  # every line checked before the first is sampled
             pass
         # keyed by the file's content, not its name: one file under two names is one evaluation point
         key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
 
         metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
-        for pf in iter_puzzles(puzzles, task.n, chunk):
-            givens = torch.from_numpy(pf.givens)
-            cond = givens >= 0
-            x = torch.where(cond, givens, torch.zeros_like(givens))
+        for pf in task.read_inputs(puzzles, chunk):
+            x, cond = pf.x, pf.cond
             t0 = time.perf_counter()
             # seeded by the index of the chunk's first puzzle: sample_all seeds batch i `seed + i`
             got = sample_all(model, x, cond, T=T, L_s=L_s, unmask=sampler, seed=seed + pf.start, batch_size=BATCH)
             secs += time.perf_counter() - t0
             cost.add(got)
             output = got.x
-            has_ref = pf.solutions is not None  # the whole file has solutions or none (one CSV header)
-            ref = torch.from_numpy(pf.solutions) if has_ref else x
+            has_ref = pf.reference is not None  # the whole file has solutions or none (one CSV header)
+            ref = pf.reference if has_ref else x
             scores = task.score(output, EvalSet(ref, cond))
-            metrics = metrics or (task.metric_names if has_ref else ("vpr",))
+            metrics = metrics or (task.metric_names if has_ref else task.metrics_without_reference())
             for m in metrics:
                 acc.setdefault(m, _Running()).add([s[m] for s in scores])
             keep = len(scores) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(scores)))
@@ -137,9 +136,9 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             samples += sample_rows(run_id, key, T, L_s, task, x, cond, output, ref if has_ref else None,
                                    [{m: s[m] for m in metrics} for s in scores], got, keep, start=pf.start)
             if tmp:
-                tmp[1].write(format_puzzles(pf, output.numpy()))
+                tmp[1].write(task.format_outputs(pf, output))
 
-        n = acc["vpr"].n
+        n = acc[metrics[0]].n
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler,
                 "split": f"external:{os.path.basename(puzzles)}", "eval_seconds": secs, "created_at": now(),
                 **cost.columns(model)}
