@@ -14,7 +14,8 @@ disagreement:
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
   what `study.trial.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
-  with the task's scorer and must match the stored scores.
+  by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
+  text says so (`NotRescorable`) and is named among what is not re-derived.
 - every eval point owed by every grid the study ran (and by each done run's config) is present,
   with its samples file; the read index (_index/) agrees with the files it summarises.
 - the store's invariants: every table file parses and lies where the layout puts it, one runs

@@ -102,7 +102,7 @@ def load_plugins() -> None:
     """Import every module RMDM_STUDY_TASKS and the `rmdm_study.tasks` entry points name (each registers
     its tasks); an import that fails says which module and why."""
     names = [m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(",") if m.strip()]
-    names += [ep.value.split(":")[0] for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)]
+    names += [ep.module for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)]
     for mod in dict.fromkeys(names):
         try:
             importlib.import_module(mod)

@@ -246,3 +246,24 @@ def test_the_toy_task_reads_input_files_and_names_a_bad_line(tmp_path):
     bad.write_text("3141\n12a4\n")
     with pytest.raises(InputFileError, match="bad.txt:2: expected 4 digits"):
         list(task.read_inputs(str(bad), 2))
+
+
+def test_an_entry_point_plugin_is_imported_with_tasks(tmp_path, monkeypatch):
+    """An installed package's `rmdm_study.tasks` entry point: its module is imported and registers."""
+    import importlib.metadata as md
+    import sys
+
+    (tmp_path / "sort_plugin_ep.py").write_text(
+        f"from typing import Literal\nimport tasks\nfrom {__name__} import SortConfig, SortDigits\n\n"
+        "class EpConfig(SortConfig):\n    name: Literal['sort_ep'] = 'sort_ep'\n\n"
+        "class EpSort(SortDigits):\n    name = 'sort_ep'\n\n"
+        "tasks.register(EpConfig, EpSort)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sort_plugin_ep", raising=False)
+    eps = md.EntryPoints([md.EntryPoint("sort_ep", "sort_plugin_ep", tasks.PLUGIN_GROUP)])
+    monkeypatch.setattr(md, "entry_points", lambda group=None: eps if group == tasks.PLUGIN_GROUP else [])
+    try:
+        tasks.load_plugins()
+        assert tasks.task_class("sort_ep").__module__ == "sort_plugin_ep"
+    finally:
+        tasks.TASKS.pop("sort_ep", None)
