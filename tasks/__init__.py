@@ -43,6 +43,8 @@ def register(config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
     if getattr(config_cls.model_fields.get("name"), "default", None) != name:
         raise ValueError(f"task {name!r}: its config {config_cls.__qualname__} needs a field "
                          f"`name: Literal[{name!r}] = {name!r}` (grids and stored configs name the task)")
+    if task_cls.eval_mode == "likelihood" and task_cls.t_values is Task.t_values:
+        raise ValueError(f"task {name!r}: eval_mode 'likelihood' needs t_values(), the noise levels of its NLL bound")
     if task_cls.primary_metric not in {m.name for m in task_cls.metrics}:
         raise ValueError(f"task {name!r}: primary_metric {task_cls.primary_metric!r} is not one of its metrics")
     for m in task_cls.metrics:  # one name, one meaning: a metric two tasks share is declared alike

@@ -224,6 +224,18 @@ def test_a_task_missing_a_declaration_fails_when_made():
     with pytest.raises(TypeError, match="free_positions"):
         NoFree(SortConfig())
 
+    class LikelihoodConfig(SortConfig):
+        name: Literal["sort_nll"] = "sort_nll"
+
+    class NoLevels(SortDigits):
+        name, eval_mode = "sort_nll", "likelihood"  # scored by its NLL bound, but over which noise levels?
+
+    with pytest.raises(ValueError, match="'sort_nll': eval_mode 'likelihood' needs t_values"):
+        tasks.register(LikelihoodConfig, NoLevels)
+    with pytest.raises(ValueError, match=r"its config SortConfig needs a field `name: Literal\['sort_nll'\]"):
+        tasks.register(SortConfig, NoLevels)
+    assert "sort_nll" not in tasks.TASKS
+
 
 def test_the_toy_task_rescores_what_it_renders():
     task = SortDigits(SortConfig(n_train=20, n_test=4))
