@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow.fs as pafs
 
+import tasks
 from store import Store, list_studies
 
+# columns a task may fill from its parameters (Task.run_columns), None for the runs of other tasks
+TASK_COLUMNS = ("sudoku_n", "mask_rate")
 # columns of a run that the figures and tables read; model_key (below) is what tells models apart
-RUN_COLS = ["run_id", "task", "task_variant", "sudoku_n", "mask_rate", "K", "L_t", "schedule", "loss", "d_model",
+RUN_COLS = ["run_id", "task", "task_variant", *TASK_COLUMNS, "K", "L_t", "schedule", "loss", "d_model",
             "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status",
             "model_key"]
 # What identifies a model: model_key, the run's whole resolved training configuration (task, model and
@@ -43,7 +46,7 @@ class StudyData:
 
     name: str
     dir: str
-    runs: pd.DataFrame  # one row per run, with task_variant / mask_rate / sudoku_n derived from task_params
+    runs: pd.DataFrame  # one row per run, with task_variant and TASK_COLUMNS derived from task_params
     evals: pd.DataFrame  # evals joined with RUN_COLS of their run
     history: pd.DataFrame  # training curves (train_loss, depth = L_t of that step) joined with the run columns
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
@@ -205,32 +208,28 @@ def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
 
 
 def enrich_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Add the columns derived from task_params: task_variant (a readable name), sudoku_n, mask_rate
-    (a number; None for a [low, high] range drawn per puzzle, which task_variant names)."""
+    """Add the columns derived from task_params, as each run's task names them: task_variant (a readable
+    name, Task.variant_name) and TASK_COLUMNS (Task.run_columns)."""
     params = runs["task_params"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
+    filled = [task_columns(t, p) for t, p in zip(runs["task"], params)]
     return runs.assign(task_variant=[task_variant(t, p) for t, p in zip(runs["task"], params)],
-                       sudoku_n=[p.get("n") if t == "sudoku" else None for t, p in zip(runs["task"], params)],
-                       mask_rate=[_fixed_rate(p.get("mask_rate")) for p in params])
-
-
-def _fixed_rate(rate) -> float | None:
-    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
+                       **{c: [f.get(c) for f in filled] for c in TASK_COLUMNS})
 
 
 def task_variant(task: str, p: dict) -> str:
-    if task == "sudoku":
-        n = p.get("n")
-        rate = p.get("mask_rate")
-        if isinstance(rate, (list, tuple)) and len(rate) == 2:  # drawn per puzzle in [low, high]
-            lo, hi = (round(100 * r) for r in rate)
-            masked = f", {lo}-{hi}% masked" if lo != hi else f", {lo}% masked"
-        else:
-            masked = f", {round(100 * rate)}% masked" if _fixed_rate(rate) is not None else ""
-        return f"sudoku {n}x{n}{masked}"
-    if task == "countdown":
-        ops = p.get("n_operands") or p.get("operands") or p.get("n")
-        return f"countdown-{ops}" if ops else "countdown"
-    return task
+    """The task's name of the variant parameters `p` make; a task unknown here is its name alone."""
+    return tasks.task_class(task).variant_name(p) if task in tasks.TASKS else task
+
+
+def task_columns(task: str, p: dict) -> dict:
+    if task not in tasks.TASKS:
+        return {}
+    got = tasks.task_class(task).run_columns(p)
+    unknown = set(got) - set(TASK_COLUMNS)
+    if unknown:
+        raise ValueError(f"task {task!r}: run_columns gives {sorted(unknown)}, not among the report's run columns "
+                         f"{list(TASK_COLUMNS)}")
+    return got
 
 
 def _configs(store: Store) -> tuple[dict[str, dict], dict[str, str]]:

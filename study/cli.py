@@ -654,8 +654,9 @@ def predict(
 @app.command("eval")
 def eval_cmd(
     run_id: str,
-    puzzles: str = typer.Option(..., "--puzzles", help="one puzzle per line, n*n cells of the run's grid size "
-                                 "('.' or '0' blanks), or CSV quizzes,solutions"),
+    puzzles: str = typer.Option(..., "--puzzles", help="the examples to solve, in the run's task's format (Sudoku: "
+                                 "one puzzle per line, n*n cells of the run's grid size ('.' or '0' blanks), or "
+                                 "CSV quizzes,solutions)"),
     T: Optional[int] = typer.Option(None, "--T", min=1, help="denoising steps (default: the run's largest eval T)"),
     L_s: Optional[int] = typer.Option(None, "--L-s", min=1,
                                       help="loops per step (default: the run's training depth)"),
@@ -664,9 +665,9 @@ def eval_cmd(
     keep: int = typer.Option(1000, "--samples", min=0, help="puzzles kept in the samples table (the file's first)"),
     results: str = RESULTS,
 ):
-    """Solve an external puzzle file with a trained run; write evals and samples rows; report VPR."""
+    """Solve an external puzzle file with a trained run; write evals and samples rows; report its metrics."""
     from study.puzzles import EvalError, evaluate_puzzles
-    from tasks.sudoku import PuzzleFileError
+    from tasks import InputFileError
 
     from study.grid import BOUNDS
 
@@ -681,7 +682,7 @@ def eval_cmd(
     try:
         s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out,
                              n_samples_kept=keep)
-    except (EvalError, PuzzleFileError) as e:
+    except (EvalError, InputFileError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     typer.echo(f"run {run_id} (study {s['study']}) on {s['n']} puzzles of {puzzles}, T={s['T']} L_s={s['L_s']}:")

@@ -45,31 +45,12 @@ WARMUP_STEPS, TIMED_STEPS = 2, 3
 # ---- what the task gives the sampler -----------------------------------------------------------
 @functools.lru_cache(maxsize=1024)
 def _task_facts(task_name: str, task_json: str) -> dict:
-    """seq_len, vocab and the range (fewest, most) of free (masked) positions of an example."""
+    """seq_len, vocab, the range (fewest, most) of free (masked) positions of an example, and for a
+    likelihood task its noise levels per sequence: what the task declares."""
     task = make_task(TASKS[task_name][0].model_validate_json(task_json))
-    N = len(task.pos_ids())
-    free = FREE_POSITIONS[task_name](task) if task_name in FREE_POSITIONS else None
-    return {"seq_len": N, "vocab": task.vocab_size, "free": free,
-            "likelihood": task.eval_mode == "likelihood", "what": _describe(task.cfg)}
-
-
-def _countdown_free(task) -> tuple[int, int]:
-    n = int((~task.cond_mask()).sum())  # everything after the operands and target
-    return n, n
-
-
-# per task: (fewest, most) positions the sampler fills, from the task's own numbers
-FREE_POSITIONS: dict[str, Callable] = {
-    "sudoku": lambda task: tuple(task.blank_range),  # round(mask_rate * n * n), at least 1, as it blanks them
-    "countdown": _countdown_free,
-    "text8": lambda task: (task.cfg.seq_len, task.cfg.seq_len),  # unconditional: every character
-}
-
-
-def _describe(cfg) -> str:
-    keep = {"sudoku": ("n", "mask_rate"), "countdown": ("n_operands", "max_value"), "text8": ("seq_len",)}
-    fields = keep.get(cfg.name, ())
-    return " ".join([cfg.name] + [f"{k}={getattr(cfg, k)}" for k in fields])
+    likelihood = task.eval_mode == "likelihood"
+    return {"seq_len": len(task.pos_ids()), "vocab": task.vocab_size, "free": tuple(task.free_positions()),
+            "likelihood": likelihood, "n_t": len(task.t_values()) if likelihood else None, "what": task.describe()}
 
 
 def facts(run: Run) -> dict:
@@ -99,8 +80,8 @@ def eval_flops(run: Run) -> int:
         n = eval_examples(run, pt.n_examples)
         per = inference_flops_per_sample(run.model, N, V, pt.T, pt.L_s, adaptive=pt.adaptive is not None)
         if f["likelihood"]:
-            n_t = getattr(run.task, "n_t", 1)  # one model call of L_s loops per noise level and sequence
-            total += n * n_t * flops_per_forward(run.model, N, V, pt.L_s, heads=1)
+            # one model call of L_s loops per noise level and sequence
+            total += n * f["n_t"] * flops_per_forward(run.model, N, V, pt.L_s, heads=1)
             total += min(run.eval.n_samples_kept, _n_generate(), n) * per
         else:
             total += n * per
@@ -113,8 +94,6 @@ def t_warnings(runs: list[Run], grid_path: str) -> list[str]:
     seen: dict[tuple, tuple[set, set]] = {}  # (task, fewest, most free) -> (T values, run ids)
     for r in runs:
         f = facts(r)
-        if f["free"] is None:
-            continue
         lo, hi = f["free"]
         over = {T for T in r.eval.T if T > lo}
         if over:

@@ -118,9 +118,6 @@ ALIASES = {
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
             "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
-# task fields that change the evaluation set only, never the trained model: not in the run id, but
-# in the key of every evaluation they shape (TaskConfig.eval_fields)
-TASK_EVAL_ONLY = {"n_test", "n_val", "n_t", "eval_split"}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
 LOOP_ONLY_TRAIN = ("loss", "loss_weights", "truncate_k", "schedule", "min_depth")
 
@@ -162,7 +159,9 @@ class Run:
     @property
     def training_config(self) -> dict:
         return {
-            "task": self.task.model_dump(exclude=TASK_EVAL_ONLY),
+            # fields that change the evaluation set only, never the trained model: not in the run id, but
+            # in the key of every evaluation they shape (TaskConfig.eval_fields)
+            "task": self.task.model_dump(exclude=self.task.eval_only_fields()),
             "model": self.model.model_dump(),
             "train": self.train.model_dump(exclude=TRAIN_BOOKKEEPING | inert_train_fields(self.train)),
         }
@@ -189,7 +188,7 @@ class Run:
         """Everything about this run, as stored beside its results (`task_eval`: the task's
         evaluation-only fields, which the run id leaves out)."""
         return {"run_id": self.run_id, "study": self.study, "group": self.group, **self.training_config,
-                "task_eval": self.task.model_dump(include=TASK_EVAL_ONLY),
+                "task_eval": self.task.model_dump(include=self.task.eval_only_fields()),
                 "eval": self.eval.model_dump(), "resources": self.resources.model_dump(), "retries": self.retries}
 
     def costs(self) -> dict:

@@ -1,6 +1,7 @@
-"""`study eval RUN_ID --puzzles FILE`: solve the Sudoku puzzles of an external file with a
-trained run's final weights, write `evals` and `samples` rows beside the run's own, and
-optionally the completed grids in the input's order and format.
+"""`study eval RUN_ID --puzzles FILE`: solve the examples of an external file (Sudoku puzzles, or
+whatever the run's task reads: `Task.read_inputs`) with a trained run's final weights, write `evals`
+and `samples` rows beside the run's own, and optionally the completed examples in the input's order
+and format (`Task.format_outputs`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from stats import mean_ci_from_sd, wilson
 from study.evaluate import EvalRow, Evaluation, evaluate, now, write
 from study.grid import EvalPoint
 from tasks import TASKS, EvalSet, make_task
+
 
 class EvalError(ValueError):
     """`study eval` cannot run: unknown run, wrong task, bad file (message says which)."""
@@ -86,7 +88,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
                      T: int | None = None, L_s: int | None = None, out: str | None = None,
                      sampler: str = "confidence", seed: int = 0, n_samples_kept: int | None = SAMPLES_KEPT,
                      device: str | None = None, chunk: int = CHUNK) -> dict:
-    """Solve the Sudoku puzzles of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
+    """Solve the examples (Sudoku puzzles) of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
 
     The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
     256: the outputs are those of sampling the whole file at once), so memory does not grow with the
@@ -97,8 +99,6 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
 
     T defaults to the largest T of the run's grid, L_s to its training depth. Returns a summary:
     eval_key, n, metrics {name: (value, ci_low, ci_high)}, out."""
-    from tasks.sudoku import Sudoku, format_puzzles, iter_puzzles
-
     if chunk < 1 or chunk % BATCH:
         raise ValueError(f"chunk must be a positive multiple of {BATCH} (got {chunk})")
     dest = _open_out(out) if out else None
@@ -106,13 +106,14 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         store = find_run(results, run_id, study)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         cfg, task, model = load_run_model(store, run_id, dev)
-        if not isinstance(task, Sudoku):
-            raise EvalError(f"--puzzles reads Sudoku files; run {run_id!r} is task {task.name!r}")
-        T = T or max(cfg.get("eval", {}).get("T", [task.n]))
+        if task.eval_mode != "sample":
+            raise EvalError(f"run {run_id!r} is task {task.name!r}, scored by its likelihood, not by sampling: "
+                            f"`study eval` solves input files of sample-and-score tasks")
+        T = T or max(cfg.get("eval", {}).get("T") or [task.free_positions()[1]])
         L_s = L_s or model.cfg.L
         if T < 1 or L_s < 1:
             raise EvalError(f"T and L_s must be >= 1 (got T={T}, L_s={L_s})")
-        for _ in iter_puzzles(puzzles, task.n, chunk):  # every line checked before the first is sampled
+        for _ in task.read_inputs(puzzles, chunk):  # every line checked before the first is sampled
             pass
         # keyed by the file's content, not its name: one file under two names is one evaluation point
         key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
@@ -122,16 +123,14 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         pt = EvalPoint(T=T, L_s=L_s, sampler=sampler, temperature=0.0, remask=0.0, n_examples=0, split=split,
                        seed=seed)
         metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
-        for pf in iter_puzzles(puzzles, task.n, chunk):
-            givens = torch.from_numpy(pf.givens)
-            cond = givens >= 0
-            x = torch.where(cond, givens, torch.zeros_like(givens))
-            has_ref = pf.solutions is not None  # the whole file has solutions or none (one CSV header)
-            metrics = metrics or (task.metric_names if has_ref else ("vpr",))
+        for pf in task.read_inputs(puzzles, chunk):
+            x, cond = pf.x, pf.cond
+            has_ref = pf.reference is not None  # the whole file has solutions or none (one CSV header)
+            metrics = metrics or (task.metric_names if has_ref else task.metrics_without_reference())
             keep = len(x) if n_samples_kept is None else max(0, min(n_samples_kept - pf.start, len(x)))
             # a row per puzzle (its scores and cost); the text of the first n_samples_kept only. Seeded by the
             # index of the chunk's first puzzle (`start`): sample_all seeds batch i `seed + i`
-            e = evaluate(model, task, pt, EvalSet(torch.from_numpy(pf.solutions) if has_ref else x, cond), run_id,
+            e = evaluate(model, task, pt, EvalSet(pf.reference if has_ref else x, cond), run_id,
                          keep=keep, key=key, split=split, inputs=x, reference=has_ref, start=pf.start,
                          metrics=metrics)
             secs += e.seconds
@@ -140,9 +139,9 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
                 acc.setdefault(m, _Running()).add([s[m] for s in e.scores])
             samples += e.samples
             if dest:
-                dest.write(format_puzzles(pf, e.got.x.numpy()))
+                dest.write(task.format_outputs(pf, e.got.x))
 
-        n = acc["vpr"].n
+        n = acc[metrics[0]].n
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
                 "eval_seconds": secs, "created_at": now(), **cost.columns(model)}
         rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns()) for m in metrics]

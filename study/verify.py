@@ -14,7 +14,8 @@ disagreement:
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
   what `study.trial.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
-  with the task's scorer and must match the stored scores.
+  by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
+  text says so (`NotRescorable`) and is named among what is not re-derived.
 - every eval point owed by every grid the study ran (and by each done run's config) is present,
   with its samples file; the read index (_index/) agrees with the files it summarises.
 - the store's invariants: every table file parses and lies where the layout puts it, one runs
@@ -39,7 +40,7 @@ from model.config import ModelConfig, TrainConfig
 from model.train import CheckpointError, load_state
 from store import SCHEMAS, Store, index, is_safe_name, provenance
 from study.grid import EvalConfig, EvalPoint, GridError, Resources, Run, config_hash, expand
-from tasks import TASKS, make_task
+from tasks import TASKS, NotRescorable, make_task
 
 TOL = 1e-9  # scores are means of 0/1 or of floats computed the same way: equal up to rounding
 
@@ -79,42 +80,6 @@ class Verdict:
 # measurements: recorded as they happened, nothing in the store determines them
 UNDERIVED = ("measured times and places (train_seconds, eval_seconds, created_at, attempts, node, node_id, node_ip, "
              "device, gpu_ids, attention, precision, code_version)")
-
-
-# ---- re-scoring from the stored text -----------------------------------------------------------
-def _rescore_sudoku(task, inp: str, out: str, ref: str | None) -> dict[str, float]:
-    from tasks.base import EvalSet
-    from tasks.sudoku import DIGITS
-
-    digits = DIGITS[: task.n]
-    cells = task.n * task.n
-    for name, text in (("input", inp), ("output", out), ("reference", ref)):
-        if text is not None and len(text) != cells:
-            raise ValueError(f"{name} has {len(text)} cells, a {task.n}x{task.n} grid has {cells}")
-
-    def tokens(text: str, blank: int) -> torch.Tensor:
-        return torch.tensor([[digits.index(ch) if ch in digits else blank for ch in text]])
-
-    cond = torch.tensor([[ch != "." for ch in inp]])
-    x_ref = tokens(ref, 0) if ref is not None else tokens(inp, 0)  # no reference: the givens only
-    scores = task.score(tokens(out, -1), EvalSet(x_ref, cond))[0]  # '.' in an output: never filled
-    return scores if ref is not None else {"vpr": scores["vpr"]}
-
-
-def _rescore_countdown(task, inp: str, out: str, ref: str | None) -> dict[str, float]:
-    from tasks.countdown import check_solution, last_result, parse_input, well_formed
-
-    operands, target = parse_input(inp)
-    ok, _ = check_solution(operands, target, out)
-    scores = {"rtr": float(ok), "well_formed": float(well_formed(out)),
-              "ends_on_target": float(last_result(out) == target)}
-    if ref is not None:
-        scores["exact"] = float(out == ref)
-    return scores
-
-
-# Text8's samples are scored against the corpus vocabulary (known words): not re-scored here.
-RESCORE = {"sudoku": _rescore_sudoku, "countdown": _rescore_countdown}
 
 
 # ---- the checks ----------------------------------------------------------------------------------
@@ -810,26 +775,31 @@ def _check_texts(store: Store, v: Verdict, spath: str, srows: list[dict], scores
         if k != want:
             v.problems.append(f"{spath}: text kept for {k} examples but the config keeps n_samples_kept = "
                               f"{run.eval.n_samples_kept} of {m}")
-    rescore = RESCORE.get(row["task"])
-    if rescore is None or kind in ("likelihood", "gen"):
+    if kind in ("likelihood", "gen"):
         if kind == "likelihood":
             v.underived.add("per-sequence likelihood bounds (recomputing them needs the model: `study eval`)")
         elif k:
             v.underived.add(f"{row['task']} per-example scores (no text re-scorer for this task)")
         v.add("scores_as_stored", m)
         return
+    if not _rescore_file(v, spath, [s for s in textual if s["output"] is not None], scores, task):
+        v.add("scores_as_stored", m)
+        return
     v.add("scores_as_stored", m - k)
     if m - k:
         v.underived.add("per-example scores of examples whose outputs were not kept (taken as stored)")
-    _rescore_file(v, spath, [s for s in textual if s["output"] is not None], scores, task, rescore)
 
 
-def _rescore_file(v: Verdict, path: str, rows: list[dict], scores: list[dict], task, rescore) -> None:
-    """Re-score the kept outputs from their text; each must match its stored per-metric scores."""
+def _rescore_file(v: Verdict, path: str, rows: list[dict], scores: list[dict], task) -> bool:
+    """Re-score the kept outputs from their text (Task.rescore); each must match its stored per-metric
+    scores. False when the task cannot re-score from text (named among what is not re-derived)."""
     for r in rows:
         where = f"{path} example {r['example']}"
         try:
-            s = rescore(task, r["input"], r["output"], r["reference"])
+            s = task.rescore(r["input"], r["output"], r["reference"])
+        except NotRescorable as e:
+            v.underived.add(str(e))
+            return False
         except (ValueError, IndexError, TypeError) as e:
             v.problems.append(f"{where}: output does not re-score: {str(e).splitlines()[0][:160]}")
             continue
@@ -842,6 +812,7 @@ def _rescore_file(v: Verdict, path: str, rows: list[dict], scores: list[dict], t
         for m, val in s.items():
             if m in stored and m != task.primary_metric and not _same(stored[m], val):
                 v.problems.append(f"{where}: stored {m} {stored[m]} but re-scored {val}")
+    return True
 
 
 # ---- the read index ----------------------------------------------------------------------------------

@@ -2,10 +2,22 @@
 
 Everything outside tasks/ asks here (never a table of its own keyed by task or metric name), so a new
 task is one file plus one `register` call.
+
+A task defined outside this package (a plugin) is known to every process of a study -- the CLI, the
+Ray workers that train and evaluate, `study verify` and the report -- when its module is named in the
+environment variable RMDM_STUDY_TASKS (comma-separated importable module names; local Ray workers
+inherit the driver's environment, a cluster's nodes need it set where they start) or in the entry-point
+group `rmdm_study.tasks` of an installed package. Importing `tasks` imports each such module, which
+calls `tasks.register` at import.
 """
 from __future__ import annotations
 
-from tasks.base import SPLITS, DataBound, DataBoundError, EvalSet, Metric, Task, TaskConfig
+import importlib
+import importlib.metadata
+import os
+
+from tasks.base import (SPLITS, DataBound, DataBoundError, EvalSet, InputFileError, Inputs, Metric, NotRescorable,
+                        Task, TaskConfig)
 from tasks.countdown import Countdown, CountdownConfig
 from tasks.sudoku import Sudoku, SudokuConfig
 from tasks.text8 import Text8, Text8Config
@@ -14,11 +26,25 @@ TASKS: dict[str, tuple[type[TaskConfig], type[Task]]] = {}
 
 # metrics no task declares but the tool itself records (the training loss of the history table)
 GENERIC_METRICS = {"loss": Metric("loss", "training loss", higher_is_better=False)}
+PLUGIN_ENV = "RMDM_STUDY_TASKS"  # comma-separated modules that register tasks, imported with `tasks`
+PLUGIN_GROUP = "rmdm_study.tasks"  # entry points whose modules register tasks
 
 
 def register(config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
     """Make a task known to grids, runs, evaluation and the report by its `name`."""
     name = task_cls.name
+    if TASKS.get(name) == (config_cls, task_cls):
+        return  # the same module registering again (imported by the plugin variable and by hand)
+    if name in TASKS:
+        have = TASKS[name][1]
+        raise ValueError(f"task {name!r} of {task_cls.__module__}.{task_cls.__qualname__} clashes with the task "
+                         f"{name!r} already registered by {have.__module__}.{have.__qualname__}: give it "
+                         f"another name")
+    if getattr(config_cls.model_fields.get("name"), "default", None) != name:
+        raise ValueError(f"task {name!r}: its config {config_cls.__qualname__} needs a field "
+                         f"`name: Literal[{name!r}] = {name!r}` (grids and stored configs name the task)")
+    if task_cls.eval_mode == "likelihood" and task_cls.t_values is Task.t_values:
+        raise ValueError(f"task {name!r}: eval_mode 'likelihood' needs t_values(), the noise levels of its NLL bound")
     if task_cls.primary_metric not in {m.name for m in task_cls.metrics}:
         raise ValueError(f"task {name!r}: primary_metric {task_cls.primary_metric!r} is not one of its metrics")
     for m in task_cls.metrics:  # one name, one meaning: a metric two tasks share is declared alike
@@ -74,9 +100,24 @@ def primary_metric(task: str, available) -> str:
     raise LookupError(f"no primary metric ({heads}) for task {task!r}; metrics present: {sorted(avail)}")
 
 
+def load_plugins() -> None:
+    """Import every module RMDM_STUDY_TASKS and the `rmdm_study.tasks` entry points name (each registers
+    its tasks); an import that fails says which module and why."""
+    names = [m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(",") if m.strip()]
+    names += [ep.module for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)]
+    for mod in dict.fromkeys(names):
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ImportError(f"task plugin module {mod!r} (from {PLUGIN_ENV} or the {PLUGIN_GROUP} entry points) "
+                              f"does not import: {e}") from e
+
+
 for _cfg, _task in ((SudokuConfig, Sudoku), (CountdownConfig, Countdown), (Text8Config, Text8)):
     register(_cfg, _task)
+load_plugins()
 
 
-__all__ = ["SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet", "Metric", "Task", "TaskConfig",
-           "is_rate", "lower_is_better", "make_task", "metric", "primary_metric", "register", "task_class"]
+__all__ = ["PLUGIN_ENV", "PLUGIN_GROUP", "SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet",
+           "InputFileError", "Inputs", "Metric", "NotRescorable", "Task", "TaskConfig", "is_rate", "load_plugins",
+           "lower_is_better", "make_task", "metric", "primary_metric", "register", "task_class"]

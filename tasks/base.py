@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Iterator, Literal
 
 import numpy as np
 import torch
@@ -42,6 +42,11 @@ class TaskConfig(BaseModel):
     def eval_fields(self, split: str) -> dict[str, Any]:
         """The evaluation-only fields that decide which examples `split` holds."""
         return {k: getattr(self, k) for k in self.EVAL_FIELDS[self.split_of(split)]}
+
+    @classmethod
+    def eval_only_fields(cls) -> set[str]:
+        """Every field that shapes an evaluation split only, never the trained model (not in the run id)."""
+        return set().union(*cls.EVAL_FIELDS.values())
 
 
 class DataBoundError(ValueError):
@@ -78,6 +83,15 @@ class Metric:
     unit: bool = False  # drawn on a 0..1 axis
     threshold: float | None = None  # the success level a crossing or Pareto figure uses by default
     stored: bool = True  # False: derived by the report (text8's perplexity is exp(mean nll)), never an evals row
+    needs_reference: bool = False  # scored against the reference output, not the input alone (exact match)
+
+
+class InputFileError(ValueError):
+    """An external input file (`study eval`) the task cannot read; the message names the file and line."""
+
+
+class NotRescorable(Exception):
+    """The task cannot score a stored output from its text alone (`study verify` says so)."""
 
 
 @dataclass
@@ -94,6 +108,17 @@ class EvalSet:
         return EvalSet(self.x0[:n], self.cond[:n])
 
 
+@dataclass
+class Inputs:
+    """A chunk of an external input file, as the sampler takes it (`Task.read_inputs`)."""
+
+    x: torch.Tensor  # (n, N) tokens, the given positions filled (the others any valid token)
+    cond: torch.Tensor  # (n, N) bool, positions given to the model
+    reference: torch.Tensor | None  # (n, N) the file's solutions, when it has them
+    start: int  # index in the file of the chunk's first example
+    source: Any = None  # what the task needs to write the outputs back in the file's format
+
+
 class Task(ABC):
     name: str
     metrics: ClassVar[tuple[Metric, ...]]  # every metric the task reports, its headline first
@@ -101,6 +126,8 @@ class Task(ABC):
     # 'sample': evaluation samples outputs and scores them (study.evaluate); 'likelihood': it computes the
     # model's NLL bound instead
     eval_mode: ClassVar[Literal["sample", "likelihood"]] = "sample"
+    # config fields that tell a task's variants apart in `study plan`'s messages ("sudoku n=9 mask_rate=0.3")
+    describe_fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def metric_names_of(cls) -> tuple[str, ...]:
@@ -129,6 +156,26 @@ class Task(ABC):
     @property
     def seq_len(self) -> int:
         return len(self.pos_ids())
+
+    @abstractmethod
+    def free_positions(self) -> tuple[int, int]:
+        """(fewest, most) positions of an example the sampler fills; from the config alone, no data
+        (`study plan` warns when an eval T exceeds them: the sampler stops once nothing is masked)."""
+
+    def describe(self) -> str:
+        """The task and the config fields that tell its variants apart, for messages."""
+        return " ".join([self.name] + [f"{k}={getattr(self.cfg, k)}" for k in self.describe_fields])
+
+    @classmethod
+    def variant_name(cls, params: dict) -> str:
+        """A readable name of the variant a run's task parameters (its config as a dict) make: what the
+        report groups runs by and titles panels with."""
+        return cls.name
+
+    @classmethod
+    def run_columns(cls, params: dict) -> dict[str, Any]:
+        """Values of the report's generic run columns (analysis.load.TASK_COLUMNS) this task fills."""
+        return {}
 
     # ---- data ------------------------------------------------------------------------------
     @abstractmethod
@@ -176,3 +223,30 @@ class Task(ABC):
     @abstractmethod
     def render(self, tokens: torch.Tensor, cond: torch.Tensor | None = None) -> str:
         """Human-readable text of one example (masked / non-given cells shown as '.')."""
+
+    def rescore(self, input_text: str, output_text: str, reference_text: str | None) -> dict[str, float]:
+        """The scores of a stored output from the texts `render` gave (input with its cond, output and
+        reference without): what `study verify` checks the stored scores against. Without a reference,
+        only the metrics that need none. Raise ValueError for a text that does not parse, NotRescorable
+        where the text does not determine the scores (verify then names them as not re-derived)."""
+        raise NotRescorable(f"{self.name} per-example scores (no text re-scorer for this task)")
+
+    def t_values(self) -> torch.Tensor:
+        """eval_mode 'likelihood': the fixed noise levels t of the NLL estimate (study.evaluate)."""
+        raise NotImplementedError(f"task {self.name}: eval_mode 'likelihood' needs t_values()")
+
+    # ---- external inputs (`study eval RUN --puzzles FILE`) ------------------------------------
+    def read_inputs(self, path: str, chunk: int) -> Iterator[Inputs]:
+        """The examples of an external file, `chunk` at a time, in file order; InputFileError names the
+        file and line of a bad one. Tasks without a file format say so."""
+        raise InputFileError(f"task {self.name!r} reads no external input files (`study eval` needs "
+                             f"Task.read_inputs)")
+
+    def format_outputs(self, inputs: Inputs, output: torch.Tensor) -> str:
+        """The completed examples of `inputs`, in the file's order and format (`study eval --out`)."""
+        raise InputFileError(f"task {self.name!r} writes no output files (`study eval --out` needs "
+                             f"Task.format_outputs)")
+
+    def metrics_without_reference(self) -> tuple[str, ...]:
+        """The stored metrics an output can be scored on when an input file has no solutions."""
+        return tuple(m.name for m in self.metrics if m.stored and not m.needs_reference)

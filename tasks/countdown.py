@@ -257,8 +257,9 @@ class Countdown(Task):
     metrics = (Metric("rtr", "reaches-target rate (RTR)", "rate", unit=True, threshold=0.70),
                Metric("well_formed", "well-formed rate", "rate", unit=True),
                Metric("ends_on_target", "ends-on-target rate", "rate", unit=True),
-               Metric("exact", "exact match rate", "rate", unit=True))
+               Metric("exact", "exact match rate", "rate", unit=True, needs_reference=True))
     primary_metric = "rtr"
+    describe_fields = ("n_operands", "max_value")
 
     def __init__(self, cfg: CountdownConfig):
         super().__init__(cfg)
@@ -285,6 +286,15 @@ class Countdown(Task):
 
     def pos_sizes(self) -> tuple[int, ...]:
         return (self.seq_len,)
+
+    def free_positions(self) -> tuple[int, int]:
+        n = self.seq_len - self.n_in  # everything after the operands and target
+        return n, n
+
+    @classmethod
+    def variant_name(cls, params: dict) -> str:
+        ops = params.get("n_operands") or params.get("operands") or params.get("n")
+        return f"countdown-{ops}" if ops else "countdown"
 
     def cond_mask(self) -> torch.Tensor:
         """(N,) bool: the input part (operands and target) is given."""
@@ -419,3 +429,12 @@ class Countdown(Task):
             return format_input(*inp) if inp else "".join(CHARS[v] if 0 <= v < len(CHARS) else "?"
                                                           for v in tokens[: self.n_in].tolist())
         return self.decode_output(tokens)
+
+    def rescore(self, input_text: str, output_text: str, reference_text: str | None) -> dict[str, float]:
+        operands, target = parse_input(input_text)
+        ok, _ = check_solution(operands, target, output_text)
+        scores = {"rtr": float(ok), "well_formed": float(well_formed(output_text)),
+                  "ends_on_target": float(last_result(output_text) == target)}
+        if reference_text is not None:
+            scores["exact"] = float(output_text == reference_text)
+        return scores

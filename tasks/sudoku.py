@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, InputFileError, Inputs, Metric, Task, TaskConfig, save_npz
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
@@ -382,7 +382,7 @@ def random_symmetry(grids: torch.Tensor, n: int, gen: torch.Generator) -> torch.
 
 
 # ---- external puzzle files ---------------------------------------------------------------
-class PuzzleFileError(ValueError):
+class PuzzleFileError(InputFileError):
     """A puzzle file that cannot be read, with file and line number in the message."""
 
 
@@ -608,9 +608,10 @@ def format_puzzles(pf: PuzzleFile, outputs: np.ndarray) -> str:
 class Sudoku(Task):
     name = "sudoku"
     metrics = (Metric("vpr", "valid puzzle rate (VPR)", "rate", unit=True, threshold=0.95),
-               Metric("cell_acc", "cell accuracy", "mean", unit=True),
-               Metric("exact", "exact match rate", "rate", unit=True))
+               Metric("cell_acc", "cell accuracy", "mean", unit=True, needs_reference=True),
+               Metric("exact", "exact match rate", "rate", unit=True, needs_reference=True))
     primary_metric = "vpr"
+    describe_fields = ("n", "mask_rate")
 
     def __init__(self, cfg: SudokuConfig):
         super().__init__(cfg)
@@ -636,6 +637,25 @@ class Sudoku(Task):
 
     def pos_sizes(self) -> tuple[int, ...]:
         return (self.n, self.n, self.n) if self.cfg.structural_pos else (self.n * self.n,)
+
+    def free_positions(self) -> tuple[int, int]:
+        return self.blank_range  # round(mask_rate * n * n), at least 1, as `_givens` blanks them
+
+    @classmethod
+    def variant_name(cls, params: dict) -> str:
+        """'sudoku 9x9, 30% masked' ('30-50% masked' for a rate drawn per puzzle)."""
+        n, rate = params.get("n"), params.get("mask_rate")
+        if isinstance(rate, (list, tuple)) and len(rate) == 2:  # drawn per puzzle in [low, high]
+            lo, hi = (round(100 * r) for r in rate)
+            masked = f", {lo}-{hi}% masked" if lo != hi else f", {lo}% masked"
+        else:
+            masked = f", {round(100 * rate)}% masked" if _fixed_rate(rate) is not None else ""
+        return f"sudoku {n}x{n}{masked}"
+
+    @classmethod
+    def run_columns(cls, params: dict) -> dict:
+        """sudoku_n, and mask_rate as a number (None for a [low, high] range, which the variant names)."""
+        return {"sudoku_n": params.get("n"), "mask_rate": _fixed_rate(params.get("mask_rate"))}
 
     # ---- data ------------------------------------------------------------------------------
     DATA_VERSION = 3  # bump when generation changes; a study's older files are still used (see prepare)
@@ -775,3 +795,33 @@ class Sudoku(Task):
         t = tokens.tolist()
         keep = cond.tolist() if cond is not None else [True] * len(t)
         return "".join(DIGITS[v] if k and 0 <= v < self.n else "." for v, k in zip(t, keep))
+
+    def rescore(self, input_text: str, output_text: str, reference_text: str | None) -> dict[str, float]:
+        digits, cells = DIGITS[: self.n], self.n * self.n
+        for what, text in (("input", input_text), ("output", output_text), ("reference", reference_text)):
+            if text is not None and len(text) != cells:
+                raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
+
+        def tokens(text: str, blank: int) -> torch.Tensor:
+            return torch.tensor([[digits.index(ch) if ch in digits else blank for ch in text]])
+
+        cond = torch.tensor([[ch != "." for ch in input_text]])
+        has_ref = reference_text is not None
+        x_ref = tokens(reference_text if has_ref else input_text, 0)  # no reference: the givens only
+        scores = self.score(tokens(output_text, -1), EvalSet(x_ref, cond))[0]  # '.' in an output: never filled
+        return scores if has_ref else {m: scores[m] for m in self.metrics_without_reference()}
+
+    # ---- external puzzle files (`study eval`) -----------------------------------------------
+    def read_inputs(self, path: str, chunk: int) -> Iterator[Inputs]:
+        for pf in iter_puzzles(path, self.n, chunk):
+            givens = torch.from_numpy(pf.givens)
+            cond = givens >= 0
+            ref = torch.from_numpy(pf.solutions) if pf.solutions is not None else None
+            yield Inputs(torch.where(cond, givens, torch.zeros_like(givens)), cond, ref, pf.start, pf)
+
+    def format_outputs(self, inputs: Inputs, output: torch.Tensor) -> str:
+        return format_puzzles(inputs.source, output.numpy())
+
+
+def _fixed_rate(rate) -> float | None:
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None

@@ -198,6 +198,7 @@ class Text8(Task):
                Metric("ppl", "perplexity", higher_is_better=False, stored=False))
     primary_metric = "nll"
     eval_mode = "likelihood"  # study.evaluate computes the NLL bound instead of sampling-and-scoring
+    describe_fields = ("seq_len",)
 
     def __init__(self, cfg: Text8Config):
         super().__init__(cfg)
@@ -214,6 +215,9 @@ class Text8(Task):
 
     def pos_sizes(self) -> tuple[int, ...]:
         return (self.cfg.seq_len,)
+
+    def free_positions(self) -> tuple[int, int]:
+        return self.cfg.seq_len, self.cfg.seq_len  # unconditional: every character
 
     def prepare(self, cache_dir: str | None) -> None:
         # the file itself is the cache: reading 100M characters into ids takes about a second
