@@ -152,7 +152,7 @@ def test_heldout_interval_covers_the_truth(fitted, synth):
     models, _ = grid_models(load_grid(TARGET_GRID))
     assert sorted(models["label"]) == ["(1 x 2) d=192", "(2 x 1) d=192"] and (models["seeds"] == 2).all()
     t = measured_targets(fitted, load_study(synth, TARGET_STUDY), models)
-    assert len(t) == 2 * len(TS) and (t["n_eff_vs_ladder"] > 1).any()
+    assert len(t) == 2 * len(TS) and (t["scale_vs_ladder"] > 1).any()
     for r in t.itertuples():
         truth = true_vpr(r.N, _K_L(r.label)[1], r.T)
         assert r.low <= truth <= r.high, (r.label, r.T, truth, r.low, r.high)
