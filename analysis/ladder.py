@@ -67,6 +67,7 @@ N_BOOT = 400
 DATA_FIELDS = {"train.steps", "train.batch_size", "train.warmup", "train.checkpoint_every", "train.log_every"}
 AXIS_FIELDS = {*SIZE_FIELDS, *LOOP_FIELDS, *DATA_FIELDS, "train.seed"}
 MIN_MODELS = 4  # distinct ladder models (each with every fitted T), beyond the law's own needs below
+LOOSE = 4.0  # a shared exponent whose 95% interval is wider than this is flagged as not pinned down
 RIDGE = 1e-3  # a tiny L2 pull on a_T, b_T (and the ceilings' logits): keeps a T where every run scores 0 (or 1) finite
 
 
@@ -515,6 +516,11 @@ def fit_study(data: StudyData, hold_out: list[str] | None = ("largest",), split:
                residuals=pd.DataFrame(), heldout=pd.DataFrame(), models=models, family=family,
                n_boot=n_boot, failed=failed, form=form, notes=notes)
     m.params = _params(m)
+    for r in m.params[m.params["T"].isna()].itertuples():
+        # an exponent the ladder does not constrain: the replicates stay where they start, or run away
+        if not (np.isfinite(r.low) and np.isfinite(r.high)) or r.high - r.low > LOOSE or r.high == r.low:
+            notes.append(f"{r.name} is not pinned down by the ladder (95% interval [{r.low:.3g}, {r.high:.3g}]): "
+                         "predictions that lean on it are extrapolations of the form, not of the data")
     if form is PREREGISTERED:
         m.beta_by_T = _beta_by_T(Ts, x, C, tix, y0, n0, yb, wb)
     m.residuals = _residuals(m, lad)
