@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 import tasks
 from analysis.effective import LOOP_FIELDS, SIZE_FIELDS, example_scores, prefetch_scores, resample_run
@@ -728,6 +728,14 @@ def ladder_table(law: Ladder, targets: pd.DataFrame | None = None,
     return t[TABLE_COLUMNS].sort_values(["role", "T", "N"], kind="stable").reset_index(drop=True)
 
 
+def _short(v: float, _pos=None) -> str:
+    """A tick label: 50, 200, 20k, 1.5M."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if v >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
 def _shape(K, L) -> str:
     return f"({int(K)} x {int(L)})"
 
@@ -773,7 +781,8 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
                 ax.errorbar([x], [r.measured], yerr=[[r.measured - r.meas_low], [r.meas_high - r.measured]], fmt="s",
                             ms=5, color="k", capsize=3, label=f"{r.role}: measured")
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(_short))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"T = {T}")
