@@ -82,6 +82,11 @@ class Form:
     scale: str  # what size_ref * e^z is called
     text: str  # the law in words ({d}: the data term, {dd}: what is shared or fixed)
 
+    @property
+    def midpoint(self) -> str:
+        """The params row of the log10 scale where the metric is half its ceiling (50% without one)."""
+        return f"log10_{self.scale[0].lower()}50"
+
 
 PREREGISTERED = Form(
     "preregistered", "N", (("beta", "L", 0.5, "a loop is worth L^beta x the parameters"),), False, "N_eff",
@@ -605,7 +610,7 @@ def _params(m: Ladder) -> pd.DataFrame:
         ab, bb = m.theta_b[:, i], m.theta_b[:, nT + i]
         add("slope", T, b, bb, f"logit change per e-fold of {m.form.scale}")
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            add(f"log10_{m.form.scale[0].lower()}50", T, math.log10(m.size_ref) - a / b / math.log(10),
+            add(m.form.midpoint, T, math.log10(m.size_ref) - a / b / math.log(10),
                 np.log10(m.size_ref) - ab / bb / np.log(10), f"log10 of the {m.form.scale} where the metric is {half}")
         if m.form.ceiling:
             add("ceiling", T, m.ceiling(m.theta, i), m.ceiling(m.theta_b, i),

@@ -9,6 +9,8 @@ Three modes, all from one fit:
 - `--budget FLOPS`: among candidates (the grid's models with --target, else the ladder's (K, L)
   shapes at its widths and wider ones), the best (K, L, width) that trains within the budget at
   each T, per shape, and the best against the runner-up shape (paired bootstrap difference).
+`--law` picks the law's form (analysis.ladder.LAWS; the pre-registered one by default) and `--plot`
+saves analysis.ladder.ladder_figure.
 """
 from __future__ import annotations
 
@@ -132,7 +134,7 @@ def coefficients(law: Ladder, echo: Callable[[str], None]) -> None:
             echo("        beta at each T fitted alone (a check of the shared beta): " + "; ".join(
                 f"T={r.T} {r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in law.beta_by_T.itertuples()))
     scale, fmt = law.form.scale, (fmt_n if law.form.size == "N" else (lambda v: f"{v:.0f}"))
-    mid = "log10_n50" if law.form.size == "N" else "log10_d50"
+    mid = law.form.midpoint
     for T in law.Ts:
         s = p[(p["name"] == "slope") & (p["T"] == T)].iloc[0]
         n = p[(p["name"] == mid) & (p["T"] == T)].iloc[0]
