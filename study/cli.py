@@ -619,9 +619,10 @@ def verify(
 def predict(
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
-    hold_out: list[str] = typer.Option([], "--hold-out", help="RUN_ID (its model, every seed) or 'largest' (the "
-                                       "largest parameter count): left out of the fit and predicted; repeatable; "
-                                       "default 'largest' (none with --target or --budget)"),
+    hold_out: list[str] = typer.Option([], "--hold-out", help="RUN_ID (its model, every seed), 'largest' (the "
+                                       "largest parameter count) or 'widest' (the largest width): left out of the "
+                                       "fit and predicted; repeatable; default 'largest' (none with --target or "
+                                       "--budget)"),
     target: Optional[str] = typer.Option(None, "--target", help="a grid YAML of models never trained: their "
                                          "predicted metric and training FLOPs (expanded as `study plan`, never run)"),
     budget: Optional[float] = typer.Option(None, "--budget", help="training FLOPs: the best (K, L, width) within "
@@ -629,12 +630,20 @@ def predict(
     T: list[int] = typer.Option([], "--T", help="denoising steps T to print (default: every T of the ladder); "
                                 "repeatable"),
     boot: int = typer.Option(400, "--boot", min=50, max=20000, help="bootstrap replicates"),
+    law: str = typer.Option("preregistered", "--law", help="the law's form: 'preregistered' (z = ln N + beta ln L) "
+                            "or 'depth-width' (z = ln d + kappa ln K + lambda ln L, a ceiling per T; post-hoc); "
+                            "docs/DESIGN.md"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="save the ladder figure here (PNG, PDF or SVG by the "
+                                       "name): measured vs the law per T, held-out models and targets marked"),
 ):
     """Fit a scaling law of the primary metric in parameters, loops and T to a study's finished runs
     (analysis/ladder.py), predict held-out models, targets and the best model for a budget."""
-    from analysis.ladder import LadderError
+    from analysis.ladder import LAWS, LadderError
     from analysis.load import MissingData, load_study
     from study.predict import predict as run_predict
+
+    if law not in LAWS:
+        _fail(f"--law {law}: one of {', '.join(LAWS)}")
 
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         _fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
@@ -646,7 +655,7 @@ def predict(
     try:
         data = load_study(results, study)
         run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
-                    typer.echo, results)
+                    typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:
         _fail(str(e))
 

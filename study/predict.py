@@ -9,6 +9,8 @@ Three modes, all from one fit:
 - `--budget FLOPS`: among candidates (the grid's models with --target, else the ladder's (K, L)
   shapes at its widths and wider ones), the best (K, L, width) that trains within the budget at
   each T, per shape, and the best against the runner-up shape (paired bootstrap difference).
+`--law` picks the law's form (analysis.ladder.LAWS; the pre-registered one by default) and `--plot`
+saves analysis.ladder.ladder_figure.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from typing import Callable
 import pandas as pd
 import yaml
 
-from analysis.ladder import Ladder, LadderError, family_mismatch, fit_study, measured_targets, residual_summary
+from analysis.ladder import (Ladder, LadderError, family_mismatch, fit_study, ladder_figure, measured_targets,
+                             residual_summary)
 from analysis.load import StudyData, training_fields
 
 # widths of the budget's candidates beyond the ladder: the ladder's largest times these, rounded to 16
@@ -114,23 +117,34 @@ def header(law: Ladder, data: StudyData, echo: Callable[[str], None]) -> None:
          + (", ".join(f"{r.label} ({r.seeds} seed{'s' if r.seeds > 1 else ''})" for r in held.itertuples()) or "none"))
     echo(f"intervals: 95%, {law.n_boot} bootstrap replicates over the ladder's runs and their test examples"
          f"{f'; {law.failed} did not converge, left out' if law.failed else ''}")
-    p = law.params
-    b = p[p["name"] == "beta"].iloc[0]
-    echo(f"  beta  = {b.estimate:.3f} [{b.low:.3f}, {b.high:.3f}]  (a loop is worth L^beta x the parameters: "
-         f"m(L=2) = {2 ** b.estimate:.2f})")
-    if law.beta_by_T is not None and len(law.Ts) > 1:
-        echo("        beta at each T fitted alone (a check of the shared beta): " + "; ".join(
-            f"T={r.T} {r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in law.beta_by_T.itertuples()))
-    if law.vary_D:
-        dl = p[p["name"] == "delta"].iloc[0]
-        echo(f"  delta = {dl.estimate:.3f} [{dl.low:.3f}, {dl.high:.3f}]  (exponent of training examples D)")
-    for T in law.Ts:
-        s = p[(p["name"] == "slope") & (p["T"] == T)].iloc[0]
-        n = p[(p["name"] == "log10_n50") & (p["T"] == T)].iloc[0]
-        echo(f"  T={T:<3} slope {s.estimate:.2f} [{s.low:.2f}, {s.high:.2f}] per e-fold of N_eff; 50% at N_eff "
-             f"{fmt_n(10 ** n.estimate)} [{fmt_n(10 ** n.low)}, {fmt_n(10 ** n.high)}]")
+    coefficients(law, echo)
     for note in law.notes:
         echo(f"note: {note}")
+
+
+def coefficients(law: Ladder, echo: Callable[[str], None]) -> None:
+    """The law's shared coefficients and, per T, its slope, its midpoint (and ceiling), with intervals."""
+    p = law.params
+    for name, _, _, meaning in law.terms:
+        c = p[p["name"] == name].iloc[0]
+        what = (f"a loop is worth L^beta x the parameters: m(L=2) = {2 ** c.estimate:.2f}" if name == "beta"
+                else f"{meaning}: x{2 ** c.estimate:.2f} at 2" if name in ("kappa", "lambda") else meaning)
+        echo(f"  {name:<5} = {c.estimate:.3f} [{c.low:.3f}, {c.high:.3f}]  ({what})")
+        if name == "beta" and law.beta_by_T is not None and len(law.Ts) > 1:
+            echo("        beta at each T fitted alone (a check of the shared beta): " + "; ".join(
+                f"T={r.T} {r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in law.beta_by_T.itertuples()))
+    scale, fmt = law.form.scale, (fmt_n if law.form.size == "N" else (lambda v: f"{v:.0f}"))
+    mid = law.form.midpoint
+    for T in law.Ts:
+        s = p[(p["name"] == "slope") & (p["T"] == T)].iloc[0]
+        n = p[(p["name"] == mid) & (p["T"] == T)].iloc[0]
+        line = (f"  T={T:<3} slope {s.estimate:.2f} [{s.low:.2f}, {s.high:.2f}] per e-fold of {scale}; "
+                f"{'half the ceiling' if law.form.ceiling else '50%'} at {scale} "
+                f"{fmt(10 ** n.estimate)} [{fmt(10 ** n.low)}, {fmt(10 ** n.high)}]")
+        if law.form.ceiling:
+            c = p[(p["name"] == "ceiling") & (p["T"] == T)].iloc[0]
+            line += f"; ceiling {pct(c.estimate)}% [{pct(c.low)}, {pct(c.high)}]"
+        echo(line)
 
 
 def heldout_table(law: Ladder, Ts: list[int] | None, echo, h: pd.DataFrame | None = None,
@@ -143,9 +157,9 @@ def heldout_table(law: Ladder, Ts: list[int] | None, echo, h: pd.DataFrame | Non
         h = h[h["T"].isin(Ts)]
     echo(f"{title}, predicted vs measured (%, 95% intervals; error = predicted - measured, points):")
     cols = "  {:<16} {:>3} {:>12}  {:<19} {:<19} {:<21} {:>9}"
-    echo(cols.format("model", "T", "N_eff/ladder", "predicted", "measured", "error [95%]", "abs error"))
+    echo(cols.format("model", "T", f"{law.form.scale}/ladder", "predicted", "measured", "error [95%]", "abs error"))
     for r in h.itertuples():
-        echo(cols.format(r.label, r.T, f"{r.n_eff_vs_ladder:.2f}x",
+        echo(cols.format(r.label, r.T, f"{r.scale_vs_ladder:.2f}x",
                          f"{pct(r.predicted)} [{pct(r.low)}, {pct(r.high)}]",
                          f"{pct(r.measured)} [{pct(r.meas_low)}, {pct(r.meas_high)}]",
                          f"{r.error_pts:+.1f} [{r.err_low:+.1f}, {r.err_high:+.1f}]", f"{r.abs_error_pts:.1f}")
@@ -168,9 +182,10 @@ def residuals(law: Ladder, echo, worst: int = 5) -> None:
                                    for r in big.itertuples()))
 
 
-def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo, trained=None) -> None:
+def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo,
+            trained=None) -> pd.DataFrame | None:
     """`trained`: the StudyData of the target grid's own study when it is in the store (trained once to
-    check): its finished runs are then compared with the prediction."""
+    check): its finished runs are then compared with the prediction, and returned (measured_targets)."""
     for r, run in zip(models.itertuples(), runs):
         bad = family_mismatch(law, training_fields({}, run.training_config))
         if bad:
@@ -183,10 +198,10 @@ def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo
     echo("targets (never trained here), predicted metric (%, 95% interval):")
     Ts_shown = sorted(set(t["T"]))
     cols = "  {:<16} {:>8} {:>8} {:>12} {:>11}" + "  {:<19}" * len(Ts_shown)
-    echo(cols.format("model", "params", "N", "N_eff/ladder", "train FLOPs", *(f"T={T}" for T in Ts_shown)))
+    echo(cols.format("model", "params", "N", f"{law.form.scale}/ladder", "train FLOPs", *(f"T={T}" for T in Ts_shown)))
     for label, g in t.groupby("label", sort=False):
         r = g.iloc[0]
-        echo(cols.format(label, fmt_n(r["n_params"]), fmt_n(r["N"]), f"{r['n_eff_vs_ladder']:.2f}x",
+        echo(cols.format(label, fmt_n(r["n_params"]), fmt_n(r["N"]), f"{r['scale_vs_ladder']:.2f}x",
                          f"{r['train_flops']:.3g}",
                          *(f"{pct(x.predicted)} [{pct(x.low)}, {pct(x.high)}]"
                            for x in g.sort_values("T").itertuples())))
@@ -196,12 +211,14 @@ def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo
         echo(f"training compute: ladder {flops:.3g} FLOPs ({priced} of {total} runs priced from the study's grid), "
              f"targets {tf:.3g} FLOPs ({int(models['seeds'].sum())} runs): the ladder is {100 * flops / tf:.1f}% of "
              "the targets' compute")
-    if trained is not None:
-        got = measured_targets(law, trained, models)
-        if got.empty:
-            echo(f"measured: study {trained.name!r} holds no finished evaluation of these targets yet")
-        else:
-            heldout_table(law, Ts, echo, got, f"targets trained in study {trained.name!r}")
+    if trained is None:
+        return None
+    got = measured_targets(law, trained, models)
+    if got.empty:
+        echo(f"measured: study {trained.name!r} holds no finished evaluation of these targets yet")
+    else:
+        heldout_table(law, Ts, echo, got, f"targets trained in study {trained.name!r}")
+    return got
 
 
 def budget(law: Ladder, cands: pd.DataFrame, flops: float, Ts, where: str, echo) -> None:
@@ -212,7 +229,7 @@ def budget(law: Ladder, cands: pd.DataFrame, flops: float, Ts, where: str, echo)
         shapes = set(zip(law.models["K"], law.models["L"]))
         for r in top.itertuples():
             echo(f"    {r.label:<16} N {fmt_n(r.N):>7}  {r.train_flops:9.3g} FLOPs  {pct(r.predicted):>5} "
-                 f"[{pct(r.low)}, {pct(r.high)}]  N_eff {r.n_eff_vs_ladder:.2f}x the ladder's largest"
+                 f"[{pct(r.low)}, {pct(r.high)}]  {law.form.scale} {r.scale_vs_ladder:.2f}x the ladder's largest"
                  + ("" if (r.K, r.L) in shapes else f"; ({r.K} x {r.L}) is not a shape of the ladder"))
         if v["runner_up"] is None:
             echo(f"    best: {v['best']} (the only shape within the budget)")
@@ -238,18 +255,19 @@ def _trained(results: str, study: str) -> StudyData | None:
 
 
 def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | None, Ts: list[int] | None,
-            n_boot: int, echo: Callable[[str], None], results: str = "results") -> None:
-    law = fit_study(data, hold_out=hold_out, n_boot=n_boot)
+            n_boot: int, echo: Callable[[str], None], results: str = "results", law_name: str = "preregistered",
+            plot: str | None = None) -> None:
+    law = fit_study(data, hold_out=hold_out, n_boot=n_boot, law=law_name)
     law._Ts(Ts)  # an unknown T is refused before anything is printed
     header(law, data, echo)
     heldout_table(law, Ts, echo)
     residuals(law, echo)
     runs_by_id = _ladder_runs(data) if (target_grid is not None or flops is not None) else {}
-    models = runs = None
+    models = runs = measured = None
     if target_grid is not None:
         models, runs = grid_models(target_grid)
         trained = _trained(results, target_grid.study) if target_grid.study != data.name else None
-        targets(law, models, runs, Ts, ladder_flops(law, runs_by_id), echo, trained)
+        measured = targets(law, models, runs, Ts, ladder_flops(law, runs_by_id), echo, trained)
     if flops is not None:
         if models is not None:
             budget(law, models, flops, Ts, f"the models of {target_grid.path}", echo)
@@ -261,3 +279,7 @@ def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | No
                                   "(absent, or no longer expands); give them with --target GRID")
             budget(law, ladder_candidates(law, base), flops, Ts,
                    "the ladder's (K x L) shapes at its widths and up to 4x its widest, its training recipe", echo)
+    if plot:
+        fig = ladder_figure(law, targets=models, measured=measured, Ts=Ts)
+        fig.savefig(plot, dpi=120, bbox_inches="tight")
+        echo(f"figure: {plot}")

@@ -33,9 +33,20 @@ TRUE = {"beta": 0.6, "slope": {1: 1.5, 2: 1.8, 4: 2.0, 8: 2.2},
         "n50": {1: 4.0e5, 2: 1.2e5, 4: 4.0e4, 8: 1.5e4}}
 
 
-def true_vpr(N: int, L: int, T: int) -> float:
+def true_vpr(N: int, L: int, T: int, **_) -> float:
     z = math.log(N * L ** TRUE["beta"] / TRUE["n50"][T])
     return 1 / (1 + math.exp(-TRUE["slope"][T] * z))
+
+
+# the depth-width law (--law depth-width): kappa, lambda, and per T the slope, the width d_eff at half the
+# ceiling (d50_T) and the ceiling c_T
+TRUE_DW = {"kappa": 0.8, "lambda": 0.3, "slope": {1: 4.0, 2: 4.5, 4: 5.0, 8: 5.5},
+           "d50": {1: 100.0, 2: 80.0, 4: 65.0, 8: 55.0}, "ceiling": {1: 0.45, 2: 0.75, 4: 0.9, 8: 0.98}}
+
+
+def true_vpr_dw(N: int, L: int, T: int, K: int = 1, d: int = 1) -> float:
+    z = math.log(d * K ** TRUE_DW["kappa"] * L ** TRUE_DW["lambda"] / TRUE_DW["d50"][T])
+    return TRUE_DW["ceiling"][T] / (1 + math.exp(-TRUE_DW["slope"][T] * z))
 
 
 def _eval(run_id, key, T, L, value, n):
@@ -71,7 +82,8 @@ def write_study(root: str, grid_path: str, rng, examples_every: int = 2, law=Non
         store.write_rows("runs", [row], f"{run.run_id}.parquet")
         store.write_config(run.run_id, run.resolved())
         for T in TS:
-            hits = rng.random(N_EX) < law(row["n_params_non_embedding"], run.model.L, T)
+            hits = rng.random(N_EX) < law(row["n_params_non_embedding"], run.model.L, T, K=run.model.K,
+                                          d=run.model.d_model)
             key = f"T{T}-Ls{run.model.L}-confidence"
             store.write_rows("evals", [_eval(run.run_id, key, T, run.model.L, float(hits.mean()), N_EX)],
                              run.run_id, f"{key}.parquet")
@@ -152,7 +164,7 @@ def test_heldout_interval_covers_the_truth(fitted, synth):
     models, _ = grid_models(load_grid(TARGET_GRID))
     assert sorted(models["label"]) == ["(1 x 2) d=192", "(2 x 1) d=192"] and (models["seeds"] == 2).all()
     t = measured_targets(fitted, load_study(synth, TARGET_STUDY), models)
-    assert len(t) == 2 * len(TS) and (t["n_eff_vs_ladder"] > 1).any()
+    assert len(t) == 2 * len(TS) and (t["scale_vs_ladder"] > 1).any()
     for r in t.itertuples():
         truth = true_vpr(r.N, _K_L(r.label)[1], r.T)
         assert r.low <= truth <= r.high, (r.label, r.T, truth, r.low, r.high)
@@ -170,7 +182,7 @@ def test_misfit_shows_in_the_residuals_and_beta_by_T(tmp_path):
 
     beta_T = {1: 1.0, 2: 0.7, 4: 0.4, 8: 0.1}
 
-    def law(N, L, T):
+    def law(N, L, T, **_):
         return 1 / (1 + math.exp(-TRUE["slope"][T] * math.log(N * L ** beta_T[T] / TRUE["n50"][T])))
 
     write_study(str(tmp_path), LADDER_GRID, np.random.default_rng(3), examples_every=10 ** 6, law=law)
@@ -247,3 +259,99 @@ def test_cli_errors_are_one_line(synth, tmp_path):
     r = _study("predict", "--study", "tiny", "--results", str(tmp_path))
     assert r.returncode == 2 and "too few runs to fit" in r.stderr and "at least 4 models" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def synth_dw(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ladder_dw"))
+    rng = np.random.default_rng(5)
+    write_study(root, LADDER_GRID, rng, law=true_vpr_dw)
+    write_study(root, TARGET_GRID, rng, law=true_vpr_dw)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fitted_dw(synth_dw):
+    from analysis.ladder import fit_study
+    from analysis.load import load_study
+
+    return fit_study(load_study(synth_dw, STUDY), hold_out=["widest"], law="depth-width")  # fit on d <= 96
+
+
+def test_depth_width_law_recovered_and_widest_predicted(fitted_dw, synth_dw):
+    """A store following the depth-width law: its parameters fall in their intervals, and the held-out
+    widest rung (d = 128, fitted on d = 48 / 64 / 96) and the d = 192 target are covered."""
+    from analysis.ladder import measured_targets
+    from analysis.load import load_study
+    from study.grid import load_grid
+    from study.predict import grid_models
+
+    m = fitted_dw
+    assert m.form.name == "depth-width" and m.beta_by_T is None and m.failed < m.n_boot // 10
+    p = m.params
+    for name in ("kappa", "lambda"):
+        c = p[p["name"] == name].iloc[0]
+        assert c["low"] <= TRUE_DW[name] <= c["high"], (name, c.to_dict())
+    for T in TS:
+        at = p[p["T"] == T].set_index("name")
+        for name, truth in (("slope", TRUE_DW["slope"][T]), ("log10_d50", math.log10(TRUE_DW["d50"][T])),
+                            ("ceiling", TRUE_DW["ceiling"][T])):
+            assert at.loc[name, "low"] <= truth <= at.loc[name, "high"], (T, name, at.loc[name].to_dict())
+    h = m.heldout
+    assert set(h["label"]) == {f"({K} x {L}) d=128" for K, L in [(1, 1), (1, 2), (1, 3), (2, 1)]}
+    assert (h["seeds"] == 2).all() and len(h) == 4 * len(TS)
+    for r in h.itertuples():
+        K, L = _K_L(r.label)
+        assert r.low <= true_vpr_dw(r.N, L, r.T, K=K, d=128) <= r.high, (r.label, r.T, r.low, r.high)
+    models, _ = grid_models(load_grid(TARGET_GRID))
+    t = measured_targets(m, load_study(synth_dw, TARGET_STUDY), models)
+    for r in t.itertuples():
+        K, L = _K_L(r.label)
+        truth = true_vpr_dw(r.N, L, r.T, K=K, d=192)
+        assert r.low <= truth <= r.high, (r.label, r.T, truth, r.low, r.high)
+    assert len(t) == 2 * len(TS)
+
+
+def test_ladder_table_and_figure(fitted_dw, synth_dw):
+    from matplotlib.figure import Figure
+
+    from analysis.ladder import TABLE_COLUMNS, ladder_figure, ladder_table, measured_targets
+    from analysis.load import load_study
+    from study.grid import load_grid
+    from study.predict import grid_models
+
+    models, _ = grid_models(load_grid(TARGET_GRID))
+    measured = measured_targets(fitted_dw, load_study(synth_dw, TARGET_STUDY), models)
+    tab = ladder_table(fitted_dw, models, measured)
+    assert list(tab.columns) == TABLE_COLUMNS
+    assert (tab["role"] == "held out").sum() == 16 and (tab["role"] == "target").sum() == 8
+    assert (tab["within_2"] == (tab["abs_error_pts"] <= 2)).all()
+    assert (tab["in_band"] == ((tab["measured"] > 0.05) & (tab["measured"] < 0.95))).all()
+    # a target never trained: predicted only
+    alone = ladder_table(fitted_dw, models.assign(label=models["label"] + " new"), measured.iloc[:0])
+    assert alone.loc[alone["role"] == "target", "measured"].isna().all()
+
+    fig = ladder_figure(fitted_dw, models, measured, Ts=[1, 4])
+    assert isinstance(fig, Figure)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["T = 1", "T = 4"]
+    for ax in panels:
+        assert ax.get_xscale() == "log" and "d_eff" in ax.get_xlabel()
+        labels = [ln.get_label() for ln in ax.get_lines()]
+        assert "law" in labels and any(lb.startswith("ladder (2 x 1)") for lb in labels)
+        assert sum(lb == "ladder (1 x 1)" for lb in labels) == 1  # one marker series per shape
+    assert "VPR" in panels[0].get_ylabel()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"held out: predicted", "held out: measured", "target: predicted", "target: measured"} <= set(legend)
+
+
+def test_cli_depth_width_and_plot(synth_dw, tmp_path):
+    out = tmp_path / "ladder.png"
+    r = _study("predict", "--study", STUDY, "--results", synth_dw, "--boot", "100", "--law", "depth-width",
+               "--hold-out", "widest", "--target", TARGET_GRID, "--plot", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "kappa =" in r.stdout and "lambda =" in r.stdout and "ceiling" in r.stdout and "d_eff/ladder" in r.stdout
+    assert "beta" not in r.stdout and "(post-hoc form)" in r.stdout
+    assert out.stat().st_size > 10_000 and f"figure: {out}" in r.stdout
+    r = _study("predict", "--study", STUDY, "--results", synth_dw, "--law", "nope")
+    assert r.returncode == 2 and "--law nope: one of preregistered, depth-width" in r.stderr
