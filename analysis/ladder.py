@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -767,6 +768,7 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     shapes = sorted(res["shape"].unique())
     colour = {s: f"C{i}" for i, s in enumerate(shapes)}
     fig = Figure(figsize=(3.4 * len(Ts) + 0.6, 3.4), layout="constrained")
+    FigureCanvasAgg(fig)  # no pyplot (no global figure registry), but a canvas to draw and save on
     axes = fig.subplots(1, len(Ts), sharey=True, squeeze=False)[0]
     for ax, T in zip(axes, Ts):
         i = law.Ts.index(T)

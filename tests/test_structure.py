@@ -1,0 +1,152 @@
+"""Where things live, checked: no import circle in the project (imports inside functions count), no
+module reaches into another's private names, and the layers import only downwards (docs/DESIGN.md,
+"Layers and their dependency rule")."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("study", "model", "tasks", "store", "stats", "analysis", "rmdm_study", "atomicio")
+# what each layer may import besides itself (DESIGN.md): study on top, store and stats leaves
+ALLOWED = {
+    "rmdm_study": {"analysis", "store", "stats", "tasks", "study"},
+    "study": {"analysis", "model", "tasks", "store", "stats"},
+    "analysis": {"store", "stats", "tasks"},
+    "model": set(),
+    "tasks": {"stats"},
+    "store": set(),
+    "stats": set(),
+    "atomicio": set(),
+}
+for _layer in ALLOWED:  # files written whole or not at all: the one leaf every layer may use
+    if _layer != "atomicio":
+        ALLOWED[_layer].add("atomicio")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, list[str], int]]:
+    """(imported project module, names taken from it, line) for every import statement, at any depth."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in PACKAGES:
+                    out.append((a.name, [], node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] not in PACKAGES:
+                continue
+            names = [a.name for a in node.names]
+            # `from pkg import submodule` imports the submodule
+            subs = [n for n in names if f"{mod}.{n}" in known]
+            out.append((mod, [n for n in names if n not in subs], node.lineno))
+            out += [(f"{mod}.{n}", [], node.lineno) for n in subs]
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    g = {m: set() for m in known}
+    for m, p in known.items():
+        for target, _, _ in imports(m, p, known):
+            while target not in known and "." in target:  # `import a.b.c` where c is a name
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != m:
+                g[m].add(target)
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_parent(a: str, b: str) -> bool:
+    """A package's __init__ importing its own submodules (and they the package) is how a package
+    exposes its parts, not a circle between parts."""
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_no_import_circle():
+    g = graph()
+    # a package's __init__ re-exporting its submodules is not a circle between modules
+    g = {m: {t for t in ts if not _is_parent(m, t)} for m, ts in g.items()}
+    assert cycles(g) == [], "import circles (imports inside functions count)"
+
+
+def test_no_module_imports_a_private_name():
+    known = modules()
+    bad = []
+    for m, p in known.items():
+        for target, names, line in imports(m, p, known):
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    bad.append(f"{p.relative_to(ROOT)}:{line}: {n} from {target}")
+    assert bad == []
+
+
+def test_layers_import_only_downwards():
+    known = modules()
+    bad = []
+    for m, p in known.items():
+        layer = m.split(".")[0]
+        for target, _, line in imports(m, p, known):
+            other = target.split(".")[0]
+            if other != layer and other not in ALLOWED[layer]:
+                bad.append(f"{p.relative_to(ROOT)}:{line}: {layer} imports {target}")
+    assert bad == []
+
+
+def test_the_checks_see_a_circle_and_a_private_import(tmp_path):
+    """The graph code finds what it is meant to find (a circle through an import inside a function)."""
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(g) == [["a", "b", "c"]]
+    src = "def f():\n    from study.grid import _hidden\n"
+    p = tmp_path / "x.py"
+    p.write_text(src)
+    assert imports("study.x", p, {"study.grid": p}) == [("study.grid", ["_hidden"], 2)]
