@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from study.grid import load_grid
-from study.runner import FAULT_ENV, HOLD_ENV, init_ray, injected_faults, run_grid
+from study.faults import FAULT_ENV, HOLD_ENV, injected_faults
+from study.runner import init_ray, run_grid
 from study.status import snapshot
 from store import Store
 

@@ -221,7 +221,7 @@ def test_second_driver_refused_then_waits_then_runs(tmp_path):
     run and find nothing to do: every run was started by A only (attempt logs)."""
     from store import Store
     from study.grid import load_grid
-    from study.runner import HOLD_ENV
+    from study.faults import HOLD_ENV
 
     gpath = tmp_path / "lease.yaml"
     gpath.write_text(tiny_grid("lease", steps=30))
@@ -282,7 +282,7 @@ def test_sigterm_releases_the_lease(tmp_path):
     from store.lease import current
     from study.grid import load_grid
     from study.procs import descendants
-    from study.runner import HOLD_ENV
+    from study.faults import HOLD_ENV
 
     gpath = tmp_path / "term.yaml"
     gpath.write_text(tiny_grid("term", steps=30, axes="L: [1]"))
@@ -313,7 +313,7 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
     from store.lease import current, lease_dir
     from study.grid import load_grid
     from study.procs import descendants
-    from study.runner import HOLD_ENV
+    from study.faults import HOLD_ENV
 
     gpath = tmp_path / "lost.yaml"
     gpath.write_text(tiny_grid("lost", steps=30, axes="L: [1]"))
@@ -346,7 +346,7 @@ def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: 
     """A holds the study mid-training; B is refused; A is SIGKILLed by its handle; C takes over at once
     (A's process is gone), resumes every run from its checkpoint, and no run trains twice."""
     from study.procs import descendants
-    from study.runner import HOLD_ENV
+    from study.faults import HOLD_ENV
 
     holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
     a = _start(gpath, results, tmp_path / "a.out", _env(**env_extra, **{HOLD_ENV: holds}))

@@ -11,7 +11,7 @@ import time
 from study.grid import load_grid
 from study.status import counts, snapshot
 from study.procs import descendants
-from study.runner import HOLD_ENV
+from study.faults import HOLD_ENV
 from store import Store
 from tests.helpers import ROOT, check_resumed, kill_driver, study_cmd, tiny_grid
 

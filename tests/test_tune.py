@@ -247,7 +247,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
 
     The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
     Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
-    from study.runner import HOLD_ENV
+    from study.faults import HOLD_ENV
     from tests.helpers import ctrl_c_when
 
     lrs = [3e-3, 1e-2, 2e-2]
