@@ -43,11 +43,11 @@ import yaml
 
 from model.train import load_state
 from store import Store
-from study.grid import Grid, Run
+from study.grid import Grid, Run, SearchGroup
 from study.faults import fault_config
 from study.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
 from study.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
-from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
+from study.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
 from study.trial import trial_payload
 
 DB_NAME = "optuna.db"
@@ -209,8 +209,8 @@ def _distributions(search: Search) -> dict:
     for k, d in search.params.items():
         if d.dist == "choice":
             out[k] = od.CategoricalDistribution(list(d.values))
-        elif d.dist in ("int", "intlog"):
-            out[k] = od.IntDistribution(int(d.low), int(d.high), log=d.dist == "intlog", step=int(d.step or 1))
+        elif d.dist == "int":
+            out[k] = od.IntDistribution(int(d.low), int(d.high), log=d.log, step=int(d.step or 1))
         else:
             out[k] = od.FloatDistribution(d.low, d.high, log=d.dist == "loguniform", step=d.step)
     return out
