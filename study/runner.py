@@ -453,14 +453,14 @@ def record_grid_file(store: Store, grid: Grid, command: str) -> str:
 def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lease, echo, progress_every_s: float,
               log: list) -> int:
     """One Tune experiment over the runs still to do; their outcome, as `study run` says it."""
+    from ray import tune
+
     by_id = {r.run_id: r for r in plan.todo}
     placement = _PlacementWatch(ray, by_id)
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                     every_s=progress_every_s)
     trials: list = []  # Tune's trials as of its last step (their status is live)
     view.waiting = _waiting_note_of(ray, trials, by_id)
-    from ray import tune
-
     payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
     tuner = make_tuner(
         # a new Tune experiment per invocation: the store, not Tune's state, says what is done

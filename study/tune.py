@@ -43,8 +43,9 @@ import yaml
 
 from model.train import load_state
 from store import Store
-from study.grid import Grid, Run, SearchGroup
 from study.faults import fault_config
+from study.grid import Grid, Run, SearchGroup
+from study.loggers import callbacks as logger_callbacks
 from study.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
 from study.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
 from study.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
@@ -351,7 +352,6 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.loggers import callbacks as logger_callbacks
     from study.searcher import RecordingAsha, ResumableOptunaSearch, has_value
     from study.status import LiveView, trial_progress
 
