@@ -16,24 +16,22 @@ import itertools
 import json
 import math
 import os
-import reprlib
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from model.config import ModelConfig, Strict, TrainConfig
+from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
 from store import NAME_RULE, is_safe_name
+from study.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
+from study.search import Search, load_best
+from study.sections import (ALIASES, GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
+                            GridError, Resources, canonical, cut, short, validate)
 from tasks import TASKS, TaskConfig, make_task
-
-
-class GridError(ValueError):
-    """A grid that cannot be run, with file and key in the message."""
 
 
 def sampling_depth(value: int | str, L: int) -> int:
@@ -41,84 +39,6 @@ def sampling_depth(value: int | str, L: int) -> int:
     'train' for the run's training depth L."""
     return L if value == "train" else value
 
-
-class Adaptive(Strict):
-    """An adaptive-depth sampling point: loop until the predictions settle (argmax over the masked
-    positions unchanged since the previous loop, confidence at each >= threshold), at most
-    `max_loops` a denoising step (model/sampler.py)."""
-
-    max_loops: int | Literal["train"] = Field(description="the cap L_s: an integer >= 2, or 'train' (L_t; "
-                                                          "no adaptive point for a run trained at L = 1)")
-    threshold: float = Field(gt=0, le=1, description="confidence (max softmax probability) every masked "
-                                                     "position must reach")
-
-    @field_validator("max_loops", "threshold", mode="before")
-    @classmethod
-    def _no_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("a number is meant here, not a boolean")
-        return v
-
-    @field_validator("max_loops")
-    @classmethod
-    def _cap(cls, v: int | str) -> int | str:
-        if v != "train" and v < 2:
-            raise ValueError("must be an integer >= 2 or 'train': one loop leaves nothing to compare")
-        return v
-
-
-class EvalConfig(Strict):
-    """Evaluation points of every run; not part of the run id."""
-
-    T: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    L_s: list[int | Literal["train"]] = Field(default_factory=lambda: ["train"])
-    sampler: list[Literal["confidence", "random"]] = Field(default_factory=lambda: ["confidence"])
-    temperature: float = Field(0.0, ge=0)
-    remask: float = Field(0.0, ge=0, lt=1)
-    n_examples: int = Field(200, ge=1)
-    split: Literal["test", "val"] = Field("test", description="'val': the task's validation split (for selection)")
-    seed: int = 0
-    n_samples_kept: int = Field(50, ge=0, description="examples per eval point written to the samples table")
-    # adaptive-depth points, each crossed with T and sampler, beside the fixed L_s ones
-    adaptive: list[Adaptive] = Field(default_factory=list)
-
-    @field_validator("T")
-    @classmethod
-    def _t(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError(f"T values must be integers >= 1 (got {v})")
-        return v
-
-    @field_validator("L_s")
-    @classmethod
-    def _ls(cls, v: list) -> list:
-        if not v or any(x != "train" and x < 1 for x in v):
-            raise ValueError(f"L_s values must be integers >= 1 or 'train' (got {v})")
-        return v
-
-
-class Resources(Strict):
-    cpu: float = Field(1, gt=0)
-    gpu: float = Field(0, ge=0, description="fractions allowed: several small trials share a GPU")
-    # a trial that asked for a GPU on a node without CUDA fails (never a silent CPU run), unless this is true
-    allow_cpu_fallback: bool = False
-
-
-SECTIONS: dict[str, type[BaseModel] | None] = {
-    "task": None,  # depends on the task name; see _task_config
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "eval": EvalConfig,
-    "resources": Resources,
-}
-ALIASES = {
-    "K": "model.K", "L": "model.L", "d_model": "model.d_model", "seed": "train.seed", "lr": "train.lr",
-    "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
-}
-TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
-            "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
-GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
-TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
 LOOP_ONLY_TRAIN = ("loss", "loss_weights", "truncate_k", "schedule", "min_depth")
 
 
@@ -266,118 +186,34 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+@dataclass(frozen=True)
+class SearchGroup:
+    """One Optuna study of a search grid: a point of the grid (its base run) and the name it is stored under."""
+
+    name: str
+    point: dict
+    run: Run
+
+
+def search_group_name(grid_group: str | None, point: dict, study: str) -> str:
+    """Name of a search group: the grid group's name and the values of its point, e.g. 'K1_L3'."""
+    short_names = {v: k for k, v in ALIASES.items()}
+    parts = [grid_group] if grid_group is not None else []
+    for k, v in point.items():
+        parts.append(f"{short_names.get(k, k)}{v}")
+    return "_".join(str(p) for p in parts) or study
+
+
 @dataclass
 class Grid:
     path: str
     study: str
     runs: list[Run]
     raw: dict = field(default_factory=dict)
-    search: Any = None  # study.search.Search when the grid has a `search:` section
-    search_groups: list = field(default_factory=list)  # study.search.SearchGroup, one Optuna study each
+    search: Search | None = None  # the `search:` section (study/search.py), when the grid has one
+    search_groups: list[SearchGroup] = field(default_factory=list)  # one Optuna study each
     tuned: dict = field(default_factory=dict)  # run_id -> {key: {value, file, group}} from `defaults_from`
     overrides: list = field(default_factory=list)  # command-line `key=value` applied to raw (study/overrides.py)
-
-
-# ---- loading -----------------------------------------------------------------------------
-class GridLoader(yaml.SafeLoader):
-    """`yaml.safe_load` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *defaults`: keys given here override merged ones, as YAML intends
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node)
-                except TypeError:
-                    continue  # an unhashable key: SafeLoader reports it itself
-                if first is not key_node:  # by node: `{d_model: 16, d_model: 32}` is one line, two keys
-                    at, again = first.start_mark, key_node.start_mark
-                    where = (f"line {at.line + 1} column {at.column + 1}, again at column {again.column + 1}"
-                             if at.line == again.line else f"line {at.line + 1}, again at line {again.line + 1}")
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {_short(key)} (first at {where}): give each key once",
-                        key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-# A grid file is read whole before parsing, within these bounds (a hostile or mistaken file -- a
-# FIFO, /dev/zero, a 50 MB line, a structure nested thousands deep -- is refused in one line, never
-# read without end): the largest grid shipped is a few kB.
-MAX_GRID_BYTES = 1 << 20  # 1 MiB
-MAX_GRID_LINE = 1 << 16  # characters a line
-MAX_GRID_DEPTH = 32  # nested mappings / lists
-
-
-def read_regular_file(path: str, what: str, max_bytes: int | None = None, exc: type[Exception] = ValueError):
-    """A binary file object of `path` once it is known to be a regular file (of at most `max_bytes`):
-    opened without blocking (a FIFO with no writer would wait forever), refused otherwise with `exc`
-    naming the file (a directory, a FIFO, a device such as /dev/zero, a socket)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise exc(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise exc(f"{path}: is a directory, not a {what}") from None
-    except OSError as e:
-        raise exc(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise exc(f"{path}: is a directory, not a {what}")
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
-            raise exc(f"{path}: is {kind}, not a regular file: give a {what}")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise exc(f"{path}: {st.st_size:,} bytes; a {what} is at most {max_bytes:,} bytes")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def grid_file_text(path: str) -> str:
-    """The text of grid file `path`, within MAX_GRID_BYTES and MAX_GRID_LINE (GridError otherwise)."""
-    f = read_regular_file(path, "grid file", MAX_GRID_BYTES, GridError)
-    lines, total = [], 0
-    with f:
-        for ln, line in enumerate(iter(lambda: f.readline(MAX_GRID_LINE * 4 + 1), b""), 1):
-            total += len(line)
-            if total > MAX_GRID_BYTES:  # grew while read
-                raise GridError(f"{path}: more than {MAX_GRID_BYTES:,} bytes; a grid file is at most that")
-            if len(line) > MAX_GRID_LINE and len(line.rstrip(b"\r\n").decode("utf-8", "replace")) > MAX_GRID_LINE:
-                raise GridError(f"{path}:{ln}: a line longer than {MAX_GRID_LINE:,} characters; break it up "
-                                f"(YAML lists and mappings may span lines)")
-            lines.append(line)
-    try:
-        return b"".join(lines).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
-
-
-def too_deep(obj: Any, limit: int) -> bool:
-    """Whether `obj` nests mappings / lists deeper than `limit` (iteratively: no recursion)."""
-    stack = [(obj, 0)]
-    seen: set[int] = set()
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d >= limit:
-                return True
-            if id(v) in seen:  # a YAML alias: the same object, already walked
-                continue
-            seen.add(id(v))
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
-            if isinstance(v, dict):
-                stack.extend((k, d + 1) for k in v)
-    return False
 
 
 def _yaml_error(path: str, e: yaml.YAMLError) -> str:
@@ -386,16 +222,6 @@ def _yaml_error(path: str, e: yaml.YAMLError) -> str:
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
     what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
     return f"{where}: not valid YAML: {' '.join(what.split())}"
-
-
-def safe_yaml(text: str):
-    """Parse YAML text with GridLoader (a yaml.SafeLoader subclass that also refuses a key given twice):
-    plain data only, nothing is constructed. Raises yaml.YAMLError, or RecursionError when nested too deeply."""
-    loader = GridLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
 
 
 def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
@@ -408,28 +234,55 @@ def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
         raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
                         f"{MAX_GRID_DEPTH})") from None
     except yaml.YAMLError as e:
-        raise GridError(_cut(_yaml_error(path, e))) from None
+        raise GridError(cut(_yaml_error(path, e))) from None
     if too_deep(raw, MAX_GRID_DEPTH):
         raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
                         f"a few")
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
     if overrides:  # applied to the file's mapping, then the same checks as a file (study/overrides.py)
-        from study.overrides import expand_with
-
-        return expand_with(raw, path, overrides)
+        return _expand_with(raw, path, overrides)
     return expand(raw, path)
 
 
+def _expand_with(raw: dict, path: str, texts: typing.Sequence[str]) -> Grid:
+    """The Grid of `raw` (grid file `path`'s mapping) after override strings `texts`, validated as a
+    file is; GridError in one line naming the override a key error comes from."""
+    from study.overrides import OverrideError, apply, attribute, parse, show
+
+    try:
+        new, claims = apply(raw, parse(texts), path)
+    except OverrideError as e:
+        raise GridError(str(e)) from None
+    if not isinstance(new, dict):
+        raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
+    if too_deep(new, MAX_GRID_DEPTH):
+        raise GridError(f"{path} with overrides: nested deeper than {MAX_GRID_DEPTH} levels")
+    try:
+        grid = expand(new, path)
+    except GridError as e:
+        raise GridError(attribute(str(e), path, texts, claims)) from None
+    for ov, keys in claims:  # best values of a search (defaults_from) win over the sections
+        fields = {k for k in keys if "." in k and not k.startswith(("axes.", "groups"))}
+        for run_id, src in grid.tuned.items():
+            hit = fields & set(src)
+            if hit:
+                k = sorted(hit)[0]
+                raise GridError(f"override {show(ov.text)}: {k} is taken from {src[k].get('file')} by defaults_from "
+                                f"for run {run_id} (and wins there): remove defaults_from (~defaults_from) to set it")
+    grid.overrides = list(texts)
+    return grid
+
+
 def expand(raw: dict, path: str = "grid.yaml") -> Grid:
-    err = _Err(path)
+    err = Err(path)
     _check_keys(raw, TOP_KEYS, "", err)
     study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
     if not is_safe_name(study):  # the store's rule: a name that passes here opens as a Store
         err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
     retries = raw.get("retries", 2)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        err("retries", f"must be an integer >= 0 (got {_short(retries)})")
+        err("retries", f"must be an integer >= 0 (got {short(retries)})")
     base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
     groups = raw.get("groups")
     if groups is None:
@@ -446,19 +299,15 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
             gname = str(g.get("name", i))
             twin = next((w for n, _, w in specs if n == gname), None)
             if twin is not None:  # their runs would be stored, reported and searched as one group
-                err(where + ".name", f"group name {_short(gname)} is also the name of {twin.rstrip('.')}: "
+                err(where + ".name", f"group name {short(gname)} is also the name of {twin.rstrip('.')}: "
                                      f"give each group its own name")
             specs.append((gname, g, where + "."))
         for k in ("axes", "couple", "constraints", "include", "exclude"):
             if k in raw:
                 err(k, "cannot be used at the top level together with `groups`: put it in each group")
-    search = None
-    if "search" in raw:
-        from study import search as sch
-
-        search = sch.parse_search(raw["search"], err, _canon_key, _validate, Resources)
+    search = validate(Search, raw["search"], "search", err) if "search" in raw else None
     runs: dict[str, Run] = {}
-    search_groups: dict[str, Any] = {}
+    search_groups: dict[str, SearchGroup] = {}
     tuned: dict[str, dict] = {}
     for name, spec, where in specs:
         sections = copy.deepcopy(base)
@@ -468,9 +317,7 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         df_where = where + "defaults_from" if "defaults_from" in spec else "defaults_from"
         best = None
         if raw.get("defaults_from") is not None or spec.get("defaults_from") is not None:
-            from study import search as sch
-
-            best = sch.load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err, _canon_key)
+            best = load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err)
         for point, included in _points(spec, where, err):
             run = _resolve(sections, point, study, retries, name, err)
             source = {}
@@ -487,10 +334,10 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                 for k in set(source) & set(search.params):
                     err(f"search.params.{k}", f"{k} is also taken from {best[0].file} by defaults_from")
                 _check_search_point(search, sections, point, study, retries, name, run, err)
-                gname = sch.group_name(name, point, study)
+                gname = search_group_name(name, point, study)
                 if gname in search_groups and search_groups[gname].run.run_id != run.run_id:
                     err(where + "axes", f"two search groups would be named {gname!r}: give the grid groups names")
-                search_groups.setdefault(gname, sch.SearchGroup(gname, point, run))
+                search_groups.setdefault(gname, SearchGroup(gname, point, run))
             runs.setdefault(run.run_id, run)  # identical training configs are one run
             if source:
                 tuned[run.run_id] = source
@@ -500,8 +347,8 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                 search_groups=list(search_groups.values()), tuned=tuned)
 
 
-def _check_search_point(search, sections: dict, point: dict, study: str, retries: int, group: str | None,
-                        run: Run, err: _Err) -> None:
+def _check_search_point(search: Search, sections: dict, point: dict, study: str, retries: int, group: str | None,
+                        run: Run, err: Err) -> None:
     """A searched key is never also an axis; every edge of every distribution gives a valid run."""
     for k in search.params:
         if k in point:
@@ -525,67 +372,10 @@ def _check_search_point(search, sections: dict, point: dict, study: str, retries
             try:
                 _resolve(sections, {**point, k: v}, study, retries, group, err)
             except GridError as e:
-                err(f"search.params.{k}", f"the value {_short(v)} gives an invalid run: {e}")
+                err(f"search.params.{k}", f"the value {short(v)} gives an invalid run: {e}")
 
 
-class _Err:
-    def __init__(self, path: str):
-        self.path = path
-
-    def __call__(self, key: str, msg: str):
-        raise GridError(_cut(f"{self.path}: key '{_cut(key, 200)}': {msg}"))
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 120, 120
-
-
-def _short(v: Any, limit: int = 300) -> str:
-    """repr of a grid value for a message, a few hundred characters at most: a YAML alias bomb
-    expands to megabytes, and reprlib never builds the whole repr."""
-    return _cut(_REPR.repr(v), limit)
-
-
-def _cut(text: str, limit: int = 1000) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit - 40]}... ({len(text):,} characters in all)"
-
-
-def _bool_for_number(cls: type[BaseModel], d: dict, key: str, err: _Err) -> None:
-    """pydantic reads `K: true` as K = 1: refuse a boolean wherever the field does not take booleans."""
-    no_bool, subs = _bool_fields(cls)
-    for name, v in d.items():
-        if name in no_bool and (isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v))):
-            err(f"{key}.{name}", f"a number is meant here, not a boolean (got {_short(v)})")
-        if name in subs and isinstance(v, dict):
-            _bool_for_number(subs[name], v, f"{key}.{name}", err)
-
-
-@functools.lru_cache(maxsize=None)
-def _bool_fields(cls: type[BaseModel]) -> tuple[frozenset, dict]:
-    """(fields that take no boolean, {field: nested model class}) of a config class."""
-    no_bool = frozenset(k for k, f in cls.model_fields.items() if not _takes_bool(f.annotation))
-    subs = {k: t for k, f in cls.model_fields.items() if (t := _model_type(f.annotation)) is not None}
-    return no_bool, subs
-
-
-def _leaves(ann: Any) -> list:
-    args = typing.get_args(ann)
-    if typing.get_origin(ann) is Literal:
-        return [type(a) for a in args]
-    return [x for a in args for x in _leaves(a)] if args else [ann]
-
-
-def _takes_bool(ann: Any) -> bool:
-    return any(t in (bool, Any, object) for t in _leaves(ann))
-
-
-def _model_type(ann: Any):
-    return next((t for t in _leaves(ann) if isinstance(t, type) and issubclass(t, BaseModel)), None)
-
-
-def _mapping(v: Any, key: str, err: _Err) -> dict:
+def _mapping(v: Any, key: str, err: Err) -> dict:
     if v is None:
         return {}
     if not isinstance(v, dict):
@@ -593,7 +383,7 @@ def _mapping(v: Any, key: str, err: _Err) -> dict:
     return copy.deepcopy(v)
 
 
-def _check_keys(d: dict, allowed: set[str], where: str, err: _Err) -> None:
+def _check_keys(d: dict, allowed: set[str], where: str, err: Err) -> None:
     for k in d:
         if k not in allowed:
             err(f"{where}{k}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
@@ -607,22 +397,14 @@ def _deep_update(dst: dict, src: dict) -> None:
             dst[k] = v
 
 
-def _canon_key(key: str, where: str, err: _Err) -> str:
-    if not isinstance(key, str):  # `axes: {1: [1]}`: YAML reads the key as a number
-        err(where + _short(key), f"an axis key is a name ('section.field' or a short name such as K), "
-                                 f"not {type(key).__name__} {_short(key)}")
-    key = ALIASES.get(key, key)
-    sec, _, fld = key.partition(".")
-    if sec not in SECTIONS or not fld:
-        err(where + key, f"axis keys are 'section.field' with section in {sorted(SECTIONS)} "
-                         f"or one of the short names {sorted(ALIASES)}")
-    if sec == "eval":
-        err(where + key, "evaluation points are listed in the `eval` section (T, L_s, sampler), not as axes: "
-                         "they do not define new runs")
-    return key
+def _canon_key(key: Any, where: str, err: Err) -> str:
+    try:
+        return canonical(key)
+    except BadKey as e:
+        err(where + e.key, e.msg)
 
 
-def _point(d: Any, where: str, err: _Err) -> dict:
+def _point(d: Any, where: str, err: Err) -> dict:
     if not isinstance(d, dict) or not d:
         err(where, "a point is a non-empty mapping of axis key -> value")
     out: dict = {}
@@ -634,7 +416,7 @@ def _point(d: Any, where: str, err: _Err) -> dict:
     return out
 
 
-def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
+def _points(spec: dict, where: str, err: Err) -> list[tuple[dict, bool]]:
     """(point, listed in `include`?): included points are taken as written, past the constraints."""
     axes = _mapping(spec.get("axes", {}), where + "axes", err)
     lists, named = [], {}
@@ -644,7 +426,7 @@ def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
             err(f"{where}axes.{k}", f"names the same field as axis {named[ck]!r} ({ck}): give it once")
         named[ck] = k
         if not isinstance(vals, list) or not vals:
-            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {_short(vals)})")
+            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {short(vals)})")
         lists.append([{ck: v} for v in vals])
     couple = spec.get("couple", [])
     if not isinstance(couple, list):
@@ -664,7 +446,7 @@ def _points(spec: dict, where: str, err: _Err) -> list[tuple[dict, bool]]:
     return [(p, False) for p in points] + [(p, True) for p in included]
 
 
-def _constraints_hold(run: Run, spec: dict, where: str, err: _Err) -> bool:
+def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
     """The constraints on the resolved run: a key no axis sets takes its base (or default) value."""
     sections = {"task": run.task, "model": run.model, "train": run.train, "eval": run.eval,
                 "resources": run.resources}
@@ -685,13 +467,13 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: _Err) -> bool:
     return True
 
 
-def _as_list(v: Any, key: str, err: _Err) -> list:
+def _as_list(v: Any, key: str, err: Err) -> list:
     if not isinstance(v, list):
         err(key, "must be a list")
     return v
 
 
-def _satisfies(point: dict, c: Any, where: str, err: _Err) -> bool:
+def _satisfies(point: dict, c: Any, where: str, err: Err) -> bool:
     """Declarative constraint: {product: [keys], equals|max|min: number}."""
     if not isinstance(c, dict) or "product" not in c or not (set(c) - {"product"}) <= {"equals", "max", "min"} \
             or len(c) < 2:
@@ -708,34 +490,14 @@ def _satisfies(point: dict, c: Any, where: str, err: _Err) -> bool:
             and ("min" not in c or prod >= c["min"]))
 
 
-def _task_config(d: dict, key: str, err: _Err) -> TaskConfig:
+def _task_config(d: dict, key: str, err: Err) -> TaskConfig:
     name = d.get("name")
     if name not in TASKS:
-        err(f"{key}.name", f"unknown task {_short(name)}; known tasks: {', '.join(sorted(TASKS))}")
-    return _validate(TASKS[name][0], d, key, err)
+        err(f"{key}.name", f"unknown task {short(name)}; known tasks: {', '.join(sorted(TASKS))}")
+    return validate(TASKS[name][0], d, key, err)
 
 
-def _validate(cls: type[BaseModel], d: dict, key: str, err: _Err):
-    if isinstance(d, dict):
-        _bool_for_number(cls, d, key, err)
-    try:
-        return cls.model_validate(d)
-    except ValidationError as e:
-        errs = e.errors()
-        # a misspelt key first: it explains the 'Field required' pydantic reports beside it
-        first = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
-        loc = ".".join(str(x) for x in first["loc"])
-        full = f"{key}.{loc}" if loc else key
-        if first["type"] == "extra_forbidden":
-            owner = cls  # the (nested) model that holds the key, e.g. Adaptive for eval.adaptive.0.x
-            for part in first["loc"][:-1]:
-                f = owner.model_fields.get(part) if isinstance(part, str) else None
-                owner = (_model_type(f.annotation) or owner) if f is not None else owner
-            err(full, f"unknown key; allowed: {', '.join(sorted(owner.model_fields))}")
-        err(full, f"{first['msg']} (got {_short(first.get('input'))})")
-
-
-def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: _Err) -> Run:
+def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: Err) -> Run:
     s = copy.deepcopy(sections)
     for k, v in point.items():
         sec, fld = k.split(".", 1)
@@ -745,10 +507,10 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
             cur = cur.setdefault(p, {})
         cur[parts[-1]] = v
     task = _task_config(s["task"], "task", err)
-    model = _validate(ModelConfig, s["model"], "model", err)
-    train = _validate(TrainConfig, s["train"], "train", err)
-    ev = _validate(EvalConfig, s["eval"], "eval", err)
-    res = _validate(Resources, s["resources"], "resources", err)
+    model = validate(ModelConfig, s["model"], "model", err)
+    train = validate(TrainConfig, s["train"], "train", err)
+    ev = validate(EvalConfig, s["eval"], "eval", err)
+    res = validate(Resources, s["resources"], "resources", err)
     if ev.adaptive and TASKS[task.name][1].eval_mode == "likelihood":
         err("eval.adaptive", f"task {task.name} is scored by its likelihood bound, not by sampling: "
                              "adaptive sampling depth does not apply (remove eval.adaptive)")
@@ -785,17 +547,17 @@ MAX_SEQ_LEN = BOUNDS["task.seq_len"]
 
 
 def _check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: EvalConfig, res: Resources,
-                  retries: int, err: _Err) -> None:
+                  retries: int, err: Err) -> None:
     sections = {"task": task, "model": model, "train": train, "eval": ev, "resources": res}
     for sec, cfg in sections.items():
         for key, v in _numbers(cfg.model_dump(), sec):
             if isinstance(v, float) and not math.isfinite(v):
                 err(key, f"must be a finite number (got {v})")
             if isinstance(v, int) and abs(v) >= 1 << 63:
-                err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {_short(v)})")
+                err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {short(v)})")
             cap = BOUNDS.get(_unindexed(key))
             if cap is not None and isinstance(v, (int, float)) and v > cap:
-                err(key, f"{_short(v)} is beyond the bound {cap:,} (study/grid.py BOUNDS: more than any "
+                err(key, f"{short(v)} is beyond the bound {cap:,} (study/grid.py BOUNDS: more than any "
                          f"study here can train or evaluate)")
     if retries > BOUNDS["retries"]:
         err("retries", f"{retries} is beyond the bound {BOUNDS['retries']}")
@@ -863,4 +625,4 @@ def check_data(grid: Grid) -> None:
         try:
             make_task(run.task).check_data(splits)
         except DataBoundError as e:
-            raise GridError(_cut(f"{grid.path}: key '{e.key}': {e.msg}")) from None
+            raise GridError(cut(f"{grid.path}: key '{e.key}': {e.msg}")) from None

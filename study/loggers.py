@@ -16,7 +16,7 @@ Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig
   either way they are under <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*.
 
 The callbacks run in the driver and only read what trials report to Tune (study/trial.py: `loss` at each
-logged step; `final_metrics` below once a run is evaluated): training, its numbers and its random streams
+logged step; study.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
 are untouched. A missing package or a bad value is a LogError: one line, exit 2, naming the extra to install.
 """
 from __future__ import annotations
@@ -26,11 +26,12 @@ import math
 import os
 from dataclasses import dataclass
 
+from study.raytune import EVAL_PREFIX, ray_dir, trial_run
+
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
             "wandb": ("wandb", "pip install 'rmdm-study[wandb]'"),
             "tensorboard": ("tensorboardX", "pip install tensorboardX (it comes with ray[tune])")}
-EVAL_PREFIX = "eval/"  # final metrics: eval/<eval_key>/<primary metric>
 LOGGED = ("loss", "final_loss", "objective", "score", "time_total_s")  # what MLflow records of a result
 REACH_TIMEOUT_S = 5.0
 
@@ -104,11 +105,6 @@ def mlflow_uri(sink: Sink, store) -> str:
     return f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
 
 
-def ray_dir(store) -> str:
-    """Where Tune keeps a study's experiments (study/runner.py _storage): TensorBoard's --logdir."""
-    return f"{store.dir}/.ray"
-
-
 def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
     """Ray Tune logger callbacks for `sinks`, for a study's `command` (run or tune); says where each logs.
 
@@ -143,41 +139,7 @@ def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
     return out
 
 
-# ---- what a trial reports, and what a logger makes of it ----------------------------------------------
-def final_metrics(store, run, row: dict | None) -> dict:
-    """The last result a trial reports: `final_loss` and each eval point's primary metric as it stands in the
-    store (`eval/<eval_key>/<metric>`), evaluated now or by an earlier attempt. Reads the store only."""
-    from tasks import TASKS
-
-    out: dict = {"step": run.train.steps, "phase": "final"}
-    loss = (row or {}).get("final_loss")
-    if isinstance(loss, (int, float)) and math.isfinite(loss):
-        out["final_loss"] = float(loss)
-    primary = TASKS[run.task.name][1].primary_metric
-    keys = {pt.key for pt in run.eval_points()}
-    try:
-        ev = store.read("evals", filter_run=run.run_id)
-    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
-        return out
-    if ev is None or not len(ev):
-        return out
-    for r in ev[(ev.metric == primary) & ev.eval_key.isin(keys)].itertuples(index=False):
-        out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
-    return out
-
-
-def trial_run(config: dict):
-    """The Run a trial's config stands for: `study run`'s (config["run"]) or `study tune`'s (the search
-    group's base run with the trial's sampled values)."""
-    from study.trial import run_from_resolved
-
-    if "run" in config:
-        return run_from_resolved(config["run"])
-    from study.tune import with_values
-
-    return with_values(run_from_resolved(config["base"]), {k: config[k] for k in config["param_keys"]})
-
-
+# ---- what a logger makes of what a trial reports ------------------------------------------------------
 def run_params(config: dict) -> dict:
     """A trial's parameters, flat: the run's resolved config (model.K, train.lr, ...) and its run id."""
     run = trial_run(config)

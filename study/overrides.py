@@ -2,7 +2,7 @@
 
     KEY=VALUE    set KEY (a dotted path: `train.steps`, `task.mask_rate`, `groups.0.train.lr` or
                  `groups[0].train.lr`; a short name such as `L` or `steps` is its field, see
-                 study/grid.py ALIASES) to VALUE, read as YAML (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
+                 study/sections.py ALIASES) to VALUE, read as YAML (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
                  `null`, `{a: 1}`); whether the file sets KEY or not: the schema decides what is allowed
     +KEY=VALUE   the same, and KEY must not be in the file yet (a key the file lacks, added)
     ~KEY         delete KEY, which the file must set (e.g. `~groups.1.train.steps`)
@@ -14,14 +14,14 @@ over the section value). A field set again by a group, a `couple` or `include` p
 `defaults_from` (which win over the top-level sections) is refused: override that place instead.
 
 Overrides are applied in order to the file's mapping, then validated and expanded exactly as a
-file (study/grid.py expand): an unknown key or a bad value is the file's own one-line error,
+file (study/grid.py load_grid, expand): an unknown key or a bad value is the file's own one-line error,
 naming the override as its source. The grid a study stores (grid.yaml and grids/<sha>.yaml, see
 store/provenance.py) is the grid after the overrides with the overrides themselves in a comment
 header (grid_text), so `study report` shows them. Run ids are hashes of resolved training
 configs: an override that changes training gives new runs; an eval-only one (`eval.T=[1,2,4]`)
 keeps the ids.
 
-Nothing here imports torch (study.grid is imported when a grid is expanded).
+Nothing here imports torch, nor study/grid.py (which applies overrides in `load_grid`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import yaml
 
 MAX_OVERRIDES = 256
-MAX_OVERRIDE_CHARS = 1 << 16  # a grid file's line bound (study/grid.py MAX_GRID_LINE)
+MAX_OVERRIDE_CHARS = 1 << 16  # a grid file's line bound (study/gridfile.py MAX_GRID_LINE)
 _SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)((?:\[\d+\])*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -59,7 +59,7 @@ def parse(texts: Sequence[str]) -> list[Override]:
 
 def _parse_one(text: str) -> Override:
     def bad(msg: str):
-        raise OverrideError(f"override {_show(text)}: {msg}")
+        raise OverrideError(f"override {show(text)}: {msg}")
 
     if len(text) > MAX_OVERRIDE_CHARS:
         bad(f"{len(text):,} characters; an override is at most {MAX_OVERRIDE_CHARS:,}")
@@ -79,7 +79,7 @@ def _parse_one(text: str) -> Override:
     if not eq:
         bad("expected KEY=VALUE, +KEY=VALUE or ~KEY (e.g. train.steps=10, axes.L=[1,2])")
     path = _path(key, bad)
-    from study.grid import MAX_GRID_DEPTH, safe_yaml, too_deep
+    from study.gridfile import MAX_GRID_DEPTH, safe_yaml, too_deep
 
     try:
         value = safe_yaml(vtext)
@@ -103,15 +103,15 @@ def _path(key: str, bad) -> list:
             continue
         m = _SEGMENT.match(seg)
         if not m:
-            bad(f"{_show(key)} is not a key: dotted names (train.steps), list indices as .0 or [0]")
+            bad(f"{show(key)} is not a key: dotted names (train.steps), list indices as .0 or [0]")
         parts.append(m.group(1))
         parts += [int(i) for i in re.findall(r"\[(\d+)\]", m.group(2))]
     if not isinstance(parts[0], str):
-        bad(f"{_show(key)} is not a key: a grid is a mapping; its keys are names")
+        bad(f"{show(key)} is not a key: a grid is a mapping; its keys are names")
     return parts
 
 
-def _show(text: str, limit: int = 200) -> str:
+def show(text: str, limit: int = 200) -> str:
     """`text` for a one-line message: control characters escaped, at most `limit` characters."""
     text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -129,14 +129,14 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     """A copy of `raw` with `overrides` applied in order, and per override the keys it claims (for
     naming it in a validation error): [(override, {"train.steps", ...}), ...]. OverrideError on a
     structural problem (a `+` key present, a `~` key absent, a path through a non-mapping)."""
-    from study.grid import ALIASES, SECTIONS, TOP_KEYS
+    from study.sections import ALIASES, SECTIONS, TOP_KEYS
 
     raw = copy.deepcopy(raw)
     claims: list[tuple] = []
     seen: dict[str, str] = {}
     for ov in overrides:
         def bad(msg: str, ov=ov):
-            raise OverrideError(f"override {_show(ov.text)}: {msg}")
+            raise OverrideError(f"override {show(ov.text)}: {msg}")
 
         path = list(ov.path)
         if isinstance(path[0], str) and path[0] not in TOP_KEYS and path[0] in ALIASES:
@@ -176,7 +176,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
                 if not present and ov.op != "del":
                     bad(f"{_dotted(path[:-1])} has {len(container)} item(s); index {last} is past its end")
             else:
-                bad(f"{_dotted(path[:-1])} is {_show(repr(container), 60)} in {source}, not a mapping: "
+                bad(f"{_dotted(path[:-1])} is {show(repr(container), 60)} in {source}, not a mapping: "
                     f"{_dotted(path)} cannot be set")
             keys.add(_dotted(path))
             sec = path[2:] if len(path) >= 4 and path[0] == "groups" and isinstance(path[1], int) else path
@@ -194,7 +194,7 @@ def _once(seen: dict, keys: set, ov: Override, bad) -> None:
     """The same key set twice on one command line (one value would be dropped) is refused, as in a file."""
     for k in keys:
         if k in seen and seen[k] != ov.text:
-            bad(f"sets {k} again (also set by {_show(seen[k])}): give each key once")
+            bad(f"sets {k} again (also set by {show(seen[k])}): give each key once")
     for k in keys:
         seen[k] = ov.text
 
@@ -209,7 +209,7 @@ def _axes_at(path: list) -> int | None:
 
 
 def _canon(key: str) -> str:
-    from study.grid import ALIASES
+    from study.sections import ALIASES
 
     return ALIASES.get(key, key)
 
@@ -235,14 +235,14 @@ def _walk(raw: dict, head: list, bad, create: bool):
                 bad(f"{_dotted(head[:i])} has {len(cur)} item(s); index {p} is past its end")
             cur = cur[p]
         else:
-            bad(f"{_dotted(head[:i])} is {_show(repr(cur), 60)}, not a mapping: {where} cannot be set")
+            bad(f"{_dotted(head[:i])} is {show(repr(cur), 60)}, not a mapping: {where} cannot be set")
     return cur
 
 
 def _change(container, key, present: bool, ov: Override, path: list, source: str, bad) -> None:
     where = _dotted(path)
     if ov.op == "add" and present:
-        bad(f"{source} already sets {where} (to {_show(repr(container[key]), 80)}): "
+        bad(f"{source} already sets {where} (to {show(repr(container[key]), 80)}): "
             f"`+` adds a key the file lacks; give {where}=VALUE to change it")
     if ov.op == "del":
         if not present:
@@ -290,36 +290,6 @@ def _refuse_shadowed(raw: dict, field: str, bad) -> None:
 _MISSING = object()
 
 
-# ---- loading: study/grid.py load_grid calls this with the file's mapping ----------------------
-def expand_with(raw: dict, path: str, texts: Sequence[str]):
-    """The Grid of `raw` (grid file `path`'s mapping) after override strings `texts`, validated as a
-    file is (study.grid.expand); GridError in one line naming the override a key error comes from."""
-    from study.grid import MAX_GRID_DEPTH, TOP_KEYS, GridError, expand, too_deep
-
-    try:
-        new, claims = apply(raw, parse(texts), path)
-    except OverrideError as e:
-        raise GridError(str(e)) from None
-    if not isinstance(new, dict):
-        raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
-    if too_deep(new, MAX_GRID_DEPTH):
-        raise GridError(f"{path} with overrides: nested deeper than {MAX_GRID_DEPTH} levels")
-    try:
-        grid = expand(new, path)
-    except GridError as e:
-        raise GridError(attribute(str(e), path, texts, claims)) from None
-    for ov, keys in claims:  # best values of a search (defaults_from) win over the sections
-        fields = {k for k in keys if "." in k and not k.startswith(("axes.", "groups"))}
-        for run_id, src in grid.tuned.items():
-            hit = fields & set(src)
-            if hit:
-                k = sorted(hit)[0]
-                raise GridError(f"override {_show(ov.text)}: {k} is taken from {src[k].get('file')} by defaults_from "
-                                f"for run {run_id} (and wins there): remove defaults_from (~defaults_from) to set it")
-    grid.overrides = list(texts)
-    return grid
-
-
 def attribute(msg: str, path: str, texts: Sequence[str], claims: list | None = None) -> str:
     """`PATH: key 'K': ...` (a grid error) with the override that set K named as its source."""
     if not texts:
@@ -339,8 +309,8 @@ def attribute(msg: str, path: str, texts: Sequence[str], claims: list | None = N
         for ov, keys in reversed(claims):
             if any(ek == k or ek.startswith(k + ".") or ek.startswith(k + "[") or k.startswith(ek + ".")
                    for k in keys):
-                return f"override {_show(ov.text)} (on {path}): {rest}"
-    return f"{path} with overrides {' '.join(_show(t, 80) for t in texts)}: {rest}"
+                return f"override {show(ov.text)} (on {path}): {rest}"
+    return f"{path} with overrides {' '.join(show(t, 80) for t in texts)}: {rest}"
 
 
 def grid_text(grid) -> str:
@@ -398,7 +368,7 @@ def change_note(store, grid) -> str | None:
     now = list(getattr(grid, "overrides", None) or [])
     if before == now:
         return None
-    said = " ".join(_show(t, 80) for t in before) if before else "none"
+    said = " ".join(show(t, 80) for t in before) if before else "none"
     return (f"note: the study's grid.yaml was last run with overrides: {said}; now: "
-            f"{' '.join(_show(t, 80) for t in now) if now else 'none'} (runs are matched by config: "
+            f"{' '.join(show(t, 80) for t in now) if now else 'none'} (runs are matched by config: "
             f"a changed training field names other runs)")

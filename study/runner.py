@@ -7,17 +7,17 @@ import re
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 
-from study.grid import Grid, Run
-from study.nodeloss import unwatch_all, watcher
-from study.status import LiveView, retried_since
 from store import Store
-from study.faults import fault_config, fault_steps
-from study.loggers import callbacks as logger_callbacks, final_metrics
-from study.trial import (attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt,
-                         trial_payload)
+from study.errors import root_cause
+from study.faults import fault_config
+from study.grid import Grid, Run
+from study.loggers import callbacks as logger_callbacks
+from study.nodeloss import unwatch_all, watcher
+from study.raytune import fit, make_tuner, record_unfinished
+from study.status import LiveView, retried_since
+from study.trial import trial_payload
 
 
 def code_version() -> str:
@@ -147,28 +147,6 @@ def longest_first(runs: list[Run], store: Store) -> list[Run]:
         return 0 if store.exists(store.weights_path(run.run_id)) else run.train_flops()
 
     return sorted(runs, key=left, reverse=True)  # stable: equal costs keep the grid's order
-
-
-def _trainable(config: dict) -> None:
-    """The Ray Tune function trainable: one run. Every start (first try or a retry) resumes from the store."""
-    from ray import tune
-
-    run = run_from_resolved(config["run"])
-    store = Store(config["results"], run.study)
-    from store.lease import fence
-
-    held = fence(store, config.get("lease"))  # a trial whose driver lost the study's lease stops (store/lease.py)
-    held()
-    attempt = start_attempt(store, run.run_id, "run")
-    try:
-        report = lambda m: (held(), tune.report(m))
-        row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                      **fault_steps(config, run.run_id), grid=config.get("grid"))
-        report(final_metrics(store, run, row))  # final_loss, each eval point's primary metric (study/loggers.py)
-    except BaseException:
-        # the traceback stays in the run's log; Tune retries from the checkpoint or gives up
-        store.append_log(run.run_id, f"attempt {attempt} raised:\n{traceback.format_exc().rstrip()}")
-        raise
 
 
 def _loopback_only() -> None:
@@ -306,15 +284,6 @@ def _auto_address() -> str:
         log.setLevel(level)
 
 
-def root_cause(error: str | None) -> str | None:
-    """One line for a failed trial: the last line of its error text, the trial's own exception
-    (`FloatingPointError: non-finite loss nan at step 3`), not the RayTaskError wrapping it with
-    Ray's traceback (which stays in the run's log)."""
-    from study.errors import root_cause as plain_root_cause
-
-    return plain_root_cause(error)  # plain text (no ANSI escapes), the exception's own line
-
-
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
@@ -371,11 +340,6 @@ def waiting_note(asks: list[tuple[float, float]], free: dict, total: dict) -> st
     return f"waiting for {', '.join(short)}" if short else ""
 
 
-def _storage(store: Store) -> tuple[str, object]:
-    """Where Tune keeps its own experiment state: beside the study, on the same filesystem."""
-    return f"{store.dir}/.ray", store.fs
-
-
 def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed: bool = False,
              num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False,
              log: list | None = None) -> int:
@@ -402,7 +366,7 @@ def _quiet_trial_tracebacks() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _sigterm_as_ctrl_c() -> None:
+def sigterm_as_ctrl_c() -> None:
     """A SIGTERM to the driver (`kill PID`, a scheduler stopping a job) does what Ctrl-C does: it calls the
     SIGINT handler of the moment (Tune's during a sweep: the trials stop, their checkpoints stay, the
     "interrupted" line is printed and the exit code is Ctrl-C's; elsewhere KeyboardInterrupt)."""
@@ -442,14 +406,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
         echo(f"error: {line}")
     if links:
         return 2
-    from store.provenance import record_grid
-
-    # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
-    from study.overrides import grid_text
-
-    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
-    grid_sha = record_grid(store, text, "run", grid.path)
-    store.write_text(store.path("grid.yaml"), text)
+    grid_sha = record_grid_file(store, grid, "run")
     plan = heal_and_plan(grid, store, retry_failed, echo)
     echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {len(plan.todo)} to run, "
          f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
@@ -463,36 +420,92 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     except ClusterError as e:
         echo(f"error: {e}")
         return 2
-    _sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
-    _quiet_trial_tracebacks()
-    echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
-         f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
-         f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
-    if refuse_unplaceable(ray, plan.todo, grid.path, echo):
+    try:
+        sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
+        _quiet_trial_tracebacks()
+        echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
+             f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
+             f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
+        if refuse_unplaceable(ray, plan.todo, grid.path, echo):
+            return 2
+        # a root every node reaches: an absolute path (shared disk) or the URI as given
+        abs_results = results if "://" in results else os.path.abspath(results)
+        trial_config = {"results": abs_results, "code_version": code_version(), "grid": grid_sha,
+                        "lease": lease.fence, **faults}
+        return _dispatch(grid, store, plan, ray, trial_config, lease, echo, progress_every_s, log or [])
+    finally:
         if started:
             ray.shutdown()
-        return 2
+
+
+def record_grid_file(store: Store, grid: Grid, command: str) -> str:
+    """Keep the grid a `command` (run, tune) runs, by hash and logged with the time (store/provenance.py), and
+    as the study's grid.yaml (replaced after: a study's older grid.yaml is adopted first). Returns its hash."""
+    from store.provenance import record_grid
+    from study.overrides import grid_text
+
+    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
+    grid_sha = record_grid(store, text, command, grid.path)
+    store.write_text(store.path("grid.yaml"), text)
+    return grid_sha
+
+
+def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lease, echo, progress_every_s: float,
+              log: list) -> int:
+    """One Tune experiment over the runs still to do; their outcome, as `study run` says it."""
     from ray import tune
-    from ray.tune import PlacementGroupFactory
 
-    version = code_version()
-    payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
     by_id = {r.run_id: r for r in plan.todo}
-    # a root every node reaches: an absolute path (shared disk) or the URI as given
-    abs_results = results if "://" in results else os.path.abspath(results)
-
-    def resources(config: dict) -> PlacementGroupFactory:
-        res = config["run"]["resources"]
-        bundle = {"CPU": res["cpu"]}
-        if res["gpu"]:
-            bundle["GPU"] = res["gpu"]  # fractional: several small trials share one GPU
-        return PlacementGroupFactory([bundle])
-
-    storage_path, storage_fs = _storage(store)
     placement = _PlacementWatch(ray, by_id)
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                     every_s=progress_every_s)
     trials: list = []  # Tune's trials as of its last step (their status is live)
+    view.waiting = _waiting_note_of(ray, trials, by_id)
+    payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
+    tuner = make_tuner(
+        # a new Tune experiment per invocation: the store, not Tune's state, says what is done
+        f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, _trial_resources,
+        param_space={"run": tune.grid_search(payloads), **trial_config},
+        # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
+        callbacks=[run_events(view, trials), watcher(store), placement.callback(),
+                   *logger_callbacks(log, store, "run", echo)],  # --log (study/loggers.py)
+        max_failures=max(r.retries for r in plan.todo), stop=placement.stopper())
+    try:
+        aside = _quarantined(store)
+        result_grid = fit(tuner, store)
+        view.close()  # the terminal's live line ends before the lines that follow
+        for path in sorted(_quarantined(store) - aside):
+            echo(f"set aside (damaged; kept, never deleted): {path}; its run went on without it (see its log)")
+        if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
+            echo(f"study {grid.study}: stopped: the lease was taken over by {lease.lost.describe()}")
+            return 1
+        if placement.reason:
+            echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
+                 f"`resources`, then run again (finished runs are kept)")
+            return 2
+        for res in result_grid:
+            if res.error is not None:
+                record_unfinished(store, by_id[res.config["run"]["run_id"]], "failed", res.error,
+                                  trial_config["code_version"], trial_config["grid"])
+        return _outcome(grid, store, echo)
+    finally:
+        view.close()
+        unwatch_all()
+
+
+def _trial_resources(config: dict):
+    """A trial's placement group: one bundle with its run's CPUs and GPUs."""
+    from ray.tune import PlacementGroupFactory
+
+    res = config["run"]["resources"]
+    bundle = {"CPU": res["cpu"]}
+    if res["gpu"]:
+        bundle["GPU"] = res["gpu"]  # fractional: several small trials share one GPU
+    return PlacementGroupFactory([bundle])
+
+
+def _waiting_note_of(ray, trials: list, by_id: dict):
+    """The live line's note on why runs wait (waiting_note), asked of Ray at most every WAITING_EVERY_S."""
     note = {"at": 0.0, "text": ""}
 
     def waiting() -> str:
@@ -506,73 +519,21 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
                 note["text"] = waiting_note(asks, ray.available_resources(), ray.cluster_resources())
         return note["text"]
 
-    view.waiting = waiting
-    tuner = tune.Tuner(
-        tune.with_resources(_trainable, resources),
-        param_space={"run": tune.grid_search(payloads), "results": abs_results, "code_version": version,
-                     "grid": grid_sha, "lease": lease.fence, **faults},
-        # a trial process imports torch and the task once; later trials with the same resources reuse it
-        tune_config=tune.TuneConfig(reuse_actors=True),
-        run_config=tune.RunConfig(
-            # a new Tune experiment per invocation: the store, not Tune's state, says what is done
-            name=f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-            storage_path=storage_path,
-            storage_filesystem=storage_fs,
-            failure_config=tune.FailureConfig(max_failures=max(r.retries for r in plan.todo)),
-            verbose=0,
-            # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
-            callbacks=[_TuneEvents(view, trials), watcher(store), placement.callback(),
-                       *logger_callbacks(log or [], store, "run", echo)],  # --log (study/loggers.py)
-            stop=placement.stopper(),
-        ),
-    )
-    try:
-        aside = _quarantined(store)
-        result_grid = _fit(tuner, store)
-        view.close()  # the terminal's live line ends before the lines that follow
-        for path in sorted(_quarantined(store) - aside):
-            echo(f"set aside (damaged; kept, never deleted): {path}; its run went on without it (see its log)")
-        if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
-            echo(f"study {grid.study}: stopped: the lease was taken over by {lease.lost.describe()}")
-            return 1
-        if placement.reason:
-            echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
-                 f"`resources`, then run again (finished runs are kept)")
-            return 2
-        for res in result_grid:
-            if res.error is None:
-                continue
-            run_id = res.config["run"]["run_id"]
-            run = by_id[run_id]
-            err = format_error(res.error)
-            attempts = attempts_so_far(store, run_id)
-            store.append_log(run_id, f"FAILED after {attempts} attempts: {err}")  # Ray's whole traceback
-            from study.errors import error_line
+    return waiting
 
-            err = error_line(res.error) or root_cause(err)  # the row and the terminal: one plain line
-            try:
-                costs = run.costs()
-            except Exception:
-                costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
-            row = run_row(run, costs, status="failed", code_version=version, error=err, attempts=attempts,
-                          grid=grid_sha)
-            row.update({k: v for k, v in _last_node(store, run_id).items() if v})
-            store.write_rows("runs", [row], f"{run_id}.parquet")
-        final = classify(grid, store)
-        echo(f"study {grid.study}: {len(final.done)} done, {len(final.failed)} failed, "
-             f"{len(final.todo)} incomplete; results in {store.dir}")
-        for run in final.failed:
-            echo(f"  failed {run.run_id}: {root_cause((store.run_row(run.run_id) or {}).get('error'))}  "
-                 f"(log: {store.path('logs', run.run_id + '.log')})")
-        if final.todo:  # no error and not done: Tune stopped them (Ctrl-C)
-            echo(f"interrupted: {len(final.todo)} run(s) not finished; `study run` again resumes them "
-                 f"(from their last checkpoint; finished runs are kept)")
-        return 1 if (final.failed or final.todo) else 0
-    finally:
-        view.close()
-        unwatch_all()
-        if started:
-            ray.shutdown()
+
+def _outcome(grid: Grid, store: Store, echo) -> int:
+    """What the store says once the experiment ended: done, failed (each with its root cause), interrupted."""
+    final = classify(grid, store)
+    echo(f"study {grid.study}: {len(final.done)} done, {len(final.failed)} failed, "
+         f"{len(final.todo)} incomplete; results in {store.dir}")
+    for run in final.failed:
+        echo(f"  failed {run.run_id}: {root_cause((store.run_row(run.run_id) or {}).get('error'))}  "
+             f"(log: {store.path('logs', run.run_id + '.log')})")
+    if final.todo:  # no error and not done: Tune stopped them (Ctrl-C)
+        echo(f"interrupted: {len(final.todo)} run(s) not finished; `study run` again resumes them "
+             f"(from their last checkpoint; finished runs are kept)")
+    return 1 if (final.failed or final.todo) else 0
 
 
 def heal_and_plan(grid: Grid, store: Store, retry_failed: bool, echo) -> Plan:
@@ -623,33 +584,6 @@ def _quarantined(store: Store) -> set[str]:
     return {i.path for i in store.fs.get_file_info(sel) if i.type == pafs.FileType.File}
 
 
-LOW_SPACE = 1 << 20  # bytes: a disk this close to full explains any error of Tune's writes
-
-
-def _fit(tuner, store: Store):
-    """tuner.fit(); an error on a full disk (Tune reads back a state file it could not write: "EOFError:
-    Ran out of input") becomes one line naming the disk (store.DiskFull) instead of Tune's own."""
-    import shutil
-
-    try:
-        return tuner.fit()
-    except Exception as e:
-        if store.local:
-            try:
-                full = shutil.disk_usage(store.dir).free < LOW_SPACE
-            except OSError:
-                full = False
-            if full:
-                raise store.disk_full(f"{store.dir}/.ray") from e
-        raise
-
-
-def _last_node(store: Store, run_id: str) -> dict:
-    """Node and device of a run's last heartbeat (for failed rows, written by the driver)."""
-    hb = store.read_progress().get(run_id, {})
-    return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device", "gpu_ids")}
-
-
 class _PlacementWatch:
     """Checks, while trials wait, that each pending one still fits on some alive node (the cluster
     can shrink under a run); one that never can ends the experiment with a message instead of
@@ -695,37 +629,29 @@ class _PlacementWatch:
         return PlacementStop()
 
 
-class _TuneEvents:
-    """Feeds Tune's trial events to the live view; keeps Tune's list of trials in `trials`."""
+def run_events(view: LiveView, trials: list):
+    """A Ray Tune callback feeding `view` with the trials of a sweep (`study run`), keyed by run id, and
+    keeping Tune's list of trials in `trials`."""
+    from ray.tune import Callback
 
-    def __new__(cls, view: LiveView, trials: list | None = None):
-        from ray.tune import Callback
+    seen = trials
 
-        seen = trials
+    class RunEvents(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            view.started(trial.config["run"]["run_id"])
 
-        class TuneEvents(Callback):
-            def on_trial_start(self, iteration, trials, trial, **info):
-                view.started(trial.config["run"]["run_id"])
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            view.result(trial.config["run"]["run_id"], result.get("step") if result.get("phase") == "train"
+                        else None)
 
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                view.result(trial.config["run"]["run_id"], result.get("step") if result.get("phase") == "train"
-                            else None)
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            view.finished(trial.config["run"]["run_id"], ok=True)
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                view.finished(trial.config["run"]["run_id"], ok=True)
+        def on_trial_error(self, iteration, trials, trial, **info):
+            view.finished(trial.config["run"]["run_id"], ok=False)
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                view.finished(trial.config["run"]["run_id"], ok=False)
+        def on_step_end(self, iteration, trials, **info):
+            seen[:] = trials
+            view.show(force=False)
 
-            def on_step_end(self, iteration, trials, **info):
-                if seen is not None:
-                    seen[:] = trials
-                view.show(force=False)
-
-        return TuneEvents()
-
-
-def _dump_yaml(raw: dict) -> str:
-    import yaml
-
-    return yaml.safe_dump(raw, sort_keys=False)
+    return RunEvents()

@@ -49,13 +49,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from study.grid import Strict
+from model.config import ModelConfig, Strict, TrainConfig
+from study.gridfile import grid_file_text, safe_yaml
+from study.sections import TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canonical, refuse, short
 
 BEST_KIND = "rmdm-study/best-values"
 LOSS_METRICS = ("final_loss", "val_loss")
 DISTS = ("choice", "int", "loguniform", "uniform")
+DIST_KEYS = {"loguniform": {"dist", "low", "high"}, "uniform": {"dist", "low", "high", "step"},
+             "int": {"dist", "low", "high", "step", "log"}, "choice": {"dist", "values"}}
+SEARCH_SPLITS = ("val",)  # never test: a search selects on what it reads
 
 
 class SearchMetric(Strict):
@@ -65,6 +70,17 @@ class SearchMetric(Strict):
     T: int | None = Field(None, ge=1)
     L_s: int | Literal["train"] = "train"
     sampler: Literal["confidence", "random"] = "confidence"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `metric: val_loss`
+
+    @model_validator(mode="after")
+    def _at_one_point(self) -> SearchMetric:
+        if self.name not in LOSS_METRICS and self.T is None:
+            raise refuse(f"a task metric ({self.name!r}) is measured at one eval point: give T", at="T")
+        return self
 
     @property
     def label(self) -> str:
@@ -84,21 +100,87 @@ class Pruning(Strict):
     reduction_factor: float = Field(2.0, gt=1)
     every: int | None = Field(None, ge=1, description="steps between intermediate evaluations (metric: objective)")
 
+    @model_validator(mode="after")
+    def _every_with_objective(self) -> Pruning:
+        if self.metric == "objective" and self.every is None:
+            raise refuse("pruning on the search metric needs `every` (steps between evaluations)", at="every")
+        if self.metric == "loss" and self.every is not None:
+            raise refuse("only used with metric: objective (the training loss is reported every train.log_every "
+                         "steps)", at="every")
+        return self
 
-@dataclass(frozen=True)
-class Dist:
-    key: str  # canonical 'section.field'
-    dist: str
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
-    values: tuple = ()
+
+class Dist(Strict):
+    """The distribution one searched field is sampled from; each `dist` takes its own keys (DIST_KEYS)."""
+
+    dist: Literal["choice", "int", "loguniform", "uniform"]
+    low: int | float | None = None
+    high: int | float | None = None
+    step: int | float | None = None
+    log: bool = Field(False, strict=True)  # int only: sampled on a log scale
+    values: tuple[int | float | str | bool, ...] = ()  # choice only
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_of_its_dist(cls, spec: Any) -> Any:
+        if isinstance(spec, list):
+            raise refuse("a list of values is a grid-search axis: put it under `axes`, or search it with "
+                         "{dist: choice, values: [...]}")
+        if not isinstance(spec, dict) or "dist" not in spec:
+            raise refuse(f"must be a mapping {{dist: {'|'.join(DISTS)}, ...}} (got {short(spec)})")
+        dist = spec["dist"]
+        if not isinstance(dist, str) or dist not in DIST_KEYS:
+            raise refuse(f"unknown distribution {short(dist)}; allowed: {', '.join(DISTS)}", at="dist")
+        for k in spec:
+            if k not in DIST_KEYS[dist]:
+                raise refuse(f"unknown key for dist {dist}; allowed: {', '.join(sorted(DIST_KEYS[dist]))}", at=str(k))
+        return spec
+
+    @field_validator("low", "high", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise refuse(f"must be a finite number (got {short(v)})")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Dist:
+        if self.dist == "choice":
+            vals = list(self.values)
+            if not vals:
+                raise refuse("must be a non-empty list", at="values")
+            if len(set(vals)) < len(vals):
+                raise refuse(f"must be distinct numbers, strings or booleans (got {short(vals)})", at="values")
+            return self
+        low, high, step = self.low, self.high, self.step
+        for name in ("low", "high"):
+            if getattr(self, name) is None:
+                raise refuse("must be a finite number (got None)", at=name)
+        if not low < high:
+            raise refuse(f"needs low < high (got low={low!r}, high={high!r})")
+        if self.dist == "loguniform" and low <= 0:
+            raise refuse(f"loguniform needs low > 0 (got {low!r})", at="low")
+        integral = self.dist == "int"
+        if integral and not (isinstance(low, int) and isinstance(high, int)):
+            raise refuse(f"dist int needs integer low and high (got {low!r}, {high!r})")
+        if step is not None and (isinstance(step, bool) or step <= 0 or (integral and not isinstance(step, int))):
+            raise refuse(f"must be a positive {'integer' if integral else 'number'} (got {step!r})", at="step")
+        if self.log and low < 1:
+            raise refuse("a log-scale int needs low >= 1", at="low")
+        if self.log and step not in (None, 1):
+            raise refuse("a log-scale int cannot have a step", at="step")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The distribution's name as `study plan` shows it: a log-scale int is `intlog`."""
+        return "intlog" if self.dist == "int" and self.log else self.dist
 
     def describe(self) -> str:
         if self.dist == "choice":
             return f"choice{list(self.values)}"
         s = f", step={self.step:g}" if self.step else ""
-        return f"{self.dist}({self.low:g}, {self.high:g}{s})"
+        return f"{self.kind}({self.low:g}, {self.high:g}{s})"
 
     def probes(self) -> list:
         """Values that must all give a valid configuration (checked before anything runs)."""
@@ -108,190 +190,115 @@ class Dist:
             return [int(self.low), int(self.high)]
         return [self.low, self.high]
 
+    def holds(self, v: Any) -> bool:
+        """Whether value `v` can be drawn from this distribution (a warm-start point's value)."""
+        if self.dist == "choice":
+            return v in self.values
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return False
+        return self.low <= v <= self.high
 
-@dataclass(frozen=True)
-class Search:
+
+class Search(Strict):
+    """A grid's `search:` section (see the module's docstring). `params` and `points` are keyed by
+    canonical 'section.field' keys once validated (`lr` is `train.lr`)."""
+
     params: dict[str, Dist]
-    n_trials: int
+    n_trials: int = Field(ge=1)
     metric: SearchMetric
-    mode: str
-    pruning: Pruning | None
-    max_concurrent: int
-    resources: Any  # study.grid.Resources | None
-    seed: int
-    points: tuple[dict, ...]
-    split: str = "val"  # the split trials are scored on
+    mode: Literal["max", "min"]
+    pruning: Pruning | None = None
+    max_concurrent: int = Field(1, ge=1, description="trials of one group in flight at once")
+    resources: Resources | None = Field(None, description="per trial (default: the grid's `resources`)")
+    seed: int = 0
+    points: tuple[Any, ...] = Field((), description="values tried first (warm start)")
+    split: str = Field("val", description="what trials are scored on: val, the only one allowed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mapping(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            raise refuse("must be a mapping with keys " + ", ".join(sorted(cls.model_fields)))
+        return raw
+
+    @field_validator("params")
+    @classmethod
+    def _searched_fields(cls, params: dict[str, Dist]) -> dict[str, Dist]:
+        if not params:
+            raise refuse("must be a non-empty mapping of field -> distribution, e.g. "
+                         "{lr: {dist: loguniform, low: 1.0e-4, high: 1.0e-2}}")
+        out: dict[str, Dist] = {}
+        for k, d in params.items():
+            key = _canonical(k, "")
+            sec, fld = key.split(".", 1)
+            config = {"model": ModelConfig, "train": TrainConfig}.get(sec)
+            if config is None:
+                raise refuse("searches range over model and train fields only", at=k)
+            if fld not in config.model_fields:
+                raise refuse(f"unknown field {fld!r} of {sec}; allowed: {', '.join(sorted(config.model_fields))}",
+                             at=k)
+            if sec == "train" and fld in TRAIN_BOOKKEEPING:
+                raise refuse(f"{fld} does not change the trained model: nothing to search", at=k)
+            if key in out:
+                raise refuse(f"{key} is given twice", at=k)
+            integral = config.model_fields[fld].annotation is int
+            if integral and d.dist not in ("int", "choice"):
+                raise refuse(f"{key} is an integer field: use dist int or choice (got {d.dist})", at=f"{k}.dist")
+            if d.dist == "int" and not integral:
+                raise refuse(f"{key} is not an integer field: use uniform, loguniform or choice", at=f"{k}.dist")
+            out[key] = d
+        return out
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _own_resources(cls, v: Any) -> Any:
+        return v or None  # empty: the grid's
+
+    @field_validator("points")
+    @classmethod
+    def _warm_start(cls, points: tuple, info) -> tuple[dict, ...]:
+        params = info.data.get("params")
+        if params is None:
+            return points  # the params' own error is the one reported
+        out = []
+        for i, p in enumerate(points):
+            if not isinstance(p, dict) or not p:
+                raise refuse("must be a non-empty mapping of param -> value", at=f"[{i}]")
+            cp = {_canonical(k, f"[{i}]."): v for k, v in p.items()}
+            if set(cp) != set(params):
+                raise refuse(f"must give exactly the searched params {sorted(params)} (got {sorted(cp)})", at=f"[{i}]")
+            for k, v in cp.items():
+                if not params[k].holds(v):
+                    raise refuse(f"{short(v)} is outside the distribution {params[k].describe()}", at=f"[{i}].{k}")
+            out.append(cp)
+        return tuple(out)
+
+    @field_validator("split")
+    @classmethod
+    def _never_test(cls, v: str) -> str:
+        if v not in SEARCH_SPLITS:
+            raise refuse(f"must be {', '.join(SEARCH_SPLITS)} (got {v!r}): a search selects on the split it reads, "
+                         f"and selecting on test makes the reported numbers optimistic")
+        return v
+
+    @model_validator(mode="after")
+    def _loss_is_minimised(self) -> Search:
+        if self.metric.name in LOSS_METRICS and self.mode != "min":
+            raise refuse(f"{self.metric.name} is a loss: mode must be 'min'", at="mode")
+        return self
 
 
-@dataclass(frozen=True)
-class SearchGroup:
-    """One Optuna study: a point of the grid (its base run) and the name it is stored under."""
-
-    name: str
-    point: dict
-    run: Any  # study.grid.Run
-
-
-SEARCH_KEYS = {"params", "n_trials", "metric", "mode", "pruning", "max_concurrent", "resources", "seed", "points",
-               "split"}
-SEARCH_SPLITS = ("val",)  # never test: a search selects on what it reads
-DIST_KEYS = {"loguniform": {"dist", "low", "high"}, "uniform": {"dist", "low", "high", "step"},
-             "int": {"dist", "low", "high", "step", "log"}, "choice": {"dist", "values"}}
-
-
-def parse_search(raw: Any, err, canon_key, validate, resources_cls) -> Search:
-    """Validate a `search:` mapping. `err(key, msg)` raises GridError naming the file."""
-    from model.config import ModelConfig, TrainConfig
-    from study.grid import TRAIN_BOOKKEEPING
-
-    if not isinstance(raw, dict):
-        err("search", "must be a mapping with keys " + ", ".join(sorted(SEARCH_KEYS)))
-    for k in raw:
-        if k not in SEARCH_KEYS:
-            err(f"search.{k}", f"unknown key; allowed: {', '.join(sorted(SEARCH_KEYS))}")
-    for k in ("params", "n_trials", "metric", "mode"):
-        if k not in raw:
-            err(f"search.{k}", "is required")
-    n_trials = raw["n_trials"]
-    if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 1:
-        err("search.n_trials", f"must be an integer >= 1 (got {n_trials!r})")
-    mode = raw["mode"]
-    if mode not in ("max", "min"):
-        err("search.mode", f"must be 'max' or 'min' (got {mode!r})")
-    m = raw["metric"]
-    metric = validate(SearchMetric, {"name": m} if isinstance(m, str) else m, "search.metric", err)
-    if metric.name not in LOSS_METRICS and metric.T is None:
-        err("search.metric.T", f"a task metric ({metric.name!r}) is measured at one eval point: give T")
-    if metric.name in LOSS_METRICS and mode != "min":
-        err("search.mode", f"{metric.name} is a loss: mode must be 'min'")
-    pruning = None
-    if raw.get("pruning") is not None:
-        pruning = validate(Pruning, raw["pruning"], "search.pruning", err)
-        if pruning.metric == "objective" and pruning.every is None:
-            err("search.pruning.every", "pruning on the search metric needs `every` (steps between evaluations)")
-        if pruning.metric == "loss" and pruning.every is not None:
-            err("search.pruning.every", "only used with metric: objective (the training loss is reported every "
-                                        "train.log_every steps)")
-    mc = raw.get("max_concurrent", 1)
-    if not isinstance(mc, int) or isinstance(mc, bool) or mc < 1:
-        err("search.max_concurrent", f"must be an integer >= 1 (got {mc!r})")
-    seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        err("search.seed", f"must be an integer (got {seed!r})")
-    res = validate(resources_cls, raw["resources"], "search.resources", err) if raw.get("resources") else None
-    split = raw.get("split", "val")
-    if split not in SEARCH_SPLITS:
-        err("search.split", f"must be {', '.join(SEARCH_SPLITS)} (got {split!r}): a search selects on the split it "
-                            f"reads, and selecting on test makes the reported numbers optimistic")
-
-    params_raw = raw["params"]
-    if not isinstance(params_raw, dict) or not params_raw:
-        err("search.params", "must be a non-empty mapping of field -> distribution, e.g. "
-                             "{lr: {dist: loguniform, low: 1.0e-4, high: 1.0e-2}}")
-    params: dict[str, Dist] = {}
-    for k, spec in params_raw.items():
-        where = f"search.params.{k}"
-        key = canon_key(k, "search.params.", err)
-        sec, fld = key.split(".", 1)
-        cls = {"model": ModelConfig, "train": TrainConfig}.get(sec)
-        if cls is None:
-            err(where, "searches range over model and train fields only")
-        if fld not in cls.model_fields:
-            err(where, f"unknown field {fld!r} of {sec}; allowed: {', '.join(sorted(cls.model_fields))}")
-        if fld in TRAIN_BOOKKEEPING and sec == "train":
-            err(where, f"{fld} does not change the trained model: nothing to search")
-        if key in params:
-            err(where, f"{key} is given twice")
-        if isinstance(spec, list):
-            err(where, "a list of values is a grid-search axis: put it under `axes`, or search it with "
-                       "{dist: choice, values: [...]}")
-        if not isinstance(spec, dict) or "dist" not in spec:
-            err(where, f"must be a mapping {{dist: {'|'.join(DISTS)}, ...}} (got {spec!r})")
-        dist = spec["dist"]
-        if dist not in DIST_KEYS:
-            err(where + ".dist", f"unknown distribution {dist!r}; allowed: {', '.join(DISTS)}")
-        for sk in spec:
-            if sk not in DIST_KEYS[dist]:
-                err(f"{where}.{sk}", f"unknown key for dist {dist}; allowed: {', '.join(sorted(DIST_KEYS[dist]))}")
-        integral = cls.model_fields[fld].annotation is int
-        if dist == "choice":
-            vals = spec.get("values")
-            if not isinstance(vals, list) or not vals:
-                err(where + ".values", "must be a non-empty list")
-            if any(not isinstance(v, (int, float, str, bool)) or v is None for v in vals) or len(set(vals)) < len(vals):
-                err(where + ".values", f"must be distinct numbers, strings or booleans (got {vals!r})")
-            params[key] = Dist(key, dist, values=tuple(vals))
-            continue
-        for b in ("low", "high"):
-            v = spec.get(b)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                err(f"{where}.{b}", f"must be a finite number (got {v!r})")
-        low, high = spec["low"], spec["high"]
-        if not low < high:
-            err(where, f"needs low < high (got low={low!r}, high={high!r})")
-        if dist == "loguniform" and low <= 0:
-            err(where + ".low", f"loguniform needs low > 0 (got {low!r})")
-        if integral and dist != "int":
-            err(where + ".dist", f"{key} is an integer field: use dist int or choice (got {dist})")
-        if dist == "int":
-            if any(not isinstance(spec[b], int) for b in ("low", "high")):
-                err(where, f"dist int needs integer low and high (got {low!r}, {high!r})")
-            if not integral:
-                err(where + ".dist", f"{key} is not an integer field: use uniform, loguniform or choice")
-        step = spec.get("step")
-        if step is not None and (not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0
-                                 or (dist == "int" and not isinstance(step, int))):
-            err(where + ".step", f"must be a positive {'integer' if dist == 'int' else 'number'} (got {step!r})")
-        if dist == "int" and spec.get("log") not in (None, False, True):
-            err(where + ".log", f"must be true or false (got {spec.get('log')!r})")
-        if dist == "int" and spec.get("log"):
-            if low < 1:
-                err(where + ".low", "a log-scale int needs low >= 1")
-            if step not in (None, 1):
-                err(where + ".step", "a log-scale int cannot have a step")
-            dist = "intlog"
-        params[key] = Dist(key, dist, low=low, high=high, step=step)
-
-    pts = raw.get("points", [])
-    if not isinstance(pts, list):
-        err("search.points", "must be a list of {param: value} mappings")
-    points = []
-    for i, p in enumerate(pts):
-        if not isinstance(p, dict) or not p:
-            err(f"search.points[{i}]", "must be a non-empty mapping of param -> value")
-        cp = {canon_key(k, f"search.points[{i}].", err): v for k, v in p.items()}
-        if set(cp) != set(params):
-            err(f"search.points[{i}]", f"must give exactly the searched params {sorted(params)} (got {sorted(cp)})")
-        for k, v in cp.items():
-            if not _inside(params[k], v):
-                err(f"search.points[{i}].{k}", f"{v!r} is outside the distribution {params[k].describe()}")
-        points.append(cp)
-    return Search(params=params, n_trials=n_trials, metric=metric, mode=mode, pruning=pruning, max_concurrent=mc,
-                  resources=res, seed=seed, points=tuple(points), split=split)
+def _canonical(key: Any, at: str) -> str:
+    """canonical(key), a BadKey refused at `at` + the key."""
+    try:
+        return canonical(key)
+    except BadKey as e:
+        raise refuse(e.msg, at=at + e.key) from None
 
 
 def _short_value(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _inside(d: Dist, v: Any) -> bool:
-    if d.dist == "choice":
-        return v in d.values
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    return d.low <= v <= d.high
-
-
-def group_name(grid_group: str | None, point: dict, study: str) -> str:
-    """Name of a search group: the grid group's name and the values of its point, e.g. 'K1_L3'."""
-    from study.grid import ALIASES
-
-    short = {v: k for k, v in ALIASES.items()}
-    parts = [grid_group] if grid_group is not None else []
-    for k, v in point.items():
-        parts.append(f"{short.get(k, k)}{v}")
-    return "_".join(str(p) for p in parts) or study
 
 
 # ---- best-values files ---------------------------------------------------------------------
@@ -303,7 +310,7 @@ class BestValues:
     study: str
     groups: dict[str, dict]  # name -> {"point": {key: v}, "best": {key: v}, ...}
 
-    def pick(self, group: str, run, where: str, err) -> tuple[str, dict]:
+    def pick(self, group: str, run, where: str, err: Err) -> tuple[str, dict]:
         """(search group, best values) for a run of a sweep; `group` may be 'auto'."""
         if group != "auto":
             if group not in self.groups:
@@ -323,7 +330,7 @@ def _run_value(run, key: str):
     return getattr(getattr(run, sec), fld)
 
 
-def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
+def load_best(spec: Any, where: str, err: Err) -> tuple[BestValues, str]:
     """Validate a `defaults_from: {file, group}` entry and read its file."""
     if not isinstance(spec, dict) or set(spec) != {"file", "group"}:
         err(where, "must be {file: results/<study>/best.yaml, group: <search group> | auto}")
@@ -333,8 +340,6 @@ def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
     if (not isinstance(path, str) or not path or os.path.isabs(path) or "\\" in path
             or ".." in path.split("/") or not path.endswith((".yaml", ".yml"))):
         err(where + ".file", f"must be a relative path to a .yaml file without '..' (got {path!r})")
-    from study.grid import GridError, grid_file_text, safe_yaml
-
     if not os.path.lexists(path):
         err(where + ".file", f"{path} does not exist (relative to {os.getcwd()}): run `study tune` first")
     try:  # read as a grid is: a regular file within the grid bounds (no FIFO, no endless line), YAML kept safe
@@ -360,7 +365,10 @@ def load_best(spec: Any, where: str, err, canon_key) -> tuple[BestValues, str]:
             continue  # a group whose every trial failed has no best values
         best = {}
         for k, v in d["best"].items():
-            ck = canon_key(k, f"{where}.file({path}).groups.{g}.best.", err)
+            try:
+                ck = canonical(k)
+            except BadKey as e:
+                err(f"{where}.file({path}).groups.{g}.best.{e.key}", e.msg)
             if ck.split(".")[0] not in ("model", "train"):
                 err(f"{where}.file", f"{path}: group {g!r}: best values are model/train fields (got {k!r})")
             best[ck] = v

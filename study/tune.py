@@ -36,16 +36,21 @@ import io
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import yaml
 
-from study.grid import Grid, Run, sampling_depth
-from study.search import BEST_KIND, LOSS_METRICS, Search, SearchGroup, SearchMetric
 from model.train import load_state
 from store import Store
+from study.faults import fault_config
 from study.evaluate import evaluate
-from study.trial import execute, format_error, run_from_resolved, run_row, start_attempt, trial_payload
+from study.grid import Grid, Run, SearchGroup, sampling_depth
+from study.loggers import callbacks as logger_callbacks
+from study.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
+from study.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
+from study.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
+from study.trial import trial_payload
 
 DB_NAME = "optuna.db"
 BEST_NAME = "best.yaml"
@@ -57,16 +62,6 @@ class TuneError(RuntimeError):
 
 def storage_url(store: Store) -> str:
     return f"sqlite:///{store.path(DB_NAME)}"
-
-
-def with_values(run: Run, values: dict) -> Run:
-    """The run of one trial: the group's base run with the sampled values set."""
-    model, train = run.model.model_dump(), run.train.model_dump()
-    for k, v in values.items():
-        sec, fld = k.split(".", 1)
-        (model if sec == "model" else train)[fld] = v
-    return dataclasses.replace(run, model=type(run.model).model_validate(model),
-                               train=type(run.train).model_validate(train))
 
 
 def tuning_run(run: Run, search: Search) -> Run:
@@ -149,111 +144,59 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
 
 
 # ---- the trial -----------------------------------------------------------------------------
-def _trainable(config: dict) -> None:
-    """One search trial = one run: train/evaluate through `execute`, report to Tune."""
-    import torch
-    from ray import tune
+@dataclass(frozen=True)
+class Objective:
+    """What a search adds to its trials (study.raytune.trainable): the search metric, scored once the
+    run is trained and evaluated, and with pruning on it, scored every `every` steps for ASHA."""
 
-    from study.faults import fault_steps
+    metric: SearchMetric
+    every: int | None  # steps between intermediate evaluations (ASHA on the objective), or None
 
-    values = {k: config[k] for k in config["param_keys"]}
-    run = with_values(run_from_resolved(config["base"]), values)
-    store = Store(config["results"], run.study)
-    metric = SearchMetric.model_validate(config["metric"])
-    every = config["eval_every"]  # intermediate evaluation of the objective (ASHA on it), or None
-    seen = {"ckpt": None}
-    ckpt_path = store.checkpoint_path(run.run_id)
+    def trial(self, run: Run, store: Store) -> "ScoredTrial":
+        if self.every:  # the trainer checkpoints every `every` steps and each checkpoint is scored;
+            # checkpoint_every is bookkeeping: it leaves the run id as it is
+            run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": self.every}))
+        return ScoredTrial(self, run, store)
 
-    def report(d: dict) -> None:
-        if d.get("phase") != "train":
-            return
+
+class ScoredTrial:
+    """One search trial's results as the searcher (`objective`) and ASHA (`loss`, or `step` and `score`) read
+    them; every result carries the run id, which the searcher stores with its Optuna trial."""
+
+    def __init__(self, objective: Objective, run: Run, store: Store):
+        self.metric, self.every, self.run, self.store = objective.metric, objective.every, run, store
+        self.ckpt_path = store.checkpoint_path(run.run_id)
+        self.scored = None  # the modification time of the checkpoint scored last
+
+    def progress(self, result: dict) -> dict | None:
+        """A training result as Tune gets it; None for the others (evaluations)."""
+        if result.get("phase") != "train":
+            return None
         # Tune insists that every result carries the searcher's metric: NaN until the end
-        out = {"step": d["step"], "loss": d["loss"], "run_id": run.run_id, "objective": math.nan}
-        if every:
+        out = {"step": result["step"], "loss": result["loss"], "run_id": self.run.run_id, "objective": math.nan}
+        if self.every:
             # ASHA reads `step` and `score`: a result without a fresh score carries neither
             # (a NaN score at a rung's step would let the trial pass that rung unjudged)
             out.update(train_step=out.pop("step"), score=math.nan)
-            # the trainer checkpoints every `every` steps (set below): score the newest checkpoint
-            info = store.fs.get_file_info(ckpt_path)
+            info = self.store.fs.get_file_info(self.ckpt_path)
             stamp = info.mtime_ns if info.type.name == "File" else None
-            if stamp is not None and stamp != seen["ckpt"]:
-                seen["ckpt"] = stamp
-                sd = load_state(io.BytesIO(store.read_bytes(ckpt_path)), "cpu", ckpt_path)
-                out.update(step=sd["step"], score=score_state(run, metric, sd["model"], store.data_dir()))
-        tune.report(out)
+            if stamp is not None and stamp != self.scored:
+                self.scored = stamp
+                sd = load_state(io.BytesIO(self.store.read_bytes(self.ckpt_path)), "cpu", self.ckpt_path)
+                out.update(step=sd["step"], score=score_state(self.run, self.metric, sd["model"],
+                                                              self.store.data_dir()))
+        return out
 
-    if every:  # checkpoint_every is bookkeeping: it leaves the run id as it is
-        run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": every}))
-    attempt = start_attempt(store, run.run_id, "tune")
-    row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                  **fault_steps(config, run.run_id), grid=config.get("grid"))
-    value = objective_from_store(run, metric, store, row)
-    final = {"step": run.train.steps, "loss": row.get("final_loss"), "run_id": run.run_id, "objective": math.nan}
-    if value is not None and math.isfinite(value):
-        final.update(objective=value, score=value)
-    from study.loggers import EVAL_PREFIX, final_metrics
-
-    # each eval point's primary metric and final_loss, for --log (study/loggers.py)
-    final.update({k: v for k, v in final_metrics(store, run, row).items() if k.startswith(EVAL_PREFIX) or k == "final_loss"})
-    tune.report(final)
-
-
-def _search_classes():
-    """OptunaSearch and ASHA with the two changes a resumable, pruned search needs."""
-    from optuna.trial import TrialState
-    from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
-    class Asha(AsyncHyperBandScheduler):
-        """Records which trials it stopped, so the searcher can tell pruned from interrupted."""
-
-        def __init__(self, stopped: set, **kw):
-            super().__init__(**kw)
-            self.stopped = stopped
-
-        def on_trial_result(self, tune_controller, trial, result):
-            action = super().on_trial_result(tune_controller, trial, result)
-            if action == TrialScheduler.STOP:
-                self.stopped.add(trial.trial_id)
-            return action
-
-    class Search(OptunaSearch):
-        """OptunaSearch on a persisted study.
-
-        - intermediate results carry no `objective` (only the last one does): skip them
-          instead of failing on the missing key;
-        - a trial that ends without an objective, without an error and without a stop by
-          the scheduler was interrupted (Ctrl-C, driver lost): it stays RUNNING in the
-          storage, and the next `study tune` runs it again instead of counting it as pruned.
-        """
-
-        def __init__(self, stopped: set, **kw):
-            super().__init__(**kw)
-            self.stopped, self.named = stopped, set()
-
-        def on_trial_result(self, trial_id, result):
-            ot_trial = self._ot_trials.get(trial_id)
-            if ot_trial is not None and result.get("run_id") and trial_id not in self.named:
-                ot_trial.set_user_attr("run_id", result["run_id"])  # even if the trial never ends
-                self.named.add(trial_id)
-            if _has(result, self.metric):
-                super().on_trial_result(trial_id, result)
-
-        def on_trial_complete(self, trial_id, result=None, error=False):
-            ot_trial = self._ot_trials.get(trial_id)
-            if ot_trial is None:
-                return
-            if result and result.get("run_id"):
-                ot_trial.set_user_attr("run_id", result["run_id"])
-            has_value = _has(result, self.metric)
-            if not (error or has_value or trial_id in self.stopped):
-                self._completed_trials.add(trial_id)
-                return  # interrupted: left RUNNING on purpose
-            if result and not has_value:  # pruned, or failed: no value to tell
-                result = {k: v for k, v in result.items() if k != self.metric}
-            super().on_trial_complete(trial_id, result, error)
-
-    return Search, Asha, TrialState
+    def final(self, row: dict, metrics: dict) -> dict:
+        """The last result: the objective (NaN where the run gives none), with `metrics`' final loss and
+        eval points (study.raytune.final_metrics, for --log)."""
+        value = objective_from_store(self.run, self.metric, self.store, row)
+        out = {"step": self.run.train.steps, "loss": row.get("final_loss"), "run_id": self.run.run_id,
+               "objective": math.nan}
+        if value is not None and math.isfinite(value):
+            out.update(objective=value, score=value)
+        out.update({k: v for k, v in metrics.items() if k.startswith(EVAL_PREFIX) or k == "final_loss"})
+        return out
 
 
 # ---- the driver ----------------------------------------------------------------------------
@@ -264,8 +207,8 @@ def _distributions(search: Search) -> dict:
     for k, d in search.params.items():
         if d.dist == "choice":
             out[k] = od.CategoricalDistribution(list(d.values))
-        elif d.dist in ("int", "intlog"):
-            out[k] = od.IntDistribution(int(d.low), int(d.high), log=d.dist == "intlog", step=int(d.step or 1))
+        elif d.dist == "int":
+            out[k] = od.IntDistribution(int(d.low), int(d.high), log=d.log, step=int(d.step or 1))
         else:
             out[k] = od.FloatDistribution(d.low, d.high, log=d.dist == "loguniform", step=d.step)
     return out
@@ -292,14 +235,18 @@ def _open_study(search: Search, group: SearchGroup, storage, grid: Grid):
     return study
 
 
-def _finished(study, TrialState) -> list:
+def _finished(study) -> list:
+    from optuna.trial import TrialState
+
     return [t for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))]
 
 
-def _recover(study, TrialState, echo) -> None:
+def _recover(study, echo) -> None:
     """Trials left RUNNING by an interrupted session: fail them and enqueue their values again."""
+    from optuna.trial import TrialState
+
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         study.tell(t.number, state=TrialState.FAIL)
@@ -321,64 +268,62 @@ def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: in
     from store.lease import acquire
 
     with acquire(store, "tune", wait=wait, echo=echo):  # one driver per study, `study run` included
-        return _tune_flocked(grid, store, results, address, num_cpus, echo, log)
+        lock = open(os.path.join(store.dir, ".tune.lock"), "w")
+        try:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TuneError(f"another `study tune` is running on {store.dir}") from None
+            return _tune_locked(grid, store, results, address, num_cpus, echo, log or [])
+        finally:
+            lock.close()
 
 
-def _tune_flocked(grid, store, results, address, num_cpus, echo, log=None) -> int:
-    lock = open(os.path.join(store.dir, ".tune.lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise TuneError(f"another `study tune` is running on {store.dir}") from None
-    try:
-        return _tune_locked(grid, store, results, address, num_cpus, echo, log)
-    finally:
-        lock.close()
+@dataclass
+class _Session:
+    """What the search groups of one `study tune` share."""
+
+    grid: Grid
+    store: Store
+    storage: object  # optuna's RDBStorage of optuna.db
+    trial_config: dict  # in every trial's config: results, code_version, grid (its hash), the faults
+    echo: Callable[[str], None]
+    log: list  # the sinks of --log
 
 
-def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int:
+def _tune_locked(grid: Grid, store: Store, results: str, address: str | None, num_cpus: int | None, echo,
+                 log: list) -> int:
     import optuna
-
-    from study.runner import _dump_yaml, _sigterm_as_ctrl_c, code_version, init_ray, refuse_unplaceable
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
-    from store.provenance import record_grid
-
-    # kept by hash and logged with the time (before grid.yaml is replaced: a study's older grid.yaml is adopted)
-    from study.overrides import grid_text
-
-    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
-    grid_sha = record_grid(store, text, "tune", grid.path)
-    store.write_text(store.path("grid.yaml"), text)
-    storage = optuna.storages.RDBStorage(storage_url(store))
-    Search_, Asha, TrialState = _search_classes()
-    version = code_version()
-    abs_results = os.path.abspath(results)
+    grid_sha = record_grid_file(store, grid, "tune")
+    session = _Session(grid, store, optuna.storages.RDBStorage(storage_url(store)),
+                       {"results": os.path.abspath(results), "code_version": code_version(), "grid": grid_sha,
+                        **fault_config()}, echo, log)
     echo(f"study {grid.study}: {len(grid.search_groups)} search group(s) x {search.n_trials} trials; "
          f"{search.mode}imize {search.metric.label}; storage {storage_url(store)}")
     ray, started = None, False
     summary, code = {}, 0
     try:
         for group in grid.search_groups:
-            study = _open_study(search, group, storage, grid)
-            _recover(study, TrialState, echo)
-            todo = search.n_trials - len(_finished(study, TrialState))
-            echo(f"group {group.name}: {len(_finished(study, TrialState))} of {search.n_trials} trials finished")
+            study = _open_study(search, group, session.storage, grid)
+            _recover(study, echo)
+            todo = search.n_trials - len(_finished(study))
+            echo(f"group {group.name}: {len(_finished(study))} of {search.n_trials} trials finished")
             if todo > 0:
                 if ray is None:
                     ray, started = init_ray(address, num_cpus)
-                    _sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
+                    sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
                     if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
                                           grid.path, echo):
                         return 2
                 if not study.trials:
                     for p in search.points:
                         study.enqueue_trial(p)
-                _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
-                           grid_sha, log=log)
-            finished = _finished(study, TrialState)
-            summary[group.name] = _group_summary(group, study, TrialState, search)
+                _fit_group(session, group, study, todo)
+            finished = _finished(study)
+            summary[group.name] = _group_summary(group, study, search)
             _write_best(store, grid, summary)
             if len(finished) < search.n_trials:
                 echo(f"group {group.name}: interrupted after {len(finished)} of {search.n_trials} trials; "
@@ -398,90 +343,65 @@ def _tune_locked(grid, store, results, address, num_cpus, echo, log=None) -> int
             ray.shutdown()
 
 
-def _fit_group(grid, group, study, storage, todo, abs_results, version, store, Search_, Asha, echo,
-               grid_sha: str | None = None, log: list | None = None) -> None:
+def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
+    """`todo` more trials of one search group, through Tune; the rows of those that failed or were pruned."""
     import optuna
-    from ray import tune
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.faults import fault_config
-    from study.loggers import callbacks as logger_callbacks
+    from study.searcher import RecordingAsha, ResumableOptunaSearch, has_value
+    from study.status import LiveView, trial_progress
 
-    search = grid.search
+    search, store = session.grid.search, session.store
     base = tuning_run(group.run, search)
     res = base.resources
-    bundle = {"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}
-    stopped: set = set()
+    stopped: set = set()  # trials ASHA stopped (pruned, not interrupted)
     # re-seeded per session: the same seed would propose the first session's values again
     sampler = optuna.samplers.TPESampler(seed=search.seed + len(study.trials))
-    searcher = Search_(stopped, space=_distributions(search), metric="objective", mode=search.mode,
-                       sampler=sampler, study_name=group.name, storage=storage)
+    searcher = ResumableOptunaSearch(stopped, space=_distributions(search), metric="objective", mode=search.mode,
+                                     sampler=sampler, study_name=group.name, storage=session.storage)
     scheduler, eval_every = None, None
     if search.pruning is not None:
         p = search.pruning
         eval_every = p.every if p.metric == "objective" else None
-        scheduler = Asha(stopped, time_attr="step", metric="score" if eval_every else "loss",
-                         mode=search.mode if eval_every else "min", max_t=base.train.steps,
-                         grace_period=p.grace_period, reduction_factor=p.reduction_factor)
-    from study.status import LiveView, trial_progress
-
+        scheduler = RecordingAsha(stopped, time_attr="step", metric="score" if eval_every else "loss",
+                                  mode=search.mode if eval_every else "min", max_t=base.train.steps,
+                                  grace_period=p.grace_period, reduction_factor=p.reduction_factor)
     # one line per trial started or ended, and every 30 s (a terminal: one line redrawn), as `study run`
-    view = LiveView(todo, {}, echo=echo)
-    tuner = tune.Tuner(
-        tune.with_resources(_trainable, PlacementGroupFactory([bundle])),
-        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), "results": abs_results,
-                     "code_version": version, "metric": search.metric.model_dump(), "eval_every": eval_every,
-                     "grid": grid_sha, **fault_config()},
-        tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent),
-                                    scheduler=scheduler, num_samples=todo, reuse_actors=True),
-        run_config=tune.RunConfig(name=f"{grid.study}-tune-{group.name}-{int(time.time())}",
-                                  # the study's own, as `study run`'s: TensorBoard files under <study>/.ray
-                                  storage_path=os.path.abspath(os.path.join(store.dir, ".ray")), verbose=0,
-                                  callbacks=[trial_progress(view, base.train.steps),  # the live line
-                                             *logger_callbacks(log or [], store, "tune", echo)],  # --log
-                                  failure_config=tune.FailureConfig(max_failures=base.retries)),
-    )
+    view = LiveView(todo, {}, echo=session.echo)
+    tuner = make_tuner(
+        f"{session.grid.study}-tune-{group.name}-{int(time.time())}", store,
+        PlacementGroupFactory([{"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}]),
+        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), **session.trial_config},
+        callbacks=[trial_progress(view, base.train.steps),  # the live line
+                   *logger_callbacks(session.log, store, "tune", session.echo)],  # --log
+        max_failures=base.retries, objective=Objective(search.metric, eval_every),
+        search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent), scheduler=scheduler,
+        num_samples=todo)
     try:
-        result_grid = tuner.fit()
+        result_grid = fit(tuner, store)
     finally:
         view.close()
     for r in result_grid:
-        cfg = r.config or {}
+        cfg, metrics = r.config or {}, r.metrics or {}
         if "param_keys" not in cfg:
             continue
         run = with_values(base, {k: cfg[k] for k in cfg["param_keys"]})
-        metrics = r.metrics or {}
         if r.error is not None:
-            status, err = "failed", format_error(r.error)
-        elif not _has(metrics, "objective") and metrics.get("run_id") and _was_stopped(r, stopped):
-            status, err = "pruned", f"stopped by ASHA at step {metrics.get('step')}"
-        else:
-            continue
-        store.append_log(run.run_id, f"{status.upper()}: {err}")
-        try:
-            costs = run.costs()
-        except Exception:
-            costs = {"n_params": None, "n_params_non_embedding": None, "flops_per_forward": None}
-        if r.error is not None:  # the row: the root cause in one plain line; the log above keeps Ray's traceback
-            from study.errors import error_line
-
-            err = error_line(r.error)
-        store.write_rows("runs", [run_row(run, costs, status=status, code_version=version, error=err,
-                                          final_loss=metrics.get("loss"), grid=grid_sha)], f"{run.run_id}.parquet")
+            record_unfinished(store, run, "failed", r.error, **_row_of(session), final_loss=metrics.get("loss"))
+        elif not has_value(metrics, "objective") and metrics.get("run_id") and metrics.get("trial_id") in stopped:
+            record_unfinished(store, run, "pruned", f"stopped by ASHA at step {metrics.get('step')}",
+                              **_row_of(session), final_loss=metrics.get("loss"))
 
 
-def _has(result: dict | None, key: str) -> bool:
-    v = (result or {}).get(key)
-    return isinstance(v, (int, float)) and math.isfinite(v)
+def _row_of(session: _Session) -> dict:
+    """What a search's runs rows say of the session: its code version and grid."""
+    return {"code_version": session.trial_config["code_version"], "grid": session.trial_config["grid"]}
 
 
-def _was_stopped(result, stopped: set) -> bool:
-    tid = (result.metrics or {}).get("trial_id")
-    return tid in stopped
+def _group_summary(group: SearchGroup, study, search: Search) -> dict:
+    from optuna.trial import TrialState
 
-
-def _group_summary(group: SearchGroup, study, TrialState, search: Search) -> dict:
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     states = {}
     for t in study.get_trials(deepcopy=False):

@@ -1,0 +1,121 @@
+"""A grid file (or a file read as one: a best-values file) read safely: a regular file within bounds, YAML
+parsed with a safe loader that also refuses a key given twice; nothing in it is ever evaluated."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from study.sections import GridError, short
+
+
+class GridLoader(yaml.SafeLoader):
+    """`yaml.safe_load` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *defaults`: keys given here override merged ones, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader reports it itself
+                if first is not key_node:  # by node: `{d_model: 16, d_model: 32}` is one line, two keys
+                    at, again = first.start_mark, key_node.start_mark
+                    where = (f"line {at.line + 1} column {at.column + 1}, again at column {again.column + 1}"
+                             if at.line == again.line else f"line {at.line + 1}, again at line {again.line + 1}")
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {short(key)} (first at {where}): give each key once",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+# A grid file is read whole before parsing, within these bounds (a hostile or mistaken file -- a
+# FIFO, /dev/zero, a 50 MB line, a structure nested thousands deep -- is refused in one line, never
+# read without end): the largest grid shipped is a few kB.
+MAX_GRID_BYTES = 1 << 20  # 1 MiB
+MAX_GRID_LINE = 1 << 16  # characters a line
+MAX_GRID_DEPTH = 32  # nested mappings / lists
+
+
+def read_regular_file(path: str, what: str, max_bytes: int | None = None, exc: type[Exception] = ValueError):
+    """A binary file object of `path` once it is known to be a regular file (of at most `max_bytes`):
+    opened without blocking (a FIFO with no writer would wait forever), refused otherwise with `exc`
+    naming the file (a directory, a FIFO, a device such as /dev/zero, a socket)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise exc(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise exc(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise exc(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise exc(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+            raise exc(f"{path}: is {kind}, not a regular file: give a {what}")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise exc(f"{path}: {st.st_size:,} bytes; a {what} is at most {max_bytes:,} bytes")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def grid_file_text(path: str) -> str:
+    """The text of grid file `path`, within MAX_GRID_BYTES and MAX_GRID_LINE (GridError otherwise)."""
+    f = read_regular_file(path, "grid file", MAX_GRID_BYTES, GridError)
+    lines, total = [], 0
+    with f:
+        for ln, line in enumerate(iter(lambda: f.readline(MAX_GRID_LINE * 4 + 1), b""), 1):
+            total += len(line)
+            if total > MAX_GRID_BYTES:  # grew while read
+                raise GridError(f"{path}: more than {MAX_GRID_BYTES:,} bytes; a grid file is at most that")
+            if len(line) > MAX_GRID_LINE and len(line.rstrip(b"\r\n").decode("utf-8", "replace")) > MAX_GRID_LINE:
+                raise GridError(f"{path}:{ln}: a line longer than {MAX_GRID_LINE:,} characters; break it up "
+                                f"(YAML lists and mappings may span lines)")
+            lines.append(line)
+    try:
+        return b"".join(lines).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
+
+
+def too_deep(obj: Any, limit: int) -> bool:
+    """Whether `obj` nests mappings / lists deeper than `limit` (iteratively: no recursion)."""
+    stack = [(obj, 0)]
+    seen: set[int] = set()
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d >= limit:
+                return True
+            if id(v) in seen:  # a YAML alias: the same object, already walked
+                continue
+            seen.add(id(v))
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+            if isinstance(v, dict):
+                stack.extend((k, d + 1) for k in v)
+    return False
+
+
+def safe_yaml(text: str):
+    """Parse YAML text with GridLoader (a yaml.SafeLoader subclass that also refuses a key given twice):
+    plain data only, nothing is constructed. Raises yaml.YAMLError, or RecursionError when nested too deeply."""
+    loader = GridLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
