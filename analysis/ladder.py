@@ -42,7 +42,7 @@ n_examples), refits, and predicts. A held-out model's measured value is resample
 the error's interval adds the prediction's and the measurement's half-widths in quadrature (they
 are independent: the held-out runs are not in the fit). Intervals are the 2.5%
 and 97.5% quantiles. `analysis` never imports `study`: the CLI hands in targets and candidates with
-their parameter counts and training FLOPs from study/cost.py.
+their parameter counts and training FLOPs from study/spec/cost.py.
 
 Models reach the law as frames with columns N, K, L, d_model, D (one row per model).
 """

@@ -2,7 +2,7 @@
 
 1. overhead_ratio: wall time of `study run GRID` (a fresh process: Ray start, Tune, one trial per
    run, Parquet writes) over the wall time of one plain Python process that executes the same
-   runs one after another with `study.trial.execute` (same training, evaluation and writes; no Ray).
+   runs one after another with `study.engine.trial.execute` (same training, evaluation and writes; no Ray).
    Each run gets every CPU (`resources.cpu` = --cpus, torch threads = --cpus) in both, so the
    ratio is the cost of orchestration, not of different parallelism.
 2. resume_to_training_s: a `study run` is SIGKILLed after its first checkpoint; the time from
@@ -40,9 +40,9 @@ axes:
 LOOP = """
 import sys, time
 t0 = time.perf_counter()
-from study.grid import load_grid
+from study.spec.grid import load_grid
 from store import Store
-from study.trial import execute
+from study.engine.trial import execute
 grid = load_grid(sys.argv[1])
 store = Store(sys.argv[2], grid.study)
 for run in grid.runs:

@@ -57,7 +57,7 @@ def main() -> None:
 
     from typer.testing import CliRunner
 
-    import study.grid as sg
+    import study.spec.grid as sg
     from study.cli import app
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,7 @@ import model.rmdm as rmdm
 from model.sampler import sample_all
 from stats import wilson
 from store import Store
-from study.puzzles import load_run_model
+from study.commands.puzzles import load_run_model
 
 MAPS = {
     "paper": lambda l, n: 0.0 if n == 1 else (l - 1) / (n - 1),

@@ -369,7 +369,7 @@ class Store:
 
     # ---- tables ----------------------------------------------------------------------------
     def write_rows(self, table: str, rows: list, *parts: str) -> None:
-        """Write `rows` as the file `<table>/<parts>`: dicts, or dataclass rows (study.evaluate.EvalRow,
+        """Write `rows` as the file `<table>/<parts>`: dicts, or dataclass rows (study.engine.evaluate.EvalRow,
         SampleRow). Each row holds exactly the table's columns, a null one as None: a row with an
         unknown or a missing column is refused (ValueError, nothing written), so a misspelt column
         never reaches the store as a null."""

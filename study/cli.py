@@ -88,10 +88,10 @@ def _fail(msg: str, code: int = 2):
 
 
 def _grid_or_exit(path: str, data: bool = True, overrides: Optional[list[str]] = None):
-    """The expanded grid, after command-line `overrides` (study/overrides.py); with `data` (plan, run, tune),
-    also the check that each task can make the examples the grid asks of it (study.grid.check_data).
+    """The expanded grid, after command-line `overrides` (study/spec/overrides.py); with `data` (plan, run, tune),
+    also the check that each task can make the examples the grid asks of it (study.spec.grid.check_data).
     Exit 2 with one line otherwise."""
-    from study.grid import GridError, check_data
+    from study.spec.grid import GridError, check_data
 
     try:
         g = load_grid(path, overrides or ())
@@ -99,20 +99,20 @@ def _grid_or_exit(path: str, data: bool = True, overrides: Optional[list[str]] =
             check_data(g)
         return g
     except GridError as e:
-        from study.overrides import attribute
+        from study.spec.overrides import attribute
 
         _fail(attribute(str(e), path, overrides or ()))
 
 
 def load_grid(path: str, overrides=()):
-    """study.grid.load_grid, imported on first use, not at the top: `study run` on a study another driver
-    holds is refused before study.grid brings torch in (seconds on a loaded machine; _refuse_if_leased)."""
-    from study.grid import load_grid as load
+    """study.spec.grid.load_grid, imported on first use, not at the top: `study run` on a study another driver
+    holds is refused before study.spec.grid brings torch in (seconds on a loaded machine; _refuse_if_leased)."""
+    from study.spec.grid import load_grid as load
 
     return load(path, overrides)
 
 
-# Hydra-style `key=value` after the grid (study/overrides.py), on plan, run, status and tune
+# Hydra-style `key=value` after the grid (study/spec/overrides.py), on plan, run, status and tune
 OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE | +KEY=VALUE | ~KEY]...", show_default=False,
                            help="overrides of the grid, applied before validation: train.steps=10, axes.L=[1,2], "
                                 "task.mask_rate=0.3 (values are YAML); +KEY=VALUE adds a key the file lacks, "
@@ -120,9 +120,9 @@ OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE | +KEY=VALUE | ~KEY]...", s
 
 
 def _override_note(results: str, g, store=None) -> None:
-    """A line on stderr when the study last ran with other overrides than now (study/overrides.py)."""
+    """A line on stderr when the study last ran with other overrides than now (study/spec/overrides.py)."""
     from store import Store
-    from study.overrides import change_note
+    from study.spec.overrides import change_note
 
     note = change_note(store or Store(results, g.study), g)
     if note:
@@ -144,7 +144,7 @@ def _refuse_if_leased(grid_path: str, results: str, wait: bool, overrides=()) ->
 
         with open(grid_path) as f:
             raw = yaml.safe_load(f)
-        from study.overrides import study_name
+        from study.spec.overrides import study_name
 
         name = study_name(raw, overrides or ()) or os.path.splitext(os.path.basename(grid_path))[0]
         from store import Store, is_safe_name
@@ -226,7 +226,7 @@ LOG_HELP = ("also log every trial through Ray Tune's logger callbacks: mlflow[=U
 
 def _log_or_exit(values: list[str], results: str) -> list:
     """--log values checked (known, package installed, MLflow server reachable), or exit 2 in one line."""
-    from study.loggers import LogError, parse
+    from study.engine.loggers import LogError, parse
 
     try:
         return parse(values, results)
@@ -251,7 +251,7 @@ def plan(
     """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost
     (training and evaluation FLOPs, time at a given or measured rate, a training step's peak memory);
     run nothing. Eval FLOPs are an upper bound (T x L_s passes; the sampler may stop sooner)."""
-    from study import cost
+    from study.spec import cost
 
     g = _grid_or_exit(grid, overrides=overrides)
     try:
@@ -276,7 +276,7 @@ def plan(
 def _plan_row(g, r, m: dict | None, rate) -> dict:
     """`study plan`'s row of run `r`: its shape, costs and eval points, timed at `rate` (given) or by `m`
     (measured here; None: not measured)."""
-    from study import cost
+    from study.spec import cost
 
     row = {"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
            "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
@@ -305,10 +305,10 @@ def _plan_totals(g, rows: list[dict], how: str | None) -> dict:
 
 def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
     """`study plan`'s table: the search groups (a search grid), a line per run, then the totals."""
-    from study import cost
+    from study.spec import cost
 
     if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
-        from study.tune import describe_search
+        from study.engine.tune import describe_search
 
         for line in describe_search(g):
             typer.echo(line)
@@ -353,7 +353,7 @@ def run(
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
     _refuse_if_leased(grid, results, wait, overrides)  # first: a second driver is refused before torch is imported
-    from study.runner import check_address, run_grid
+    from study.engine.runner import check_address, run_grid
 
     if not (math.isfinite(progress_every) and progress_every > 0):
         _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")
@@ -389,7 +389,7 @@ def status(
     """Done / running / pending / failed runs of GRID with an ETA, from the store (also during a run)."""
     from dataclasses import asdict
 
-    from study.status import render, snapshot
+    from study.commands.status import render, snapshot
     from store import Store
 
     g = _grid_or_exit(grid, data=False, overrides=overrides)
@@ -421,7 +421,7 @@ def prune(
     that GRID does not ask for, done runs that no grid of the study asks for); with --apply, move their
     files aside. Done runs that a grid of the study asks for are never touched."""
     from store.lease import LeaseHeld
-    from study.prune import prune as run_prune
+    from study.commands.prune import prune as run_prune
 
     g = _grid_or_exit(grid, data=False, overrides=overrides)
     _results_or_exit(results)
@@ -446,7 +446,7 @@ def tune(
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     _refuse_if_leased(grid, results, wait, overrides)
     from store.lease import LeaseHeld
-    from study.tune import TuneError, tune_grid
+    from study.engine.tune import TuneError, tune_grid
 
     sinks = _log_or_exit(log, results)
     g = _grid_or_exit(grid, overrides=overrides)
@@ -606,7 +606,7 @@ def verify(
 ):
     """Re-score every stored sample and check the store's invariants; exit 1 on any disagreement."""
     from store import Store
-    from study.verify import verify_study
+    from study.commands.verify import verify_study
 
     study = _study_or_exit(study, results)
     store = Store(results, study)
@@ -640,7 +640,7 @@ def predict(
     (analysis/ladder.py), predict held-out models, targets and the best model for a budget."""
     from analysis.ladder import LAWS, LadderError
     from analysis.load import MissingData, load_study
-    from study.predict import predict as run_predict
+    from study.commands.predict import predict as run_predict
 
     if law not in LAWS:
         _fail(f"--law {law}: one of {', '.join(LAWS)}")
@@ -675,14 +675,14 @@ def eval_cmd(
     results: str = RESULTS,
 ):
     """Solve an external puzzle file with a trained run; write evals and samples rows; report its metrics."""
-    from study.puzzles import EvalError, evaluate_puzzles
+    from study.commands.puzzles import EvalError, evaluate_puzzles
     from tasks import InputFileError
 
-    from study.grid import BOUNDS
+    from study.spec.grid import BOUNDS
 
     for opt, v, cap in (("--T", T, BOUNDS["eval.T"]), ("--L-s", L_s, BOUNDS["eval.L_s"])):
         if v is not None and v > cap:
-            _fail(f"{opt} {v}: beyond the bound {cap:,} (study/grid.py BOUNDS, as for a grid's eval section)")
+            _fail(f"{opt} {v}: beyond the bound {cap:,} (study/spec/grid.py BOUNDS, as for a grid's eval section)")
     _results_or_exit(results)
     if os.path.isdir(puzzles):
         _fail(f"--puzzles {puzzles}: is a directory; give a puzzle file")

@@ -123,7 +123,7 @@ class Task(ABC):
     name: str
     metrics: ClassVar[tuple[Metric, ...]]  # every metric the task reports, its headline first
     primary_metric: ClassVar[str]  # the headline: figures, comparisons, tuning and loggers read it
-    # 'sample': evaluation samples outputs and scores them (study.evaluate); 'likelihood': it computes the
+    # 'sample': evaluation samples outputs and scores them (study.engine.evaluate); 'likelihood': it computes the
     # model's NLL bound instead
     eval_mode: ClassVar[Literal["sample", "likelihood"]] = "sample"
     # config fields that tell a task's variants apart in `study plan`'s messages ("sudoku n=9 mask_rate=0.3")
@@ -232,7 +232,7 @@ class Task(ABC):
         raise NotRescorable(f"{self.name} per-example scores (no text re-scorer for this task)")
 
     def t_values(self) -> torch.Tensor:
-        """eval_mode 'likelihood': the fixed noise levels t of the NLL estimate (study.evaluate)."""
+        """eval_mode 'likelihood': the fixed noise levels t of the NLL estimate (study.engine.evaluate)."""
         raise NotImplementedError(f"task {self.name}: eval_mode 'likelihood' needs t_values()")
 
     # ---- external inputs (`study eval RUN --puzzles FILE`) ------------------------------------

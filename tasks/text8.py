@@ -7,7 +7,7 @@ text8-style corpus made offline from the documentation text that every CPython s
 other character a space, runs of spaces collapsed. Any other corpus is split 90 / 5 / 5 %.
 `download_text8` fetches the real file when the machine is online (never in tests).
 
-Metrics (computed by `study.evaluate` with `model.elbo`, since tasks never import the model):
+Metrics (computed by `study.engine.evaluate` with `model.elbo`, since tasks never import the model):
 the MDM's NLL bound per character in nats, bits per character and perplexity, estimated over a
 fixed, seeded, stratified set of `n_t` noise levels t. Generated samples are kept for a look and
 scored by `score`: the share of their words that occur in the training text.
@@ -192,12 +192,12 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
 # ---- the task --------------------------------------------------------------------------------
 class Text8(Task):
     name = "text8"
-    # the evals rows written (study/evaluate.py): each the mean of per-sequence scores; perplexity is exp(nll)
+    # the evals rows written (study/engine/evaluate.py): each the mean of per-sequence scores; perplexity is exp(nll)
     metrics = (Metric("nll", "NLL bound (nats / char)", higher_is_better=False),
                Metric("bpc", "bits per char", higher_is_better=False),
                Metric("ppl", "perplexity", higher_is_better=False, stored=False))
     primary_metric = "nll"
-    eval_mode = "likelihood"  # study.evaluate computes the NLL bound instead of sampling-and-scoring
+    eval_mode = "likelihood"  # study.engine.evaluate computes the NLL bound instead of sampling-and-scoring
     describe_fields = ("seq_len",)
 
     def __init__(self, cfg: Text8Config):

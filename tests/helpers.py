@@ -129,8 +129,8 @@ def hooked_block_passes(store, run, pt, scratch: str) -> int:
     counted by a hook on the block (not read from the sampler's own accounting); the rows that
     evaluation writes go to a scratch store under `scratch`, never to `store`."""
     from store import Store
-    from study.puzzles import load_run_model
-    from study.evaluate import evaluate_point
+    from study.commands.puzzles import load_run_model
+    from study.engine.evaluate import evaluate_point
     from tasks import make_task
 
     _, _, model = load_run_model(store, run.run_id)

@@ -8,7 +8,7 @@ import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.sampler import sample_all, sample_steps
-from study.grid import GridError, expand
+from study.spec.grid import GridError, expand
 
 SPEC = SeqSpec(vocab_size=4, pos_ids=tuple((i,) for i in range(16)), pos_sizes=(16,))
 
@@ -162,12 +162,12 @@ def test_adaptive_is_refused_for_a_likelihood_task():
 
 # ---- end to end: a tiny study ------------------------------------------------------------
 def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
-    """4x4 Sudoku, d 16, 20 steps, trained and evaluated through study.trial.execute (real Parquet);
+    """4x4 Sudoku, d 16, 20 steps, trained and evaluated through study.engine.trial.execute (real Parquet);
     the adaptive point's rows say what it spent (<= the cap's), and the compute figure draws it."""
     from analysis.figures import FIGURES
     from analysis.load import load_study
     from store import Store
-    from study.trial import execute
+    from study.engine.trial import execute
 
     raw = {"study": "ada4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 64, "n_test": 16},
            "model": {"d_model": 16, "n_heads": 2, "L": 3},
@@ -205,8 +205,8 @@ def test_plan_and_search_tell_adaptive_points_from_fixed(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from study.cli import app
-    from study.search import SearchMetric
-    from study.tune import _metric_point
+    from study.spec.search import SearchMetric
+    from study.engine.tune import _metric_point
 
     raw = {**BASE, "axes": {"L": [3]}, "eval": {"T": [2], "L_s": ["train"],
                                                 "adaptive": [{"max_loops": "train", "threshold": 0.9}]}}

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from store import Store
 from study.cli import app
-from study.grid import expand
-from study.trial import execute
+from study.spec.grid import expand
+from study.engine.trial import execute
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\n"
 MODEL = "model: {d_model: 16, n_heads: 2}\n"
@@ -48,7 +48,7 @@ def refused(*args: str, words: tuple[str, ...], code: int = 2) -> str:
 
 # ---- grids: sizes, numbers, keys -----------------------------------------------------------
 BAD_GRIDS = [
-    # sizes: bounded by explicit caps (study/grid.py BOUNDS) or by the memory a step needs
+    # sizes: bounded by explicit caps (study/spec/grid.py BOUNDS) or by the memory a step needs
     ("model: {d_model: 16, n_heads: 2, K: 100000}\n", ("model.K", "100000", "1,024")),
     ("model: {d_model: 16, n_heads: 2, L: 1000000000}\n", ("model.L", "1,024")),
     ("model: {d_model: 1000000000, n_heads: 2}\n", ("model.d_model", "65,536")),
@@ -91,7 +91,7 @@ def test_bounds_leave_the_shipped_grids_alone():
     """Every grid of the repository still plans (the caps sit far above any study here)."""
     from glob import glob
 
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     for path in sorted(glob("grids/**/*.yaml", recursive=True)):
         assert load_grid(path).runs, path
@@ -318,7 +318,7 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
     import subprocess
     import sys
 
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
     from tests.helpers import ROOT, descendants, kill_all, tiny_grid
 
     g = tmp_path / "g.yaml"
@@ -403,7 +403,7 @@ def test_a_failing_trial_is_one_line_with_its_root_cause(tmp_path):
     import subprocess
     import sys
 
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
     from tests.helpers import ROOT, tiny_grid
 
     g = tmp_path / "g.yaml"

@@ -265,8 +265,8 @@ def test_a_retrained_run_supersedes_the_older_one_and_other_lrs_are_other_models
 
 # ---- model identity: the whole training configuration minus the seed -----------------------------
 def _grid_runs(axes: dict, train: dict | None = None):
-    """Runs of a tiny real grid (study.grid), so configs are exactly what `study run` stores."""
-    from study.grid import expand
+    """Runs of a tiny real grid (study.spec.grid), so configs are exactly what `study run` stores."""
+    from study.spec.grid import expand
 
     raw = {"study": "ident", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.3},
            "model": {"K": 1, "L": 3, "d_model": 16, "n_heads": 2}, "train": {"steps": 10, **(train or {})},

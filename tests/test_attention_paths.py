@@ -171,10 +171,10 @@ def test_non_finite_loss_is_found_without_a_sync_per_step_and_names_its_step(tin
 
 
 def test_the_runs_table_and_the_log_record_the_resolved_paths(tmp_path):
-    """A real tiny run through `study.trial.execute` (real Parquet, no Ray): `auto` is stored resolved."""
+    """A real tiny run through `study.engine.trial.execute` (real Parquet, no Ray): `auto` is stored resolved."""
     from store import Store
-    from study.grid import expand
-    from study.trial import execute
+    from study.spec.grid import expand
+    from study.engine.trial import execute
 
     grid = {"study": "paths", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
             "model": {"d_model": 16, "n_heads": 2, "attention": "math"},

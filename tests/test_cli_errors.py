@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from store import Store
 from study.cli import app
-from study.grid import expand
-from study.trial import execute
+from study.spec.grid import expand
+from study.engine.trial import execute
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmodel: {d_model: 16, n_heads: 2}\n"
 SOL = "1234341221434321"  # a valid 4x4 grid
@@ -188,12 +188,12 @@ def test_eval_utf8_bom_is_no_cell(trained, tmp_path):
 
 
 def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
-    import study.grid
+    import study.spec.grid
 
     def boom(path, *args, **kwargs):  # load_grid(path, overrides)
         raise RuntimeError("something broke")
 
-    monkeypatch.setattr(study.grid, "load_grid", boom)
+    monkeypatch.setattr(study.spec.grid, "load_grid", boom)
     monkeypatch.setattr("study.cli.load_grid", boom)
     r = cli("plan", "x.yaml")
     assert r.exit_code == 1 and "internal error (RuntimeError: something broke)" in r.output

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from study.grid import load_grid
-from study.runner import _loopback_only
+from study.spec.grid import load_grid
+from study.engine.runner import _loopback_only
 from store import Store
 from tests.helpers import alive, kill_driver, start_driver, tiny_grid, wait_training
 

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from study.grid import Resources, load_grid
-from study.runner import _loopback_only, run_grid
-from study.status import snapshot
-from study.trial import attempts_path, pick_device
+from study.spec.grid import Resources, load_grid
+from study.engine.runner import _loopback_only, run_grid
+from study.commands.status import snapshot
+from study.engine.trial import attempts_path, pick_device
 from store import Store
 from tests.helpers import alive, start_driver, wait_training
 from tests.test_cluster import two_nodes  # noqa: F401  (the fixture)

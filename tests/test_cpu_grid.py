@@ -7,8 +7,8 @@ import os
 import pytest
 import yaml
 
-from study.grid import expand, load_grid
-from study.runner import run_grid
+from study.spec.grid import expand, load_grid
+from study.engine.runner import run_grid
 from store import Store
 from tests.helpers import check_forward_passes, check_rows_against_samples
 

@@ -12,10 +12,10 @@ import time
 import pandas as pd
 import pytest
 
-from study.grid import load_grid
-from study.faults import FAULT_ENV, HOLD_ENV, injected_faults
-from study.runner import init_ray, run_grid
-from study.status import snapshot
+from study.spec.grid import load_grid
+from study.engine.faults import FAULT_ENV, HOLD_ENV, injected_faults
+from study.engine.runner import init_ray, run_grid
+from study.commands.status import snapshot
 from store import Store
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}\nmodel: {d_model: 16, n_heads: 2}\n"

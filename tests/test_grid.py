@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from study.grid import GridError, expand, load_grid
+from study.spec.grid import GridError, expand, load_grid
 
 BASE = {
     "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 20, "n_test": 10},
@@ -122,7 +122,7 @@ def test_fields_inert_under_the_chosen_loss_and_schedule_do_not_split_a_run():
 
 
 def test_longest_training_is_dispatched_first_and_trained_runs_last(tmp_path):
-    from study.runner import longest_first
+    from study.engine.runner import longest_first
     from store import Store
 
     g = expand(grid(axes={"K": [1, 2], "L": [1, 2]}, train={"steps": 10}))

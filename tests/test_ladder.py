@@ -72,7 +72,7 @@ def _run_row(run, study: str) -> dict:
 def write_study(root: str, grid_path: str, rng, examples_every: int = 2, law=None) -> Store:
     """The runs of a real grid (its run ids, configs and parameter counts) with VPR drawn from the law:
     binomial over N_EX test examples; every `examples_every`-th run keeps its per-example scores."""
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     law = law or true_vpr
     g = load_grid(grid_path)
@@ -158,8 +158,8 @@ def test_heldout_interval_covers_the_truth(fitted, synth):
 
     from analysis.ladder import measured_targets
     from analysis.load import load_study
-    from study.grid import load_grid
-    from study.predict import grid_models
+    from study.spec.grid import load_grid
+    from study.commands.predict import grid_models
 
     models, _ = grid_models(load_grid(TARGET_GRID))
     assert sorted(models["label"]) == ["(1 x 2) d=192", "(2 x 1) d=192"] and (models["seeds"] == 2).all()
@@ -283,8 +283,8 @@ def test_depth_width_law_recovered_and_widest_predicted(fitted_dw, synth_dw):
     widest rung (d = 128, fitted on d = 48 / 64 / 96) and the d = 192 target are covered."""
     from analysis.ladder import measured_targets
     from analysis.load import load_study
-    from study.grid import load_grid
-    from study.predict import grid_models
+    from study.spec.grid import load_grid
+    from study.commands.predict import grid_models
 
     m = fitted_dw
     assert m.form.name == "depth-width" and m.beta_by_T is None and m.failed < m.n_boot // 10
@@ -317,8 +317,8 @@ def test_ladder_table_and_figure(fitted_dw, synth_dw):
 
     from analysis.ladder import TABLE_COLUMNS, ladder_figure, ladder_table, measured_targets
     from analysis.load import load_study
-    from study.grid import load_grid
-    from study.predict import grid_models
+    from study.spec.grid import load_grid
+    from study.commands.predict import grid_models
 
     models, _ = grid_models(load_grid(TARGET_GRID))
     measured = measured_targets(fitted_dw, load_study(synth_dw, TARGET_STUDY), models)

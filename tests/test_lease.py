@@ -182,8 +182,8 @@ def test_study_tune_shares_the_lease_with_study_run(tmp_path, monkeypatch):
     full check (past the early one of the command line) refuses too."""
     from store import Store
     from store.lease import LeaseHeld, acquire
-    from study.grid import load_grid
-    from study.tune import tune_grid
+    from study.spec.grid import load_grid
+    from study.engine.tune import tune_grid
     from tests.test_tune import search_grid, write
 
     for k, v in LEASE_ENV.items():
@@ -218,8 +218,8 @@ def test_second_driver_refused_then_waits_then_runs(tmp_path):
     (--wait) waits; status names A; once A ends (its held trials killed, retried, finished), W and then C
     run and find nothing to do: every run was started by A only (attempt logs)."""
     from store import Store
-    from study.grid import load_grid
-    from study.faults import HOLD_ENV
+    from study.spec.grid import load_grid
+    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "lease.yaml"
     gpath.write_text(tiny_grid("lease", steps=30))
@@ -278,8 +278,8 @@ def test_sigterm_releases_the_lease(tmp_path):
     """SIGTERM (a scheduler stopping the job) ends the driver as Ctrl-C does: the lease is released."""
     from store import Store
     from store.lease import current
-    from study.grid import load_grid
-    from study.faults import HOLD_ENV
+    from study.spec.grid import load_grid
+    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "term.yaml"
     gpath.write_text(tiny_grid("term", steps=30, axes="L: [1]"))
@@ -308,8 +308,8 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
     trials as Ctrl-C does, writes no `failed` rows and leaves the newer holder's lease alone."""
     from store import Store
     from store.lease import current, lease_dir
-    from study.grid import load_grid
-    from study.faults import HOLD_ENV
+    from study.spec.grid import load_grid
+    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "lost.yaml"
     gpath.write_text(tiny_grid("lost", steps=30, axes="L: [1]"))
@@ -341,7 +341,7 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
 def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: dict) -> None:
     """A holds the study mid-training; B is refused; A is SIGKILLed by its handle; C takes over at once
     (A's process is gone), resumes every run from its checkpoint, and no run trains twice."""
-    from study.faults import HOLD_ENV
+    from study.engine.faults import HOLD_ENV
 
     holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
     a = _start(gpath, results, tmp_path / "a.out", _env(**env_extra, **{HOLD_ENV: holds}))
@@ -380,7 +380,7 @@ def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: 
 
 def test_killed_holder_is_taken_over_and_no_run_trains_twice(tmp_path):
     from store import Store
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     gpath = tmp_path / "killed.yaml"
     gpath.write_text(tiny_grid("killed", steps=30))
@@ -430,7 +430,7 @@ def test_one_of_two_simultaneous_takers_wins_on_s3(lease_root, monkeypatch):
 @pytest.mark.slow
 def test_two_drivers_and_a_killed_holder_on_s3(lease_root, s3_env, tmp_path):  # noqa: F811
     from store import Store
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     gpath = tmp_path / "s3lease.yaml"
     gpath.write_text(tiny_grid("s3lease", steps=30))

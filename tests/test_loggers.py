@@ -71,7 +71,7 @@ def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflo
     from mlflow.tracking import MlflowClient
 
     from store import Store
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     gpath = tmp_path / "g.yaml"
     gpath.write_text(tiny_grid("mlf", steps=10))  # loss at steps 0, 5, 9
@@ -147,7 +147,7 @@ def test_unreachable_server_and_missing_package_exit_2(tmp_path):
 
 
 def test_mlflow_needs_a_uri_beside_a_remote_store(monkeypatch):
-    from study.loggers import LogError, Sink, parse
+    from study.engine.loggers import LogError, Sink, parse
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(LogError, match="is not local: give a tracking URI"):

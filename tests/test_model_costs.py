@@ -83,8 +83,8 @@ def test_parameters_count_K_layers_whatever_L_and_options():
 
 
 def test_device_follows_the_gpus_ray_grants(monkeypatch):
-    from study.grid import Resources
-    from study.trial import pick_device
+    from study.spec.grid import Resources
+    from study.engine.trial import pick_device
 
     assert pick_device(Resources(gpu=0)).type == "cpu"
     if torch.cuda.is_available():

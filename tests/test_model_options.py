@@ -133,7 +133,7 @@ def test_bad_loss_options_fail_clearly(kw, msg):
 
 
 def test_grid_checks_loss_options_against_L(tmp_path):
-    from study.grid import GridError, expand
+    from study.spec.grid import GridError, expand
 
     base = {"task": {"name": "sudoku", "n": 4}, "model": {"K": 1, "L": 3}}
     with pytest.raises(GridError, match="loss_weights"):

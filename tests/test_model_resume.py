@@ -1,6 +1,6 @@
 """Exact resume: N steps straight == N/2 steps, save, load in a NEW process, N/2 more (float32, CPU).
 
-Saved and loaded as study/trial.py does: `torch.save(trainer.state_dict())`, then `load_state` (weights
+Saved and loaded as study/engine/trial.py does: `torch.save(trainer.state_dict())`, then `load_state` (weights
 only) and `Trainer.load_state_dict`.
 
 Run: pytest tests/test_model_resume.py -x -q   (two tiny trainings and one subprocess; seconds)

@@ -1,4 +1,4 @@
-"""Command-line overrides (study/overrides.py): `study plan|run|status|tune GRID key=value ...`, applied
+"""Command-line overrides (study/spec/overrides.py): `study plan|run|status|tune GRID key=value ...`, applied
 to the grid's mapping before the file's own strict validation, and recorded in the study's grid.
 The real CLI (typer's CliRunner on `study.cli.app`, a `study` subprocess for the trained run).
 Run: pytest tests/test_overrides.py"""
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from study.cli import app
-from study.grid import GridError, load_grid
+from study.spec.grid import GridError, load_grid
 from tests.helpers import ROOT, study, tiny_grid
 
 
@@ -152,7 +152,7 @@ def test_defaults_from_wins_so_its_fields_are_refused(tmp_path, monkeypatch):
 
 
 def test_lease_check_reads_the_overridden_study_name():
-    from study.overrides import study_name
+    from study.spec.overrides import study_name
 
     assert study_name({"study": "a"}, ["study=b"]) == "b"
     assert study_name({"study": "a"}, ["~study"]) is None

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from study.grid import load_grid
+from study.spec.grid import load_grid
 from tasks import TASKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

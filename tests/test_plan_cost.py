@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from model import RecursiveDenoiser, SeqSpec
 from model.schedules import depth_at, loop_weights
 from study.cli import app
-from study.grid import load_grid
+from study.spec.grid import load_grid
 from tasks import make_task
 
 GRID = {

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from store import Store
-from study.grid import expand
-from study.puzzles import EvalError, evaluate_puzzles
-from study.trial import execute
+from study.spec.grid import expand
+from study.commands.puzzles import EvalError, evaluate_puzzles
+from study.engine.trial import execute
 from tasks.sudoku import DIGITS, PuzzleFileError, generate_solutions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +128,7 @@ def test_bad_line_late_in_the_file_writes_nothing(trained, tmp_path):
 
 PEAK = """
 import resource, sys
-from study.puzzles import evaluate_puzzles
+from study.commands.puzzles import evaluate_puzzles
 root, run_id, warm, big = sys.argv[1:]
 evaluate_puzzles(run_id, warm, results=root, T=1, device="cpu", out=warm + ".out")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from study.runner import init_ray
+from study.engine.runner import init_ray
 
 
 def test_embedded_ray_start_that_times_out_is_tried_again(monkeypatch, capsys):
@@ -79,8 +79,8 @@ def test_resources_the_cluster_lacks_fail_before_dispatch(tmp_path, res, words):
     import ray
 
     from store import Store
-    from study.grid import load_grid
-    from study.runner import run_grid
+    from study.spec.grid import load_grid
+    from study.engine.runner import run_grid
 
     g = tmp_path / "g.yaml"
     g.write_text(f"study: big\n{TINY}resources: {res}\n")
@@ -118,8 +118,8 @@ def test_embedded_ray_never_joins_a_ray_start_cluster(monkeypatch):
 def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkeypatch):
     """Resources are checked again while trials wait: when no alive node can hold a pending run any
     more (here: the cluster reports no node after dispatch), `study run` ends with exit 2 and says why."""
-    import study.runner as runner
-    from study.grid import load_grid
+    import study.engine.runner as runner
+    from study.spec.grid import load_grid
 
     real, calls = runner.node_resources, []
 
@@ -161,9 +161,9 @@ def test_study_tune_refuses_resources_the_cluster_lacks(tmp_path):
 
 def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
     """More runs than CPUs: while one trains the others wait, and the live line says for what."""
-    import study.runner as runner
-    from study.grid import load_grid
-    from study.runner import run_grid
+    import study.engine.runner as runner
+    from study.spec.grid import load_grid
+    from study.engine.runner import run_grid
 
     monkeypatch.setattr(runner, "WAITING_EVERY_S", 0.0)  # every line asks Ray (however fast the runs end)
 
@@ -177,7 +177,7 @@ def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
 
 
 def test_waiting_note_names_each_short_resource():
-    from study.runner import waiting_note
+    from study.engine.runner import waiting_note
 
     assert waiting_note([(1, 0), (2, 0)], {"CPU": 1.0}, {"CPU": 2.0}) == "waiting for cpu: 1 free of 2"
     assert waiting_note([(1, 0.5)], {"CPU": 0.0, "GPU": 0.25}, {"CPU": 4.0, "GPU": 1.0}) == \
@@ -234,7 +234,7 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     import subprocess
     import sys
 
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
     from tests.helpers import ctrl_c_when
 
     g = tmp_path / "g.yaml"

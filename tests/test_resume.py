@@ -8,9 +8,9 @@ import os
 import subprocess
 import time
 
-from study.grid import load_grid
-from study.status import counts, snapshot
-from study.faults import HOLD_ENV
+from study.spec.grid import load_grid
+from study.commands.status import counts, snapshot
+from study.engine.faults import HOLD_ENV
 from store import Store
 from tests.helpers import ROOT, check_resumed, descendants, kill_driver, study_cmd, tiny_grid
 

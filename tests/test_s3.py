@@ -126,8 +126,8 @@ def test_task_data_cached_on_this_machine_reaches_a_store_that_lacks_it(s3_root)
 
 def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     from store import Store
-    from study.grid import load_grid
-    from study.status import snapshot
+    from study.spec.grid import load_grid
+    from study.commands.status import snapshot
 
     gpath = tmp_path / "s3demo.yaml"
     gpath.write_text(GRID)

@@ -14,8 +14,8 @@ import torch
 from model import Trainer
 from model.train import CheckpointError
 from store import Store, is_safe_name
-from study.grid import GridError, expand, load_grid
-from study.trial import execute
+from study.spec.grid import GridError, expand, load_grid
+from study.engine.trial import execute
 from tests.helpers import study, tiny_grid
 
 GRID = tiny_grid("sec", n_test=8, T="[2]", retries=None, axes="seed: [0, 1]")
@@ -82,7 +82,7 @@ def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_d
     assert len(aside) == 2 and all(open(p, "rb").read() == crafted_bytes(marker) for p in aside)
 
     # a genuine checkpoint at step 10 of 20: the run resumes from it and finishes
-    from study.trial import _to_bytes
+    from study.engine.trial import _to_bytes
     from tasks import make_task
 
     task = make_task(good.task)

@@ -11,10 +11,10 @@ import os
 import pytest
 
 from store import Store
-from study.grid import load_grid
-from study.runner import classify
-from study.status import counts, render, snapshot
-from study.trial import execute
+from study.spec.grid import load_grid
+from study.engine.runner import classify
+from study.commands.status import counts, render, snapshot
+from study.engine.trial import execute
 from tests.helpers import study, tiny_grid
 
 GRID = tiny_grid("dmg", n_test=8, retries=0, axes="seed: [0, 1, 2, 3]")

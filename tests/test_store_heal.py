@@ -20,11 +20,11 @@ import torch
 
 from store import QUARANTINE, DiskFull, OutsideStore, Store
 from store import index as store_index
-from study.grid import load_grid
-from study.runner import classify, heal_and_plan
-from study.status import counts, render, snapshot
-from study.trial import execute, previous_checkpoint_path
-from study.verify import verify_study
+from study.spec.grid import load_grid
+from study.engine.runner import classify, heal_and_plan
+from study.commands.status import counts, render, snapshot
+from study.engine.trial import execute, previous_checkpoint_path
+from study.commands.verify import verify_study
 from tests.helpers import study, tiny_grid
 
 LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
@@ -215,7 +215,7 @@ def test_garbled_cached_data_is_set_aside_and_made_anew(interrupted, tmp_path, h
 # ---- 2. done means whole; study eval names the config file ------------------------------------------
 @pytest.mark.parametrize("how", ["garbled", "missing", "other-run"])
 def test_a_done_run_without_a_good_config_is_re_evaluated_and_the_file_rewritten(interrupted, tmp_path, how):
-    from study.puzzles import EvalError, load_run_model
+    from study.commands.puzzles import EvalError, load_run_model
 
     _, grid, src = interrupted
     store = _copy(src, tmp_path / "results")
@@ -519,7 +519,7 @@ def test_study_run_heals_a_damaged_checkpoint_of_a_failed_run_with_retry_failed(
     ckpt = store.checkpoint_path(b)
     _damage(ckpt, "lfs-pointer")
     _damage(previous_checkpoint_path(store, b), "wrong-keys")
-    from study.trial import run_row
+    from study.engine.trial import run_row
 
     store.write_rows("runs", [run_row(grid.runs[1], grid.runs[1].costs(), status="failed", code_version="test",
                                       error="CheckpointError: refused")], f"{b}.parquet")

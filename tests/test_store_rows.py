@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from store import EVALS, SAMPLES, SCHEMAS, Store
-from study.evaluate import EvalRow, SampleRow
+from study.engine.evaluate import EvalRow, SampleRow
 
 
 def _eval_row(**kw) -> dict:

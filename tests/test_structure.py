@@ -146,7 +146,7 @@ def test_the_checks_see_a_circle_and_a_private_import(tmp_path):
     """The graph code finds what it is meant to find (a circle through an import inside a function)."""
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(g) == [["a", "b", "c"]]
-    src = "def f():\n    from study.grid import _hidden\n"
+    src = "def f():\n    from study.spec.grid import _hidden\n"
     p = tmp_path / "x.py"
     p.write_text(src)
-    assert imports("study.x", p, {"study.grid": p}) == [("study.grid", ["_hidden"], 2)]
+    assert imports("study.x", p, {"study.spec.grid": p}) == [("study.spec.grid", ["_hidden"], 2)]

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 
-from study.grid import load_grid
-from study.runner import run_grid
+from study.spec.grid import load_grid
+from study.engine.runner import run_grid
 from store import Store
 from tests.helpers import check_forward_passes, check_rows_against_samples
 
@@ -63,7 +63,7 @@ def test_plan_of_a_seed_sweep_builds_one_model_per_architecture(tmp_path):
 
     from typer.testing import CliRunner
 
-    import study.grid as sg
+    import study.spec.grid as sg
     from study.cli import app
 
     p = tmp_path / "wide.yaml"

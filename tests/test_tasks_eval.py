@@ -1,5 +1,5 @@
 """`study eval RUN_ID --puzzles FILE`: a real tiny 4x4 Sudoku run trained through
-`study.trial.execute` (real Parquet), then external puzzle files solved from its stored
+`study.engine.trial.execute` (real Parquet), then external puzzle files solved from its stored
 weights; and the compute every evals row records (forward_passes, eval_flops), counted with a
 hook on the block. Run: pytest tests/test_tasks_eval.py"""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from study.cli import app
-from study.grid import expand
+from study.spec.grid import expand
 from store import Store
-import study.puzzles as puzzles
-from study.puzzles import load_run_model
-from study.evaluate import evaluate_point
-from study.trial import execute
+import study.commands.puzzles as puzzles
+from study.commands.puzzles import load_run_model
+from study.engine.evaluate import evaluate_point
+from study.engine.trial import execute
 from tasks import make_task
 from tasks.sudoku import DIGITS, generate_solutions
 

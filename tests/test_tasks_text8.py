@@ -1,5 +1,5 @@
 """Text8: loader and its errors, the offline corpus, the NLL bound, a tiny real training through
-`study.trial.execute` (real Parquet). Never touches the network. Run: pytest tests/test_tasks_text8.py"""
+`study.engine.trial.execute` (real Parquet). Never touches the network. Run: pytest tests/test_tasks_text8.py"""
 from __future__ import annotations
 
 import io
@@ -13,9 +13,9 @@ import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.elbo import nll_bound
-from study.grid import expand
+from study.spec.grid import expand
 from store import Store
-from study.trial import execute
+from study.engine.trial import execute
 from tasks import make_task
 from tasks.text8 import (TEXT8_CHARS, Text8, Text8Config, Text8Error, decode_text, download_text8, load_corpus, normalize, offline_corpus, split_corpus)
 

@@ -169,7 +169,7 @@ def test_root_cause_interrupted_retry_and_prune(tmp_path):
     an earlier grid asks for; `--apply` moves its files aside, after which status and the report's data
     no longer hold it. Run: pytest -m slow tests/test_terminal.py -k prune"""
     from analysis.load import load_study
-    from study.grid import load_grid
+    from study.spec.grid import load_grid
 
     res = str(tmp_path / "res")
     store = Store(res, "termfail")

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from study.grid import GridError, expand, load_grid
+from study.spec.grid import GridError, expand, load_grid
 from store import Store
-from study.tune import storage_url, tune_grid, tuning_run, with_values
+from study.engine.tune import storage_url, tune_grid, tuning_run, with_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {
@@ -40,7 +40,7 @@ def write(path, raw) -> str:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from study.runner import init_ray
+    from study.engine.runner import init_ray
 
     ray, started = init_ray(None, num_cpus=2)
     yield ray
@@ -247,7 +247,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
 
     The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
     Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
-    from study.faults import HOLD_ENV
+    from study.engine.faults import HOLD_ENV
     from tests.helpers import ctrl_c_when
 
     lrs = [3e-3, 1e-2, 2e-2]

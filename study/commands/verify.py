@@ -4,15 +4,15 @@ Recomputes everything the store lets it recompute, and names the file and field 
 disagreement:
 - runs: the run id is the hash of the training config (configs/<id>.json and the row's `config`
   agree field by field); every column a config implies (task, K, L_t, d_model, heads, schedule,
-  loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.trial.run_row` and the
+  loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.engine.trial.run_row` and the
   model's own counting give for that config; `status` agrees with `error`, the weights and the eval
   points; `final_loss` is the history's last loss; `grid` names a grid the study recorded.
 - evals: each file's key is the key of an evaluation point some grid of the study (grids/, see
   store/provenance.py) or the run's config owes, or the key of its rows' own fields; T, L_s,
   sampler, split and n_examples are that point's; value, ci_low and ci_high are what
-  `study.trial.metric_rows` (`study.evaluate.likelihood_rows` for a likelihood point) gives the
+  `study.engine.trial.metric_rows` (`study.engine.evaluate.likelihood_rows` for a likelihood point) gives the
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
-  what `study.trial.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
+  what `study.engine.trial.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
   by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
   text says so (`NotRescorable`) and is named among what is not re-derived.
@@ -39,7 +39,7 @@ import yaml
 from model.config import ModelConfig, TrainConfig
 from model.train import CheckpointError, load_state
 from store import SCHEMAS, Store, index, is_safe_name, provenance
-from study.grid import EvalConfig, EvalPoint, GridError, Resources, Run, config_hash, expand
+from study.spec.grid import EvalConfig, EvalPoint, GridError, Resources, Run, config_hash, expand
 from tasks import TASKS, NotRescorable, make_task
 
 TOL = 1e-9  # scores are means of 0/1 or of floats computed the same way: equal up to rounding
@@ -168,7 +168,7 @@ def _check_runs(store: Store, v: Verdict, tables: dict) -> dict[str, dict]:
             continue
         try:
             sd = load_state(io.BytesIO(data), "cpu", wpath)
-            from study.trial import STATE_KEYS
+            from study.engine.trial import STATE_KEYS
 
             lacking = [k for k in STATE_KEYS if k not in sd]
             if lacking:
@@ -374,7 +374,7 @@ def _check_configs_agree(v: Verdict, row: dict, file_cfg: dict, row_cfg: dict, c
 
 def _check_row_columns(v: Verdict, run: Run, row: dict, rpath: str) -> None:
     """The runs row's config columns are those its config implies (as the trial that wrote it made them)."""
-    from study.trial import run_row  # the function that wrote the row
+    from study.engine.trial import run_row  # the function that wrote the row
 
     want = run_row(run, run.costs(), status=row["status"], code_version=row["code_version"])
     for col in CONFIG_COLUMNS:
@@ -582,7 +582,7 @@ def _point_of_key(v: Verdict, path: str, rid: str, key: str, rows: list[dict], r
 
     The point is None for `ext` (an external puzzle file: only its digest is stored, so the key is checked
     against the rows instead). None in all (a problem) when no grid, config or row names the key."""
-    from study.evaluate import GEN_SUFFIX
+    from study.engine.evaluate import GEN_SUFFIX
 
     likelihood = task.eval_mode == "likelihood"
     kind = "sample"
@@ -686,7 +686,7 @@ def _check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: l
 
 def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str) -> None:
     """value, ci_low, ci_high of one evals row, derived again from the per-example scores."""
-    from study.evaluate import likelihood_rows, metric_rows
+    from study.engine.evaluate import likelihood_rows, metric_rows
 
     m = r["metric"]
     if kind == "likelihood" and m in ("nll", "bpc") and all("nll" in s for s in scores):
@@ -720,7 +720,7 @@ def _check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list
         return
     model = _meta_model(run, task)
     if kind == "likelihood":
-        from study.evaluate import likelihood_cost
+        from study.engine.evaluate import likelihood_cost
 
         n_t = len(task.t_values())
         want = likelihood_cost(model, n_t, rows[0]["L_s"], len(srows))
@@ -732,7 +732,7 @@ def _check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list
                 break
     else:
         from model.sampler import Sampled
-        from study.evaluate import sampling_cost
+        from study.engine.evaluate import sampling_cost
 
         if any(s["passes"] is None or s["steps"] is None for s in srows):
             v.problems.append(f"{spath}: per-example passes or steps missing: the evaluation cost cannot be derived")
@@ -903,7 +903,7 @@ def _check_leftovers(store: Store, v: Verdict) -> None:
     import time
 
     from store import QUARANTINE, TEMP_AGE_S
-    from study.trial import damaged_data
+    from study.engine.trial import damaged_data
 
     for info in store.temp_files(0.0):
         old = info.mtime is None or info.mtime.timestamp() < time.time() - TEMP_AGE_S

@@ -1,6 +1,6 @@
 """Ray Tune's OptunaSearch and ASHA with the two changes a resumable, pruned `study tune` needs.
 
-Imports Ray Tune and Optuna: study/tune.py imports this module only when a search runs.
+Imports Ray Tune and Optuna: study/engine/tune.py imports this module only when a search runs.
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
 from store import Store, list_studies
 from stats import mean_ci_from_sd, wilson
-from study.evaluate import EvalRow, Evaluation, evaluate, now, write
-from study.grid import EvalPoint
+from study.engine.evaluate import EvalRow, Evaluation, evaluate, now, write
+from study.spec.grid import EvalPoint
 from tasks import TASKS, EvalSet, make_task
 
 
@@ -78,7 +78,7 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
 
 
 CHUNK = 4096  # puzzles read, sampled and scored at a time: memory stays bounded whatever the file's size
-# the sampler's batch (sample_all's default, which study.evaluate uses); CHUNK is a multiple of it, so
+# the sampler's batch (sample_all's default, which study.engine.evaluate uses); CHUNK is a multiple of it, so
 # chunking never changes an output
 BATCH = 256
 SAMPLES_KEPT = 1000  # puzzles whose text the samples table keeps by default: the file's first (--out holds all)
@@ -179,7 +179,7 @@ def _file_digest(path: str) -> str:
 
 class _Running:
     """One metric's per-puzzle scores so far, in constant memory: the value and 95% interval of
-    study.evaluate.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
+    study.engine.evaluate.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
     (the spread by Welford's update, exact to rounding)."""
 
     def __init__(self):
@@ -203,7 +203,7 @@ class _Running:
 
 
 class _Cost:
-    """study.evaluate.sampling_cost over chunks: passes summed (and their most), head calls summed."""
+    """study.engine.evaluate.sampling_cost over chunks: passes summed (and their most), head calls summed."""
 
     def __init__(self):
         self.n, self.passes, self.most, self.heads = 0, 0, 0, 0

@@ -52,8 +52,8 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from model.config import ModelConfig, Strict, TrainConfig
-from study.gridfile import grid_file_text, safe_yaml
-from study.sections import TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canonical, refuse, short
+from study.spec.gridfile import grid_file_text, safe_yaml
+from study.spec.sections import TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canonical, refuse, short
 
 BEST_KIND = "rmdm-study/best-values"
 LOSS_METRICS = ("final_loss", "val_loss")

@@ -1,5 +1,5 @@
 """`study predict`: the ladder law of analysis/ladder.py, printed; targets and candidates priced with
-study/cost.py's cost model (analysis never imports study, so the prices are made here).
+study/spec/cost.py's cost model (analysis never imports study, so the prices are made here).
 
 Three modes, all from one fit:
 - the held-out table: the models left out of the fit (by default the largest parameter count),
@@ -41,11 +41,11 @@ def pct(v: float) -> str:
 
 
 def _ladder_runs(data: StudyData):
-    """The study's grid (as last run) expanded, as study.grid.Run by run id; {} when it is absent or no
+    """The study's grid (as last run) expanded, as study.spec.grid.Run by run id; {} when it is absent or no
     longer expands (an older grid format)."""
     if not data.grid_text:
         return {}
-    from study.grid import expand
+    from study.spec.grid import expand
 
     try:
         g = expand(yaml.safe_load(data.grid_text), f"{data.dir}/grid.yaml")
@@ -222,7 +222,7 @@ def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo
 
 
 def budget(law: Ladder, cands: pd.DataFrame, flops: float, Ts, where: str, echo) -> None:
-    echo(f"best model within {flops:.3g} training FLOPs ({where}; study/cost.py's cost model), per T:")
+    echo(f"best model within {flops:.3g} training FLOPs ({where}; study/spec/cost.py's cost model), per T:")
     for T in law._Ts(Ts):
         top, v = law.best(cands, flops, T)
         echo(f"  T={T}: best per (K x L) shape, predicted metric (%, 95% interval):")

@@ -1,10 +1,10 @@
 """What `study run` and `study tune` share on Ray Tune: where Ray's state lives, the one trainable,
 the Tuner set-up, and the row of a run whose trial ended without finishing.
 
-A trial is one run: `study.trial.execute` trains and evaluates it into the study's store, and the
+A trial is one run: `study.engine.trial.execute` trains and evaluates it into the study's store, and the
 trial reports its training loss and, at the end, its final metrics to Tune. A sweep's trial config
 holds the run (`config["run"]`); a search's holds the search group's base run and the sampled
-values (`config["base"]`, `config["param_keys"]`), and the search adds its objective (study/tune.py).
+values (`config["base"]`, `config["param_keys"]`), and the search adds its objective (study/engine/tune.py).
 
 Ray is imported only inside the functions that run it: `study plan` and the loggers' checks stay cheap.
 """
@@ -15,10 +15,10 @@ import math
 import traceback
 
 from store import Store
-from study.errors import error_line, root_cause
-from study.faults import fault_steps
-from study.grid import Run
-from study.trial import attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt
+from study.engine.errors import error_line, root_cause
+from study.engine.faults import fault_steps
+from study.spec.grid import Run
+from study.engine.trial import attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt
 
 EVAL_PREFIX = "eval/"  # final metrics: eval/<eval_key>/<primary metric>
 
@@ -73,7 +73,7 @@ def final_metrics(store: Store, run: Run, row: dict | None) -> dict:
 # ---- the trainable ---------------------------------------------------------------------------
 def trainable(config: dict, objective=None) -> None:
     """The Ray Tune function trainable of both commands: one run. Every start (first try or a retry)
-    resumes from the store. `objective` (a search's, study.tune.Objective) turns the trial's results
+    resumes from the store. `objective` (a search's, study.engine.tune.Objective) turns the trial's results
     into what the searcher and the scheduler read; without it they go to Tune as `execute` gives them."""
     from ray import tune
 

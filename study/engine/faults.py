@@ -2,7 +2,7 @@
 
 Each variable holds "RUN_ID:STEP[,RUN_ID:STEP...]". The driver (`study run`, `study tune`) reads them
 (`fault_config`, in the trials' param space: the trials may run on other nodes, where the driver's
-environment is not), a trial takes its run's steps (`fault_steps`, as `study.trial.execute`'s arguments)
+environment is not), a trial takes its run's steps (`fault_steps`, as `study.engine.trial.execute`'s arguments)
 and its training calls `before_step` before every step.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     KEY=VALUE    set KEY (a dotted path: `train.steps`, `task.mask_rate`, `groups.0.train.lr` or
                  `groups[0].train.lr`; a short name such as `L` or `steps` is its field, see
-                 study/sections.py ALIASES) to VALUE, read as YAML (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
+                 study/spec/sections.py ALIASES) to VALUE, read as YAML (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
                  `null`, `{a: 1}`); whether the file sets KEY or not: the schema decides what is allowed
     +KEY=VALUE   the same, and KEY must not be in the file yet (a key the file lacks, added)
     ~KEY         delete KEY, which the file must set (e.g. `~groups.1.train.steps`)
@@ -14,14 +14,14 @@ over the section value). A field set again by a group, a `couple` or `include` p
 `defaults_from` (which win over the top-level sections) is refused: override that place instead.
 
 Overrides are applied in order to the file's mapping, then validated and expanded exactly as a
-file (study/grid.py load_grid, expand): an unknown key or a bad value is the file's own one-line error,
+file (study/spec/grid.py load_grid, expand): an unknown key or a bad value is the file's own one-line error,
 naming the override as its source. The grid a study stores (grid.yaml and grids/<sha>.yaml, see
 store/provenance.py) is the grid after the overrides with the overrides themselves in a comment
 header (grid_text), so `study report` shows them. Run ids are hashes of resolved training
 configs: an override that changes training gives new runs; an eval-only one (`eval.T=[1,2,4]`)
 keeps the ids.
 
-Nothing here imports torch, nor study/grid.py (which applies overrides in `load_grid`).
+Nothing here imports torch, nor study/spec/grid.py (which applies overrides in `load_grid`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import yaml
 
 MAX_OVERRIDES = 256
-MAX_OVERRIDE_CHARS = 1 << 16  # a grid file's line bound (study/gridfile.py MAX_GRID_LINE)
+MAX_OVERRIDE_CHARS = 1 << 16  # a grid file's line bound (study/spec/gridfile.py MAX_GRID_LINE)
 _SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)((?:\[\d+\])*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -79,7 +79,7 @@ def _parse_one(text: str) -> Override:
     if not eq:
         bad("expected KEY=VALUE, +KEY=VALUE or ~KEY (e.g. train.steps=10, axes.L=[1,2])")
     path = _path(key, bad)
-    from study.gridfile import MAX_GRID_DEPTH, safe_yaml, too_deep
+    from study.spec.gridfile import MAX_GRID_DEPTH, safe_yaml, too_deep
 
     try:
         value = safe_yaml(vtext)
@@ -129,7 +129,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     """A copy of `raw` with `overrides` applied in order, and per override the keys it claims (for
     naming it in a validation error): [(override, {"train.steps", ...}), ...]. OverrideError on a
     structural problem (a `+` key present, a `~` key absent, a path through a non-mapping)."""
-    from study.sections import ALIASES, SECTIONS, TOP_KEYS
+    from study.spec.sections import ALIASES, SECTIONS, TOP_KEYS
 
     raw = copy.deepcopy(raw)
     claims: list[tuple] = []
@@ -209,7 +209,7 @@ def _axes_at(path: list) -> int | None:
 
 
 def _canon(key: str) -> str:
-    from study.sections import ALIASES
+    from study.spec.sections import ALIASES
 
     return ALIASES.get(key, key)
 
@@ -320,7 +320,7 @@ def grid_text(grid) -> str:
     texts = getattr(grid, "overrides", None) or []
     if not texts:
         return body
-    head = [f"# {grid.path} with command-line overrides (study/overrides.py), applied in this order:"]
+    head = [f"# {grid.path} with command-line overrides (study/spec/overrides.py), applied in this order:"]
     head += [f"#   {t}" for t in texts]
     return "\n".join(head) + "\n" + body
 
@@ -345,7 +345,7 @@ def study_name(raw: Any, texts: Sequence[str]) -> Any:
 def recorded(text: str | None) -> list[str] | None:
     """The overrides named in the header of a stored grid text (grid_text); None when it names none."""
     lines = (text or "").splitlines()
-    if not lines or "with command-line overrides (study/overrides.py)" not in lines[0]:
+    if not lines or "with command-line overrides (study/spec/overrides.py)" not in lines[0]:
         return None
     out = []
     for ln in lines[1:]:

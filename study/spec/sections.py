@@ -1,5 +1,5 @@
 """The sections of a grid file, the keys that name their fields, and how a mapping is validated into a
-section: the vocabulary study/grid.py, study/search.py and study/overrides.py share.
+section: the vocabulary study/spec/grid.py, study/spec/search.py and study/spec/overrides.py share.
 
 An error names the file, the key and the allowed values in one line (GridError, raised through `Err`).
 """
@@ -94,7 +94,7 @@ ALIASES = {
     "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
 }
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
-            "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/search.py
+            "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/spec/search.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
 

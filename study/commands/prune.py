@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from store import Store, is_safe_name
-from study.errors import root_cause
-from study.grid import Grid
+from study.engine.errors import root_cause
+from study.spec.grid import Grid
 
 PRUNED = "pruned"  # <study>/pruned/<UTC time>/<the run's files, by their paths in the study>
 # where a run's files live: <dir>/<run_id><suffix> files, and <dir>/<run_id>/ directories
@@ -51,7 +51,7 @@ def study_grids(store: Store, notes: list[str]) -> list[Grid]:
     import yaml
 
     from store import provenance
-    from study.grid import expand
+    from study.spec.grid import expand
 
     texts = [(f"grids/{g['grid']}.yaml", g["text"]) for g in provenance.grids(store)]
     if not texts:

@@ -1,9 +1,9 @@
 """`study tune GRID`: an Optuna search through Ray Tune, resumable, feeding the sweeps.
 
-The grid's `search:` section (see study/search.py) names distributions over model/train
+The grid's `search:` section (see study/spec/search.py) names distributions over model/train
 fields; every expanded point of the grid is a search group with its own Optuna study. Each
 trial is a run like a sweep run: the sampled values become part of its training config (so
-of its run id), `study.trial.execute` trains and evaluates it, and its rows land in the
+of its run id), `study.engine.trial.execute` trains and evaluates it, and its rows land in the
 Parquet store of the study.
 
 Storage (read by optuna-dashboard and by `study report --figure tuning`):
@@ -43,14 +43,14 @@ import yaml
 
 from model.train import load_state
 from store import Store
-from study.faults import fault_config
-from study.evaluate import evaluate
-from study.grid import Grid, Run, SearchGroup, sampling_depth
-from study.loggers import callbacks as logger_callbacks
-from study.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
-from study.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
-from study.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
-from study.trial import trial_payload
+from study.engine.faults import fault_config
+from study.engine.evaluate import evaluate
+from study.spec.grid import Grid, Run, SearchGroup, sampling_depth
+from study.engine.loggers import callbacks as logger_callbacks
+from study.engine.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
+from study.engine.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
+from study.spec.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
+from study.engine.trial import trial_payload
 
 DB_NAME = "optuna.db"
 BEST_NAME = "best.yaml"
@@ -110,7 +110,7 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
     search, the validation split: see `tuning_run`).
 
     val_loss is the masked-diffusion ELBO of the final loop (what a sampler at L_s = L_t
-    uses), on that split with noise fixed by the eval seed. Task metrics: `study.evaluate.evaluate`,
+    uses), on that split with noise fixed by the eval seed. Task metrics: `study.engine.evaluate.evaluate`,
     as the run's own evaluation of that point. Used for intermediate evaluations (pruning on the objective) and
     for val_loss at the end. The global torch RNG is left as it was: the training around an
     intermediate evaluation must not change because of it.
@@ -146,7 +146,7 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
 # ---- the trial -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Objective:
-    """What a search adds to its trials (study.raytune.trainable): the search metric, scored once the
+    """What a search adds to its trials (study.engine.raytune.trainable): the search metric, scored once the
     run is trained and evaluated, and with pruning on it, scored every `every` steps for ASHA."""
 
     metric: SearchMetric
@@ -189,7 +189,7 @@ class ScoredTrial:
 
     def final(self, row: dict, metrics: dict) -> dict:
         """The last result: the objective (NaN where the run gives none), with `metrics`' final loss and
-        eval points (study.raytune.final_metrics, for --log)."""
+        eval points (study.engine.raytune.final_metrics, for --log)."""
         value = objective_from_store(self.run, self.metric, self.store, row)
         out = {"step": self.run.train.steps, "loss": row.get("final_loss"), "run_id": self.run.run_id,
                "objective": math.nan}
@@ -257,7 +257,7 @@ def _recover(study, echo) -> None:
 def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: int | None = None,
               echo: Callable[[str], None] = print, wait: bool = False, log: list | None = None) -> int:
     """Run or resume every search group of `grid`; write best.yaml. Returns an exit code.
-    `log`: the sinks of --log (study.loggers.parse), as for `study run`.
+    `log`: the sinks of --log (study.engine.loggers.parse), as for `study run`.
     Holds the study's lease as `study run` does (store/lease.py: LeaseHeld, or `wait`)."""
     if grid.search is None:
         raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
@@ -349,8 +349,8 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
     from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.searcher import RecordingAsha, ResumableOptunaSearch, has_value
-    from study.status import LiveView, trial_progress
+    from study.engine.searcher import RecordingAsha, ResumableOptunaSearch, has_value
+    from study.commands.status import LiveView, trial_progress
 
     search, store = session.grid.search, session.store
     base = tuning_run(group.run, search)

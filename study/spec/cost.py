@@ -5,7 +5,7 @@
 - Evaluation FLOPs: every evaluation point at T steps of L_s loops per example
   (`model.costs.inference_flops_per_sample`), an upper bound: the sampler stops once nothing is
   masked and adaptive depth stops looping once settled. A likelihood task (Text8) calls the model
-  once per noise level per sequence, plus the few unconditional samples `study.evaluate` draws.
+  once per noise level per sequence, plus the few unconditional samples `study.engine.evaluate` draws.
 - Time: FLOPs / a rate, either the user's (`--flops-per-s`, or `--mfu` x a device's bf16 peak) or
   one measured here (`--measure`): a few timed training steps (after a warm-up) of each distinct
   shape in a child process, with the trial's own trainer, device and threads, cached per machine
@@ -33,7 +33,7 @@ from model.config import ModelConfig, TrainConfig
 from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flops_per_step, train_step_memory
 from model.precision import MEASURE_MIN_FLOPS
 from model.rmdm import flops_per_forward
-from study.grid import Run, config_hash
+from study.spec.grid import Run, config_hash
 from tasks import TASKS, make_task
 
 # dense bf16 tensor-core peaks, FLOP/s (vendor data sheets, without sparsity)
@@ -67,7 +67,7 @@ def eval_examples(run: Run, n_examples: int) -> int:
 
 @functools.cache
 def _n_generate() -> int:
-    from study.evaluate import evaluate_likelihood  # the unconditional samples a likelihood eval draws
+    from study.engine.evaluate import evaluate_likelihood  # the unconditional samples a likelihood eval draws
 
     return inspect.signature(evaluate_likelihood).parameters["n_generate"].default
 
@@ -235,7 +235,7 @@ def _measure_child(shape: dict) -> dict:
            # glibc: a fixed mmap threshold (else it grows after the first free) returns every large block
            # to the system when freed, so the warmed-up resident memory holds no step's activations
            "MALLOC_MMAP_THRESHOLD_": "131072"}
-    p = subprocess.run([sys.executable, "-c", "from study.cost import _child; _child()"], input=json.dumps(shape),
+    p = subprocess.run([sys.executable, "-c", "from study.spec.cost import _child; _child()"], input=json.dumps(shape),
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         tail = " ".join(p.stderr.strip().splitlines()[-3:])
@@ -262,7 +262,7 @@ def _child() -> None:
     shape = json.loads(sys.stdin.read())
     device = torch.device(shape["device"])
     if device.type == "cpu":
-        torch.set_num_threads(shape["threads"])  # as the trial sets them (study.trial.execute)
+        torch.set_num_threads(shape["threads"])  # as the trial sets them (study.engine.trial.execute)
     task = make_task(TASKS[shape["task"]["name"]][0].model_validate_json(shape["task"]["json"]))
     spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
     model_cfg = ModelConfig.model_validate(shape["model"])

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from study.sections import GridError, short
+from study.spec.sections import GridError, short
 
 
 class GridLoader(yaml.SafeLoader):

@@ -19,9 +19,9 @@ import torch
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store
-from study import faults
-from study.evaluate import evaluate_point, now
-from study.grid import EvalConfig, Run, Resources
+from study.engine import faults
+from study.engine.evaluate import evaluate_point, now
+from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
 
 
@@ -94,7 +94,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
             nan_at_step: int | None = None, hold_at_step: int | None = None, grid: str | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
-    `nan_at_step`, `hold_at_step`: fault injection for tests (study/faults.py).
+    `nan_at_step`, `hold_at_step`: fault injection for tests (study/engine/faults.py).
     `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
     device = pick_device(run.resources)

@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from study.errors import root_cause
-from study.grid import Grid
+from study.engine.errors import root_cause
+from study.spec.grid import Grid
 from store import Store
 
 STALE_S = 60.0  # a heartbeat older than this: the run is not running any more (heartbeats come every 5 s)

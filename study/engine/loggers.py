@@ -15,8 +15,8 @@ Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig
   event files even without the option (its default loggers, the step there being the report's number);
   either way they are under <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*.
 
-The callbacks run in the driver and only read what trials report to Tune (study/trial.py: `loss` at each
-logged step; study.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
+The callbacks run in the driver and only read what trials report to Tune (study/engine/trial.py: `loss` at each
+logged step; study.engine.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
 are untouched. A missing package or a bad value is a LogError: one line, exit 2, naming the extra to install.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from study.raytune import EVAL_PREFIX, ray_dir, trial_run
+from study.engine.raytune import EVAL_PREFIX, ray_dir, trial_run
 
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),

@@ -2,8 +2,8 @@
 the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
 
 `evaluate` samples and scores; every caller goes through it: a run's eval points (`evaluate_point`,
-called by study.trial), the generations of a likelihood point, `study eval --puzzles` (study/puzzles.py,
-a chunk of the file at a time) and a search's scores (study/tune.py, nothing written).
+called by study.engine.trial), the generations of a likelihood point, `study eval --puzzles` (study/commands/puzzles.py,
+a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
 
 A task's `eval_mode` says how its points are evaluated:
 - 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
@@ -39,7 +39,7 @@ from model.elbo import nll_bound
 from model.sampler import Sampled, sample_all
 from stats import mean_ci, wilson
 from store import Store
-from study.grid import EvalPoint, Run
+from study.spec.grid import EvalPoint, Run
 from tasks import EvalSet
 
 GEN_SUFFIX = "-gen"  # eval key of a likelihood point's unconditional generations: `<key>-gen`

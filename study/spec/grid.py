@@ -27,9 +27,9 @@ from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
 from store import NAME_RULE, is_safe_name
-from study.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
-from study.search import Search, load_best
-from study.sections import (ALIASES, GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
+from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
+from study.spec.search import Search, load_best
+from study.spec.sections import (ALIASES, GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
                             GridError, Resources, canonical, cut, short, validate)
 from tasks import TASKS, TaskConfig, make_task
 
@@ -210,10 +210,10 @@ class Grid:
     study: str
     runs: list[Run]
     raw: dict = field(default_factory=dict)
-    search: Search | None = None  # the `search:` section (study/search.py), when the grid has one
+    search: Search | None = None  # the `search:` section (study/spec/search.py), when the grid has one
     search_groups: list[SearchGroup] = field(default_factory=list)  # one Optuna study each
     tuned: dict = field(default_factory=dict)  # run_id -> {key: {value, file, group}} from `defaults_from`
-    overrides: list = field(default_factory=list)  # command-line `key=value` applied to raw (study/overrides.py)
+    overrides: list = field(default_factory=list)  # command-line `key=value` applied to raw (study/spec/overrides.py)
 
 
 def _yaml_error(path: str, e: yaml.YAMLError) -> str:
@@ -225,7 +225,7 @@ def _yaml_error(path: str, e: yaml.YAMLError) -> str:
 
 
 def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
-    """Read, validate and expand a grid file, after command-line `overrides` (study/overrides.py).
+    """Read, validate and expand a grid file, after command-line `overrides` (study/spec/overrides.py).
     Raises GridError naming file (or override) and key."""
     text = grid_file_text(path)
     try:
@@ -240,7 +240,7 @@ def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
                         f"a few")
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
-    if overrides:  # applied to the file's mapping, then the same checks as a file (study/overrides.py)
+    if overrides:  # applied to the file's mapping, then the same checks as a file (study/spec/overrides.py)
         return _expand_with(raw, path, overrides)
     return expand(raw, path)
 
@@ -248,7 +248,7 @@ def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
 def _expand_with(raw: dict, path: str, texts: typing.Sequence[str]) -> Grid:
     """The Grid of `raw` (grid file `path`'s mapping) after override strings `texts`, validated as a
     file is; GridError in one line naming the override a key error comes from."""
-    from study.overrides import OverrideError, apply, attribute, parse, show
+    from study.spec.overrides import OverrideError, apply, attribute, parse, show
 
     try:
         new, claims = apply(raw, parse(texts), path)
@@ -557,14 +557,14 @@ def _check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: 
                 err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {short(v)})")
             cap = BOUNDS.get(_unindexed(key))
             if cap is not None and isinstance(v, (int, float)) and v > cap:
-                err(key, f"{short(v)} is beyond the bound {cap:,} (study/grid.py BOUNDS: more than any "
+                err(key, f"{short(v)} is beyond the bound {cap:,} (study/spec/grid.py BOUNDS: more than any "
                          f"study here can train or evaluate)")
     if retries > BOUNDS["retries"]:
         err("retries", f"{retries} is beyond the bound {BOUNDS['retries']}")
     seq_len, vocab = _task_shape(task.name, task.model_dump_json())
     if seq_len > MAX_SEQ_LEN:
         err("task", f"task {task.name} gives sequences of {seq_len:,} tokens; the bound is {MAX_SEQ_LEN:,} "
-                    f"(study/grid.py BOUNDS)")
+                    f"(study/spec/grid.py BOUNDS)")
     from model.costs import train_step_memory
 
     d = model.d_model
@@ -574,7 +574,7 @@ def _check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: 
         err("model", f"a training step needs about {mem / 2**30:,.0f} GiB (K={model.K}, L={model.L}, "
                      f"d_model={d}, batch_size={train.batch_size}, {seq_len} tokens; at least {n_params:,} "
                      f"parameters at 16 bytes each with AdamW, and the activations); the bound is "
-                     f"{MAX_STEP_BYTES / 2**30:,.0f} GiB (study/grid.py MAX_STEP_BYTES)")
+                     f"{MAX_STEP_BYTES / 2**30:,.0f} GiB (study/spec/grid.py MAX_STEP_BYTES)")
 
 
 def _numbers(d: Any, key: str):

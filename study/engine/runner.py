@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass, field
 
 from store import Store
-from study.errors import root_cause
-from study.faults import fault_config
-from study.grid import Grid, Run
-from study.loggers import callbacks as logger_callbacks
-from study.nodeloss import unwatch_all, watcher
-from study.raytune import fit, make_tuner, record_unfinished
-from study.status import LiveView, retried_since
-from study.trial import trial_payload
+from study.engine.errors import root_cause
+from study.engine.faults import fault_config
+from study.spec.grid import Grid, Run
+from study.engine.loggers import callbacks as logger_callbacks
+from study.engine.nodeloss import unwatch_all, watcher
+from study.engine.raytune import fit, make_tuner, record_unfinished
+from study.commands.status import LiveView, retried_since
+from study.engine.trial import trial_payload
 
 
 def code_version() -> str:
@@ -109,7 +109,7 @@ def weights_problem(store: Store, path: str) -> str | None:
 
     import pyarrow.fs as pafs
 
-    from study.trial import STATE_KEYS
+    from study.engine.trial import STATE_KEYS
 
     info = store.fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -344,7 +344,7 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
              num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False,
              log: list | None = None) -> int:
     """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
-    `log`: the sinks of --log (study.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
+    `log`: the sinks of --log (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
 
     Holds the study's lease throughout (store/lease.py): while another driver holds it, raises
     store.lease.LeaseHeld naming that driver, or with `wait` waits until it is free."""
@@ -442,7 +442,7 @@ def record_grid_file(store: Store, grid: Grid, command: str) -> str:
     """Keep the grid a `command` (run, tune) runs, by hash and logged with the time (store/provenance.py), and
     as the study's grid.yaml (replaced after: a study's older grid.yaml is adopted first). Returns its hash."""
     from store.provenance import record_grid
-    from study.overrides import grid_text
+    from study.spec.overrides import grid_text
 
     text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
     grid_sha = record_grid(store, text, command, grid.path)
@@ -466,9 +466,9 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
         # a new Tune experiment per invocation: the store, not Tune's state, says what is done
         f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, _trial_resources,
         param_space={"run": tune.grid_search(payloads), **trial_config},
-        # a trial lost with its node is retried without spending `retries` (study/nodeloss.py)
+        # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(),
-                   *logger_callbacks(log, store, "run", echo)],  # --log (study/loggers.py)
+                   *logger_callbacks(log, store, "run", echo)],  # --log (study/engine/loggers.py)
         max_failures=max(r.retries for r in plan.todo), stop=placement.stopper())
     try:
         aside = _quarantined(store)
@@ -556,7 +556,7 @@ def heal_and_plan(grid: Grid, store: Store, retry_failed: bool, echo) -> Plan:
 def heal_data(grid: Grid, store: Store, echo) -> None:
     """Cached task data (data/*.npz) whose zip does not read is set aside and made anew now (it is derived
     from the grid's task configs, by seed), so a finished study heals too. Local stores."""
-    from study.trial import damaged_data, prepared_task
+    from study.engine.trial import damaged_data, prepared_task
 
     if not store.local:
         return
