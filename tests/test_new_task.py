@@ -7,6 +7,7 @@ Ray workers they start, which inherit the driver's environment. Nothing outside 
 from __future__ import annotations
 
 import json
+import os
 from typing import Iterator, Literal
 
 import numpy as np
@@ -127,7 +128,17 @@ class SortDigits(Task):
         return "".join(self.render(o[self.L:]) + "\n" for o in output)
 
 
-tasks.register(SortConfig, SortDigits)
+if __name__ in os.environ.get(tasks.PLUGIN_ENV, "").split(","):  # imported as a plugin: a `study` process
+    tasks.register(SortConfig, SortDigits)
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    """In the test process the task is known to this module's tests only: the other tests of the session see
+    the built-in tasks alone (their messages list them)."""
+    tasks.register(SortConfig, SortDigits)
+    yield
+    tasks.TASKS.pop(SortDigits.name, None)
 
 
 # ---- the test ----------------------------------------------------------------------------------
