@@ -78,6 +78,7 @@ class TrainState:
     step: int = 0
     seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
+    last: dict | None = None  # the latest step's row (synced), for a checkpoint callback; not saved
 
 
 class Trainer:
@@ -231,6 +232,7 @@ class Trainer:
                 if on_log:
                     on_log(row)
             if ckpt:
+                self.state.last = row
                 on_checkpoint(self)
         return self.state
 

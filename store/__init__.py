@@ -84,6 +84,8 @@ HISTORY = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("loss", pa.float64()), ("loop_losses", pa.list_(pa.float64())),
     ("L_t", pa.int32()), ("lr", pa.float64()), ("seconds", pa.float64()),
     ("attempt", pa.int32()),  # which start of the trial computed this step (> 1: resumed after a crash)
+    # eval.at_checkpoints: the primary metric on validation examples at this step, JSON {"val_vpr_T4": 0.5, ...}
+    ("val", pa.string()),
 ])
 SAMPLES = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),

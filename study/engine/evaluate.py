@@ -131,6 +131,24 @@ def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id:
     return Evaluation(key, evals, samples, scores, got, seconds)
 
 
+def checkpoint_scores(run: Run, model: RecursiveDenoiser, task, ev_val: EvalSet,
+                      precision: str = "float32") -> dict[str, float]:
+    """The training curves' metric at a checkpoint: the task's primary metric on the first
+    `eval.at_checkpoints` validation examples, at every evaluated T with L_s = L_t and the run's first
+    sampler, keyed 'val_<metric>_T<T>' (a name MLflow and TensorBoard accept). Nothing is stored as an
+    evaluation: these are the history's. Sampling seeds its own generator and training re-seeds its RNG
+    and sets train mode every step, so the trained weights are the same with or without them."""
+    ev = ev_val.head(run.eval.at_checkpoints)
+    metric = task.primary_metric
+    out = {}
+    for T in run.eval.T:
+        pt = EvalPoint(T=T, L_s=run.model.L, sampler=run.eval.sampler[0], temperature=run.eval.temperature,
+                       remask=run.eval.remask, n_examples=len(ev), split="val", seed=run.eval.seed)
+        e = evaluate(model, task, pt, ev, run.run_id, keep=0, precision=precision, metrics=(metric,))
+        out[f"val_{metric}_T{T}"] = e.evals[0].value
+    return out
+
+
 def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full: EvalSet, store: Store,
                    precision: str = "float32") -> list[EvalRow]:
     """Evaluate one eval point of a run (its first `pt.n_examples` examples of `ev_full`) and write its

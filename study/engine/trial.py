@@ -6,6 +6,7 @@ the store are not evaluated again.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -20,7 +21,7 @@ from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store
 from study.engine import faults
-from study.engine.evaluate import evaluate_point, now
+from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
 
@@ -111,6 +112,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)
+    val_set = functools.cache(lambda: _healing(store, store.data_dir(), lambda: task.eval_set("val"), log))
     with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
         # a damaged file (truncated, foreign, a git-lfs pointer, a refused pickle, the wrong keys) is set
         # aside in quarantine/ and the run goes on from the next good source: weights, checkpoint, the
@@ -134,6 +136,14 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                 + (f": step seconds {trainer.paths['times']}" if trainer.paths["times"] else "") + ")")
             beat.update(phase="train")
 
+            def monitor(row: dict) -> None:
+                """The training curves' validation scores of this step (eval.at_checkpoints), into its
+                history row, the log and Tune."""
+                row["val"] = checkpoint_scores(run, trainer.model, task, val_set(), trainer.precision)
+                log(f"step {row['step']} " + " ".join(f"{k} {v:.4f}" for k, v in row["val"].items()))
+                if report:
+                    report({"step": row["step"], "phase": "val", **row["val"]})
+
             def on_log(row: dict) -> None:
                 row["attempt"] = attempt  # the same dict is kept in the history: says who computed the step
                 log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
@@ -141,6 +151,13 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                     report({"step": row["step"], "loss": row["loss"], "phase": "train"})
 
             def on_checkpoint(tr: Trainer) -> None:
+                if run.eval.at_checkpoints:  # before saving: the checkpoint's history holds the scores
+                    row = tr.state.history[-1] if tr.state.history and \
+                        tr.state.history[-1]["step"] == tr.state.last["step"] else None
+                    if row is None:  # the checkpoint's step is not a logged one: it gets a history row
+                        row = {**tr.state.last, "seconds": tr.state.seconds, "attempt": attempt}
+                        tr.state.history.append(row)
+                    monitor(row)
                 path = store.checkpoint_path(run_id)
                 if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
                     store.fs.move(path, previous_checkpoint_path(store, run_id))
@@ -149,6 +166,8 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                 beat.update(checkpoint=tr.state.step)
 
             trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
+            if run.eval.at_checkpoints and trainer.state.history:  # the last step is always logged
+                monitor(trainer.state.history[-1])
             store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
             store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
             store.delete(store.checkpoint_path(run_id))
@@ -378,7 +397,8 @@ class _Heartbeat:
 
 def _history_rows(run_id: str, history: list[dict]) -> list[dict]:
     return [{"run_id": run_id, "step": h["step"], "loss": h["loss"], "loop_losses": h["loop_losses"],
-             "L_t": h["L_t"], "lr": h["lr"], "seconds": h.get("seconds"), "attempt": h.get("attempt")}
+             "L_t": h["L_t"], "lr": h["lr"], "seconds": h.get("seconds"), "attempt": h.get("attempt"),
+             "val": json.dumps(h["val"], sort_keys=True) if h.get("val") else None}
             for h in history]
 
 

@@ -514,6 +514,9 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
     if ev.adaptive and TASKS[task.name][1].eval_mode == "likelihood":
         err("eval.adaptive", f"task {task.name} is scored by its likelihood bound, not by sampling: "
                              "adaptive sampling depth does not apply (remove eval.adaptive)")
+    if ev.at_checkpoints and TASKS[task.name][1].eval_mode == "likelihood":
+        err("eval.at_checkpoints", f"task {task.name} is scored by its likelihood bound, not by sampling: "
+                                   "set eval.at_checkpoints to 0 (its training curves show the loss)")
     if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id
         train = single_loop(train)
     if train.loss == "weighted" and train.loss_weights is not None and len(train.loss_weights) != model.L:

@@ -59,6 +59,10 @@ class EvalConfig(Strict):
     n_samples_kept: int = Field(50, ge=0, description="examples per eval point written to the samples table")
     # adaptive-depth points, each crossed with T and sampler, beside the fixed L_s ones
     adaptive: list[Adaptive] = Field(default_factory=list)
+    at_checkpoints: int = Field(0, ge=0, description="validation examples scored at every checkpoint and at the "
+                                                     "end of training, at each T with L_s = L_t (the training "
+                                                     "curves' metric, reported to Tune and the --log loggers); "
+                                                     "0: none")
 
     @field_validator("T")
     @classmethod
