@@ -40,7 +40,9 @@ def register(config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
         raise ValueError(f"task {name!r} of {task_cls.__module__}.{task_cls.__qualname__} clashes with the task "
                          f"{name!r} already registered by {have.__module__}.{have.__qualname__}: give it "
                          f"another name")
-    if getattr(config_cls.model_fields.get("name"), "default", None) != name:
+    fields = getattr(config_cls, "model_fields", None)  # pydantic's; a plain class (gpu_check's stand-in): its attribute
+    default = getattr(fields.get("name"), "default", None) if fields is not None else getattr(config_cls, "name", None)
+    if default != name:
         raise ValueError(f"task {name!r}: its config {config_cls.__qualname__} needs a field "
                          f"`name: Literal[{name!r}] = {name!r}` (grids and stored configs name the task)")
     if task_cls.eval_mode == "likelihood" and task_cls.t_values is Task.t_values:
