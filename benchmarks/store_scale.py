@@ -114,7 +114,8 @@ def _build_part(args) -> int:
         store.write_config(rid, {**run.resolved(), "code_version": "bench"})
         store.write_bytes(store.weights_path(rid), weights)  # a done run has weights (classify checks them)
         hist = [{"run_id": rid, "step": 100 * i, "loss": 2.0 / (i + 1), "loop_losses": [2.0 / (i + 1)] * run.model.L,
-                 "L_t": run.model.L, "lr": run.train.lr, "seconds": 5.0 * i, "attempt": 1} for i in range(HISTORY_ROWS)]
+                 "L_t": run.model.L, "lr": run.train.lr, "seconds": 5.0 * i, "attempt": 1, "val": None}
+                for i in range(HISTORY_ROWS)]
         store.write_rows("history", hist, f"{rid}.parquet")
         n = 2
         # a model's VPR rises with T x L_s towards a ceiling that grows with K x L (and varies by lr and

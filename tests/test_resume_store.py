@@ -12,7 +12,7 @@ from store import Store
 
 def hist_rows(run_id: str, n: int) -> list[dict]:
     return [{"run_id": run_id, "step": i, "loss": 1.0 / (i + 1), "loop_losses": [1.0] * 3, "L_t": 3, "lr": 1e-3,
-             "seconds": float(i), "attempt": 1} for i in range(n)]
+             "seconds": float(i), "attempt": 1, "val": None} for i in range(n)]
 
 
 def test_tables_read_consistently_while_a_writer_replaces_files(tmp_path):

@@ -294,7 +294,7 @@ def test_the_index_catches_a_changed_tail_even_without_page_checksums(tmp_path):
 
     for i in range(20):
         rows = [{"run_id": f"r{i}", "step": s, "loss": 1.0, "loop_losses": [1.0], "L_t": 1, "lr": 1e-3,
-                 "seconds": float(s), "attempt": 1} for s in range(3)]
+                 "seconds": float(s), "attempt": 1, "val": None} for s in range(3)]
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(rows, schema=HISTORY), buf)  # no page checksums
         store.write_bytes(store.path("history", f"r{i}.parquet"), buf.getvalue())

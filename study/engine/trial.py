@@ -112,7 +112,6 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)
-    val_set = functools.cache(lambda: _healing(store, store.data_dir(), lambda: task.eval_set("val"), log))
     with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
         # a damaged file (truncated, foreign, a git-lfs pointer, a refused pickle, the wrong keys) is set
         # aside in quarantine/ and the run goes on from the next good source: weights, checkpoint, the
@@ -124,55 +123,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                 store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
                 log("history file was unreadable: rewritten from the final weights")
         else:
-            ckpt = next((p for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id))
-                         if _load_good(trainer, store, p, device, log) is not None), None)
-            if ckpt is not None:
-                beat.update(checkpoint=trainer.state.step)
-                log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})"
-                    + ("" if ckpt == store.checkpoint_path(run_id) else f" ({ckpt}, the one kept before it)"))
-            else:
-                log(f"training from step 0 on {device} ({costs['n_params']} parameters, attempt {attempt})")
-            log(f"attention {trainer.attention}, precision {trainer.precision} ({trainer.paths['how']}"
-                + (f": step seconds {trainer.paths['times']}" if trainer.paths["times"] else "") + ")")
-            beat.update(phase="train")
-
-            def monitor(row: dict) -> None:
-                """The training curves' validation scores of this step (eval.at_checkpoints), into its
-                history row, the log and Tune."""
-                row["val"] = checkpoint_scores(run, trainer.model, task, val_set(), trainer.precision)
-                log(f"step {row['step']} " + " ".join(f"{k} {v:.4f}" for k, v in row["val"].items()))
-                if report:
-                    report({"step": row["step"], "phase": "val", **row["val"]})
-
-            def on_log(row: dict) -> None:
-                row["attempt"] = attempt  # the same dict is kept in the history: says who computed the step
-                log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
-                if report:
-                    report({"step": row["step"], "loss": row["loss"], "phase": "train"})
-
-            def on_checkpoint(tr: Trainer) -> None:
-                if run.eval.at_checkpoints:  # before saving: the checkpoint's history holds the scores
-                    row = tr.state.history[-1] if tr.state.history and \
-                        tr.state.history[-1]["step"] == tr.state.last["step"] else None
-                    if row is None:  # the checkpoint's step is not a logged one: it gets a history row
-                        row = {**tr.state.last, "seconds": tr.state.seconds, "attempt": attempt}
-                        tr.state.history.append(row)
-                    monitor(row)
-                path = store.checkpoint_path(run_id)
-                if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
-                    store.fs.move(path, previous_checkpoint_path(store, run_id))
-                store.write_bytes(path, _to_bytes(tr.state_dict()))
-                store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
-                beat.update(checkpoint=tr.state.step)
-
-            trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
-            if run.eval.at_checkpoints and trainer.state.history:  # the last step is always logged
-                monitor(trainer.state.history[-1])
-            store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
-            store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
-            store.delete(store.checkpoint_path(run_id))
-            store.delete(previous_checkpoint_path(store, run_id))
-            log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
+            _train(run, store, trainer, task, beat, attempt, report, log, costs["n_params"])
 
         beat.update(phase="eval")
         done = store.eval_keys(run_id)
@@ -191,6 +142,63 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
                   attention=trainer.attention, precision=trainer.precision)
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
+
+
+def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", attempt: int, report, log,
+           n_params: int) -> None:
+    """Train from the latest good checkpoint (else step 0) to the end, writing checkpoints, the history
+    and the final weights; with eval.at_checkpoints, score each checkpoint on validation examples."""
+    run_id, device = run.run_id, trainer.device
+    val_set = functools.cache(lambda: _healing(store, store.data_dir(), lambda: task.eval_set("val"), log))
+    ckpt = next((p for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id))
+                 if _load_good(trainer, store, p, device, log) is not None), None)
+    if ckpt is not None:
+        beat.update(checkpoint=trainer.state.step)
+        log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})"
+            + ("" if ckpt == store.checkpoint_path(run_id) else f" ({ckpt}, the one kept before it)"))
+    else:
+        log(f"training from step 0 on {device} ({n_params} parameters, attempt {attempt})")
+    log(f"attention {trainer.attention}, precision {trainer.precision} ({trainer.paths['how']}"
+        + (f": step seconds {trainer.paths['times']}" if trainer.paths["times"] else "") + ")")
+    beat.update(phase="train")
+
+    def monitor(row: dict) -> None:
+        """The training curves' validation scores of this step (eval.at_checkpoints), into its
+        history row, the log and Tune."""
+        row["val"] = checkpoint_scores(run, trainer.model, task, val_set(), trainer.precision)
+        log(f"step {row['step']} " + " ".join(f"{k} {v:.4f}" for k, v in row["val"].items()))
+        if report:
+            report({"step": row["step"], "phase": "val", **row["val"]})
+
+    def on_log(row: dict) -> None:
+        row["attempt"] = attempt  # the same dict is kept in the history: says who computed the step
+        log(f"step {row['step']} loss {row['loss']:.4f} L_t {row['L_t']} lr {row['lr']:.2e}")
+        if report:
+            report({"step": row["step"], "loss": row["loss"], "phase": "train"})
+
+    def on_checkpoint(tr: Trainer) -> None:
+        if run.eval.at_checkpoints:  # before saving: the checkpoint's history holds the scores
+            row = tr.state.history[-1] if tr.state.history and \
+                tr.state.history[-1]["step"] == tr.state.last["step"] else None
+            if row is None:  # the checkpoint's step is not a logged one: it gets a history row
+                row = {**tr.state.last, "seconds": tr.state.seconds, "attempt": attempt}
+                tr.state.history.append(row)
+            monitor(row)
+        path = store.checkpoint_path(run_id)
+        if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
+            store.fs.move(path, previous_checkpoint_path(store, run_id))
+        store.write_bytes(path, _to_bytes(tr.state_dict()))
+        store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
+        beat.update(checkpoint=tr.state.step)
+
+    trainer.train(on_log=on_log, on_checkpoint=on_checkpoint)
+    if run.eval.at_checkpoints and trainer.state.history:  # the last step is always logged
+        monitor(trainer.state.history[-1])
+    store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
+    store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
+    store.delete(store.checkpoint_path(run_id))
+    store.delete(previous_checkpoint_path(store, run_id))
+    log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
 
 
 def previous_checkpoint_path(store: Store, run_id: str) -> str:
