@@ -10,9 +10,9 @@ disagreement:
 - evals: each file's key is the key of an evaluation point some grid of the study (grids/, see
   store/provenance.py) or the run's config owes, or the key of its rows' own fields; T, L_s,
   sampler, split and n_examples are that point's; value, ci_low and ci_high are what
-  `study.engine.trial.metric_rows` (`study.engine.evaluate.likelihood_rows` for a likelihood point) gives the
+  `study.engine.evaluate.metric_rows` (`study.engine.evaluate.likelihood_rows` for a likelihood point) gives the
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
-  what `study.engine.trial.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
+  what `study.engine.evaluate.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
   by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
   text says so (`NotRescorable`) and is named among what is not re-derived.
