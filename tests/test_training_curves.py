@@ -23,8 +23,8 @@ def test_checkpoint_scores_leave_training_unchanged_and_are_drawn(tmp_path):
     assert b.read("runs")["run_id"].tolist() == [run_id]  # eval settings are not part of the run id
 
     # the same weights, bit for bit, and the same evaluations
-    wa = torch.load(a.weights_path(run_id), weights_only=False)["model"]
-    wb = torch.load(b.weights_path(run_id), weights_only=False)["model"]
+    wa = torch.load(a.weights_path(run_id), weights_only=True)["model"]
+    wb = torch.load(b.weights_path(run_id), weights_only=True)["model"]
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     ea = a.read("evals").sort_values(["eval_key", "metric"])["value"].tolist()
     eb = b.read("evals").sort_values(["eval_key", "metric"])["value"].tolist()
