@@ -39,10 +39,21 @@ def study(*args: str, timeout: int = 600, cwd: str = ROOT, env: dict | None = No
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start_driver(gpath, results, address, out):
-    """`study run GRID --address ADDR` in the background, in a session of its own, its output in `out`."""
+def held(runs, at: int = 15, release=None) -> dict:
+    """Environment that holds each of `runs`' first attempts before step `at` (study/engine/faults.py): a
+    run is surely mid-training, past its checkpoint at step 10, when a test acts, however fast the machine
+    trains. With `release` (a path), the held attempts go on once that file exists."""
+    env = {"RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:{at}" for r in runs)}
+    if release is not None:
+        env["RMDM_FAULT_RELEASE_FILE"] = str(release)
+    return env
+
+
+def start_driver(gpath, results, address, out, env: dict | None = None):
+    """`study run GRID --address ADDR` in the background, in a session of its own, its output in `out`;
+    `env` adds to this process's environment."""
     return subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--address", address), cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": ROOT}, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, start_new_session=True,
                             stdout=open(out, "w"), stderr=subprocess.STDOUT)
 
 

@@ -11,7 +11,7 @@ import pytest
 from study.spec.grid import load_grid
 from study.engine.runner import _loopback_only
 from store import Store
-from tests.helpers import alive, kill_driver, start_driver, tiny_grid, wait_training
+from tests.helpers import alive, held, kill_driver, start_driver, tiny_grid, wait_training
 
 GRID = tiny_grid("cluster", steps=150, T="[1]", extra="resources: {cpu: 1}")
 
@@ -41,7 +41,8 @@ def test_sweep_on_two_nodes_survives_a_killed_driver(tmp_path, two_nodes):
     grid = load_grid(str(gpath))
     store = Store(results, "cluster")
 
-    drv = start_driver(gpath, results, two_nodes.address, tmp_path / "run1.out")
+    # each first attempt waits before step 15, after its checkpoint at 10: the kill lands mid-training
+    drv = start_driver(gpath, results, two_nodes.address, tmp_path / "run1.out", env=held(grid.runs))
     try:
         beats = wait_training(drv, store, tmp_path / "run1.out", n=2)
         training = [b for b in beats.values() if b.get("phase") == "train"]

@@ -17,7 +17,7 @@ from study.engine.runner import _loopback_only, run_grid
 from study.commands.status import snapshot
 from study.engine.trial import attempts_path, pick_device
 from store import Store
-from tests.helpers import alive, start_driver, wait_training
+from tests.helpers import alive, held, start_driver, wait_training
 from tests.test_cluster import two_nodes  # noqa: F401  (the fixture)
 
 TINY = """
@@ -84,7 +84,10 @@ def test_a_worker_node_lost_mid_sweep_is_retried_on_the_survivor_from_its_checkp
     store = Store(results, "nodeloss")
     out = tmp_path / "run.out"
 
-    drv = start_driver(gpath, results, two_nodes.address, out)
+    # both first attempts wait before step 15 (after the checkpoint at 10) until `release` exists: the node
+    # is lost mid-training however fast this machine trains
+    release = tmp_path / "release"
+    drv = start_driver(gpath, results, two_nodes.address, out, env=held(grid.runs, release=release))
     try:
         beats = wait_training(drv, store, out, n=2)
         (lost_id,) = [rid for rid, b in beats.items() if b["node_id"] == worker.node_id]
@@ -101,6 +104,7 @@ def test_a_worker_node_lost_mid_sweep_is_retried_on_the_survivor_from_its_checkp
                 seen = st[lost_id]
             time.sleep(0.1)
         assert seen is not None and seen.checkpoint >= 10, "the lost run never showed as interrupted"
+        release.touch()  # the survivor's run goes on; the lost run's retry (attempt 2) is not held
         assert not alive(lost_pid)
         assert drv.wait(timeout=600) == 0, out.read_text()  # finished with nobody's help
     finally:

@@ -13,7 +13,7 @@ import subprocess
 import pyarrow.fs as pafs
 import pytest
 
-from tests.helpers import ROOT, check_resumed, full_row, kill_driver, study_cmd, tiny_grid, wait_training
+from tests.helpers import ROOT, check_resumed, full_row, held, kill_driver, study_cmd, tiny_grid, wait_training
 
 BUCKET = "rmdm"
 GRID = tiny_grid("s3demo", steps=120)
@@ -134,8 +134,10 @@ def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     grid = load_grid(str(gpath))
     store = Store(s3_root, "s3demo")
     env = {**os.environ, **s3_env, "PYTHONPATH": ROOT}
+    # first attempts wait before step 15 (after the checkpoint at 10): the kill lands mid-training
     drv = subprocess.Popen(study_cmd("run", str(gpath), "--results", s3_root, "--num-cpus", "2",
-                                     "--progress-every", "2"), cwd=ROOT, env=env, start_new_session=True,
+                                     "--progress-every", "2"), cwd=ROOT, env={**env, **held(grid.runs)},
+                           start_new_session=True,
                            stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
     try:
         # kill the driver once a run has checkpointed past step 0 (so it resumes mid-training)

@@ -268,10 +268,23 @@ def reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
 
 
 def _auto_address() -> str:
-    """The HOST:PORT `ray.init(address="auto")` would join, found as Ray finds it (ClusterError if none)."""
+    """The HOST:PORT `--address auto` joins (ClusterError if none): $RAY_ADDRESS, else the cluster the last
+    `ray start` recorded (<RAY_TMPDIR>/ray/ray_current_cluster), else the one Ray cluster running here.
+
+    Ray itself prefers a single running GCS to the recorded file; we always take the file when there is
+    one, so what `auto` joins does not depend on which other Ray instances happen to run on this machine."""
     import logging
 
-    from ray._private.services import canonicalize_bootstrap_address_or_die
+    from ray._private.services import (canonicalize_bootstrap_address, canonicalize_bootstrap_address_or_die,
+                                       find_bootstrap_address)
+
+    if not os.environ.get("RAY_ADDRESS"):
+        recorded = find_bootstrap_address(None)
+        if recorded:
+            try:
+                return canonicalize_bootstrap_address(recorded)
+            except ValueError as e:
+                raise ClusterError(f"--address auto: {_first_line(e)}") from None
 
     log = logging.getLogger("ray._private.services")
     level = log.level

@@ -92,10 +92,11 @@ def gpu_ids() -> str | None:
 
 
 def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
-            nan_at_step: int | None = None, hold_at_step: int | None = None, grid: str | None = None) -> dict:
+            nan_at_step: int | None = None, hold_at_step: int | None = None, hold_release: str | None = None,
+            grid: str | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
-    `nan_at_step`, `hold_at_step`: fault injection for tests (study/engine/faults.py).
+    `nan_at_step`, `hold_at_step`, `hold_release`: fault injection for tests (study/engine/faults.py).
     `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
     device = pick_device(run.resources)
@@ -108,7 +109,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
-        faults.before_step(step, attempt, trainer.model, nan_at_step, hold_at_step)
+        faults.before_step(step, attempt, trainer.model, nan_at_step, hold_at_step, hold_release)
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)
