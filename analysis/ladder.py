@@ -304,25 +304,7 @@ def fit_law(x: np.ndarray, C: np.ndarray, tix: np.ndarray, nT: int, y: np.ndarra
     done = np.zeros(B, bool)
     for _ in range(iters):
         eta, z, b = parts(th)
-        s = _sig(eta)
-        J = np.empty((B, n, P))  # d eta / d theta (and, with ceilings, d p / d logit c)
-        J[:, :, :nT] = onehot
-        J[:, :, nT:2 * nT] = onehot * z[:, :, None]
-        for j in range(q):
-            J[:, :, 2 * nT + j] = b * C[:, j]
-        if not ceiling:
-            g = np.einsum("bnp,bn->bp", J, w * (s - y)) + ridge * th
-            H = np.einsum("bnp,bn,bnq->bpq", J, w * s * (1 - s), J) + np.diag(ridge)
-        else:
-            # p = c s: the score and Fisher information of a binomial in p, with d p / d theta scaled by
-            # 1 / sqrt(p (1 - p)) so that rates near 0 or 1 stay finite
-            c = _sig(th[:, g0 + tix])
-            p = c * s
-            v = np.sqrt(np.clip(p * (1 - p), 1e-300, None))
-            J[:, :, :g0] *= (c * s * (1 - s) / v)[:, :, None]
-            J[:, :, g0:] = onehot * (p * (1 - c) / v)[:, :, None]
-            g = np.einsum("bnp,bn->bp", J, w * (p - y) / v) + ridge * th
-            H = np.einsum("bnp,bn,bnq->bpq", J, w, J) + np.diag(ridge)
+        g, H = _score_fisher(th, eta, z, b, C, tix, nT, onehot, y, w, ridge, ceiling)
         dH = np.diagonal(H, axis1=1, axis2=2)
         A = H + (lam[:, None] * dH + 1e-9)[:, :, None] * np.eye(P)
         try:
@@ -341,6 +323,34 @@ def fit_law(x: np.ndarray, C: np.ndarray, tix: np.ndarray, nT: int, y: np.ndarra
             break
     ok = np.isfinite(th).all(axis=1) & (done | (lam < 1e6))
     return th, ok
+
+
+def _score_fisher(th, eta, z, b, C, tix, nT, onehot, y, w, ridge, ceiling) -> tuple[np.ndarray, np.ndarray]:
+    """fit_law's gradient (B, P) and Fisher information (B, P, P) of the penalised negative
+    log-likelihood at th, given the linear predictor eta, the size term z and the slopes b there."""
+    B, n = y.shape
+    P, q = th.shape[1], C.shape[1]
+    g0 = 2 * nT + q
+    s = _sig(eta)
+    J = np.empty((B, n, P))  # d eta / d theta (and, with ceilings, d p / d logit c)
+    J[:, :, :nT] = onehot
+    J[:, :, nT:2 * nT] = onehot * z[:, :, None]
+    for j in range(q):
+        J[:, :, 2 * nT + j] = b * C[:, j]
+    if not ceiling:
+        g = np.einsum("bnp,bn->bp", J, w * (s - y)) + ridge * th
+        H = np.einsum("bnp,bn,bnq->bpq", J, w * s * (1 - s), J) + np.diag(ridge)
+        return g, H
+    # p = c s: the score and Fisher information of a binomial in p, with d p / d theta scaled by
+    # 1 / sqrt(p (1 - p)) so that rates near 0 or 1 stay finite
+    c = _sig(th[:, g0 + tix])
+    p = c * s
+    v = np.sqrt(np.clip(p * (1 - p), 1e-300, None))
+    J[:, :, :g0] *= (c * s * (1 - s) / v)[:, :, None]
+    J[:, :, g0:] = onehot * (p * (1 - c) / v)[:, :, None]
+    g = np.einsum("bnp,bn->bp", J, w * (p - y) / v) + ridge * th
+    H = np.einsum("bnp,bn,bnq->bpq", J, w, J) + np.diag(ridge)
+    return g, H
 
 
 def _start(x, C, tix, nT, y, w, start, ceiling) -> np.ndarray:

@@ -147,16 +147,23 @@ def sample_steps(
         x = torch.where(reveal, pred, x)
         conf_kept = torch.where(reveal, conf, conf_kept)
         if remask > 0 and steps_left > 1:
-            # re-open the least confident earlier decodes; later steps must fill them again
-            decoded = ~cond & (x != mask_id) & ~reveal
-            n_re = (decoded.sum(1).float() * remask).floor().long()
-            low = conf_kept.masked_fill(~decoded, float("inf"))
-            order = low.argsort(dim=1)
-            rank.scatter_(1, order, torch.arange(x.shape[1], device=x.device).expand(B, -1))
-            re = decoded & (rank < n_re.unsqueeze(1))
-            x = torch.where(re, torch.full_like(x, mask_id), x)
-            conf_kept = torch.where(re, torch.full_like(conf_kept, float("inf")), conf_kept)
+            x, conf_kept = _remask(x, cond, reveal, conf_kept, remask, mask_id)
     return Sampled(x, torch.full((B,), steps, dtype=torch.long), L_s, step_loops, adaptive)
+
+
+def _remask(x: torch.Tensor, cond: torch.Tensor, reveal: torch.Tensor, conf_kept: torch.Tensor, remask: float,
+            mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-open the `remask` share of the least confident tokens decoded in earlier steps (not the givens,
+    not this step's reveals); later steps must fill them again. Returns (x, conf_kept)."""
+    decoded = ~cond & (x != mask_id) & ~reveal
+    n_re = (decoded.sum(1).float() * remask).floor().long()
+    low = conf_kept.masked_fill(~decoded, float("inf"))
+    order = low.argsort(dim=1)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1))
+    re = decoded & (rank < n_re.unsqueeze(1))
+    x = torch.where(re, torch.full_like(x, mask_id), x)
+    return x, torch.where(re, torch.full_like(conf_kept, float("inf")), conf_kept)
 
 
 def settled_logits(model: RecursiveDenoiser, x: torch.Tensor, masked: torch.Tensor, max_loops: int,
