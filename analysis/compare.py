@@ -109,22 +109,37 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             f = model_fields(k)
             label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
     scores = _Scores(data)
+    # each table split once by what the pairs look up (a boolean filter per pair costs seconds at 1,000 runs)
+    variants = dict(tuple(agg.groupby("task_variant", sort=False)))
+    of_model = dict(tuple(agg.groupby(["task_variant", "model_key"], sort=False)))
+    seed_rows = dict(tuple(ev.groupby(["model_key", "T", "L_s", "sampler", "metric"], sort=False)))
+    none = ev.iloc[:0]
+    metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique()) for v, g in variants.items()}
+    points: dict[tuple, tuple] = {}
+
+    def at_depth(variant: str, key: str) -> tuple:
+        """(sampler, {T: its aggregated row}) of one model sampled at its training depth; (None, {}) if none."""
+        if (variant, key) not in points:
+            sel = select(of_model.get((variant, key), agg.iloc[:0]), metric_of[variant], split=split)
+            sel = sel[sel["L_s"] == sel["L_t"]]
+            points[(variant, key)] = ((sel["sampler"].iloc[0], {r["T"]: r for r in sel.drop_duplicates("T")
+                                                                .to_dict("records")})
+                                      if len(sel) else (None, {}))
+        return points[(variant, key)]
+
     rows = []
     for p in pairs.itertuples(index=False):
-        va = agg[agg["task_variant"] == p.task_variant]
-        if va.empty:
+        if p.task_variant not in variants:
             continue
-        metric = primary_metric(va["task"].iloc[0], va["metric"].unique())
-        sa = select(va[va["model_key"] == p.key_a], metric, split=split)
-        sb = select(va[va["model_key"] == p.key_b], metric, split=split)
-        sa, sb = sa[sa["L_s"] == sa["L_t"]], sb[sb["L_s"] == sb["L_t"]]
-        if sa.empty or sb.empty or sa["sampler"].iloc[0] != sb["sampler"].iloc[0]:
+        metric = metric_of[p.task_variant]
+        (sampler, pa), (sampler_b, pb) = at_depth(p.task_variant, p.key_a), at_depth(p.task_variant, p.key_b)
+        if not pa or not pb or sampler != sampler_b:
             continue
-        sampler = sa["sampler"].iloc[0]
-        for T in sorted(set(sa["T"]) & set(sb["T"])):
-            ra, rb = sa[sa["T"] == T].iloc[0], sb[sb["T"] == T].iloc[0]
-            ea = _seed_rows(ev, p.key_a, T, int(ra["L_s"]), sampler, metric)
-            eb = _seed_rows(ev, p.key_b, T, int(rb["L_s"]), sampler, metric)
+        for T in sorted(set(pa) & set(pb)):
+            ra, rb = pa[T], pb[T]
+            # the per-seed rows of each model at this point (each of its runs' evals rows)
+            ea = seed_rows.get((p.key_a, T, int(ra["L_s"]), sampler, metric), none)
+            eb = seed_rows.get((p.key_b, T, int(rb["L_s"]), sampler, metric), none)
             if ea.empty or eb.empty:
                 continue
             same_n = ea["n_examples"].nunique() == 1 and set(ea["n_examples"]) == set(eb["n_examples"])
@@ -148,11 +163,6 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
                          "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi, tasks.lower_is_better(metric)),
                          "method": PAIR_METHOD[how]})
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def _seed_rows(ev: pd.DataFrame, key: str, T: int, L_s: int, sampler: str, metric: str) -> pd.DataFrame:
-    return ev[(ev["model_key"] == key) & (ev["T"] == T) & (ev["L_s"] == L_s) & (ev["sampler"] == sampler)
-              & (ev["metric"] == metric)]
 
 
 EXPLANATION = ("Each pair of models scored on the same test examples, at every T both were evaluated at (each "

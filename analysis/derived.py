@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 import tasks
+from analysis.compare import compare
 from analysis.effective import Effective, effective_params
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, pareto_front, primary_metric, select,
@@ -27,16 +28,19 @@ class Computed:
     pairs: pd.DataFrame | None = None
     crossings: dict[tuple, pd.DataFrame | MissingData] = field(default_factory=dict)  # (threshold, x, split) ->
     effective: dict[str, Effective | MissingData] = field(default_factory=dict)  # split ->
+    comparisons: dict[tuple, pd.DataFrame | MissingData] = field(default_factory=dict)  # (named, split) ->
 
     def since(self, before: Computed) -> Computed:
         """What this holds that `before` (an earlier copy of it) did not; the aggregated table is never
         sent back: whoever sent `before` has it."""
         return Computed(pairs=self.pairs if before.pairs is None else None,
                         crossings={k: v for k, v in self.crossings.items() if k not in before.crossings},
-                        effective={k: v for k, v in self.effective.items() if k not in before.effective})
+                        effective={k: v for k, v in self.effective.items() if k not in before.effective},
+                        comparisons={k: v for k, v in self.comparisons.items() if k not in before.comparisons})
 
     def copy(self) -> Computed:
-        return Computed(self.aggregated, self.pairs, dict(self.crossings), dict(self.effective))
+        return Computed(self.aggregated, self.pairs, dict(self.crossings), dict(self.effective),
+                        dict(self.comparisons))
 
     def update(self, other: Computed) -> None:
         """Take from `other` what this lacks."""
@@ -48,6 +52,8 @@ class Computed:
             self.crossings.setdefault(k, v)
         for k, v in other.effective.items():
             self.effective.setdefault(k, v)
+        for k, v in other.comparisons.items():
+            self.comparisons.setdefault(k, v)
 
 
 def _answer(got):
@@ -131,3 +137,14 @@ class Derived:
             except MissingData as e:
                 self.computed.effective[split] = e
         return _answer(self.computed.effective[split])
+
+    def comparisons(self, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT) -> pd.DataFrame:
+        """analysis.compare.compare of the study: every iso-parameter and iso-FLOP pair, then the pairs of
+        runs a user named (the terminal's lines and the report's table, computed once)."""
+        key = (tuple(tuple(p) for p in named), split)
+        if key not in self.computed.comparisons:
+            try:
+                self.computed.comparisons[key] = compare(self.data, list(named), split, agg=self.aggregated())
+            except MissingData as e:
+                self.computed.comparisons[key] = e
+        return _answer(self.computed.comparisons[key])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.compare import EXPLANATION, compare
+from analysis.compare import EXPLANATION
 from analysis.derived import Derived
 from analysis.effective import effective_tables
 from analysis.figures import FIGURES, Options
@@ -103,7 +103,7 @@ def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, 
                 "denoising step, param_ratio times the parameters.",
                 pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
     try:
-        cmp = compare(data, list(opts.compare), opts.split, agg=derived.aggregated())
+        cmp = derived.comparisons(list(opts.compare), opts.split)
         out.append(("Paired comparisons and verdicts", EXPLANATION,
                     cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
     except MissingData as e:

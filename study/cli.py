@@ -581,12 +581,11 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
 
 def _print_comparisons(data, opts, derived) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
-    from analysis.compare import compare
     from analysis.load import MissingData
     from stats import VERDICT_RULE
 
     try:
-        c = compare(data, list(opts.compare), opts.split, agg=derived.aggregated())  # the report's table, once
+        c = derived.comparisons(list(opts.compare), opts.split)  # the report's table: computed once for both
     except MissingData as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
