@@ -1,4 +1,5 @@
-"""Local files written whole or not at all, and the versioned JSON caches kept that way.
+"""Local files written whole or not at all, the versioned JSON caches kept that way, and user-named
+files opened only once they are known to be regular files (`open_regular`).
 
 A write goes to a hidden temp file beside its target (`.<name>.<8 hex>.tmp`: the same directory, so
 the final rename is atomic; unique to the write, so concurrent writers of one file never mix their
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import uuid
 from typing import IO
 
@@ -88,3 +90,33 @@ def read_versioned_json(path: str, version: int) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) and data.get("version") == version else {}
+
+
+def open_regular(path: str, what: str, max_bytes: int | None = None, exc: type[Exception] = ValueError):
+    """A binary file object of `path` once it is known to be a regular file (of at most `max_bytes`):
+    opened without blocking (a FIFO with no writer would wait forever), refused otherwise with `exc`
+    naming the file (a directory, a FIFO, a device such as /dev/zero, a socket)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise exc(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise exc(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise exc(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise exc(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+            raise exc(f"{path}: is {kind}, not a regular file: give a {what}")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise exc(f"{path}: {st.st_size:,} bytes; a {what} is at most {max_bytes:,} bytes")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from atomicio import open_regular
 from tasks.base import DataBound, EvalSet, InputFileError, Inputs, Metric, Task, TaskConfig, save_npz
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
@@ -459,24 +460,9 @@ def _open_lines(path: str):
     """Numbered lines of a regular UTF-8 file (a byte-order mark is dropped), read as they come, each at
     most MAX_LINE characters: a FIFO, a device (/dev/zero) or a line without end is refused, never
     waited on or held in memory."""
-    import stat
+    import io
 
-    try:  # without blocking: a FIFO with no writer would wait forever in open()
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise PuzzleFileError(f"{path}: no such puzzle file") from None
-    except IsADirectoryError:
-        raise PuzzleFileError(f"{path}: is a directory, not a puzzle file") from None
-    except OSError as e:
-        raise PuzzleFileError(f"{path}: cannot read the puzzle file ({e.strerror or e})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
-                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        raise PuzzleFileError(f"{path}: is {kind}, not a puzzle file")
-    os.set_blocking(fd, True)
-    f = open(fd, encoding="utf-8-sig", newline=None)
+    f = io.TextIOWrapper(open_regular(path, "puzzle file", exc=PuzzleFileError), encoding="utf-8-sig", newline=None)
 
     def lines():
         with f:

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from atomicio import open_regular
 from study.spec.sections import GridError, short
 
 
@@ -42,41 +43,9 @@ MAX_GRID_LINE = 1 << 16  # characters a line
 MAX_GRID_DEPTH = 32  # nested mappings / lists
 
 
-def read_regular_file(path: str, what: str, max_bytes: int | None = None, exc: type[Exception] = ValueError):
-    """A binary file object of `path` once it is known to be a regular file (of at most `max_bytes`):
-    opened without blocking (a FIFO with no writer would wait forever), refused otherwise with `exc`
-    naming the file (a directory, a FIFO, a device such as /dev/zero, a socket)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise exc(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise exc(f"{path}: is a directory, not a {what}") from None
-    except OSError as e:
-        raise exc(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise exc(f"{path}: is a directory, not a {what}")
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
-            raise exc(f"{path}: is {kind}, not a regular file: give a {what}")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise exc(f"{path}: {st.st_size:,} bytes; a {what} is at most {max_bytes:,} bytes")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def grid_file_text(path: str) -> str:
     """The text of grid file `path`, within MAX_GRID_BYTES and MAX_GRID_LINE (GridError otherwise)."""
-    f = read_regular_file(path, "grid file", MAX_GRID_BYTES, GridError)
+    f = open_regular(path, "grid file", MAX_GRID_BYTES, GridError)
     lines, total = [], 0
     with f:
         for ln, line in enumerate(iter(lambda: f.readline(MAX_GRID_LINE * 4 + 1), b""), 1):
