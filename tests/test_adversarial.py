@@ -351,14 +351,17 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
 
 
 # ---- unreachable clusters and stores: bounded -------------------------------------------------
-def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid):
+@pytest.mark.parametrize("other_ray", [False, True], ids=["alone", "beside-a-running-ray"])
+def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid, other_ray):
     """`--address auto` joins what `ray start` left in <RAY_TMPDIR>/ray/ray_current_cluster: a GCS that is
     gone (here a closed local port) is refused within seconds, like HOST:PORT, instead of ray.init
-    waiting minutes for it."""
+    waiting minutes for it. The recorded cluster is the one taken even while another Ray instance runs
+    on this machine (Ray's own `auto` would join that one instead)."""
     import socket
     import subprocess
     import sys
 
+    from study.engine.runner import init_ray
     from tests.helpers import ROOT
 
     with socket.socket() as s:
@@ -368,9 +371,15 @@ def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid):
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=ROOT, RAY_TMPDIR=str(tmp_path))
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "study.cli", "run", grid, "--results", str(tmp_path / "res"),
-                        "--address", "auto"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    ray, started = init_ray(None, num_cpus=1) if other_ray else (None, False)  # a GCS running here
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "study.cli", "run", grid, "--results", str(tmp_path / "res"),
+                            "--address", "auto"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        if started:
+            ray.shutdown()
     assert time.monotonic() - t0 < 60, r.stdout + r.stderr
     assert r.returncode == 2, r.stdout + r.stderr
     out = r.stdout + r.stderr
