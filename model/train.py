@@ -6,6 +6,7 @@ function of the step, and a run resumed at step s sees exactly what it would hav
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
@@ -217,11 +218,12 @@ class Trainer:
         """Train to step `until` (default: the configured number of steps)."""
         until = self.cfg.steps if until is None else min(until, self.cfg.steps)
         t0 = time.perf_counter() - self.state.seconds
+        self._untimed = 0.0  # seconds spent in `untimed` blocks of the callbacks since t0
         # a CPU syncs for free, so it checks every step; a GPU only at logs, checkpoints and the end
         every = self.device.type != "cuda"
         while self.state.step < until:
             row = self.train_step(sync=False)
-            self.state.seconds = time.perf_counter() - t0
+            self.state.seconds = time.perf_counter() - t0 - self._untimed
             log = row["step"] % self.cfg.log_every == 0 or self.state.step == self.cfg.steps
             ckpt = on_checkpoint and self.state.step % self.cfg.checkpoint_every == 0 and self.state.step < self.cfg.steps
             if every or log or ckpt or self.state.step == until:
@@ -235,6 +237,16 @@ class Trainer:
                 self.state.last = row
                 on_checkpoint(self)
         return self.state
+
+    @contextlib.contextmanager
+    def untimed(self):
+        """A callback's block whose time is not training time (`state.seconds`, a run's train_seconds):
+        monitoring, such as scoring a checkpoint on validation examples. Checkpoint writes stay timed."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._untimed = getattr(self, "_untimed", 0.0) + time.perf_counter() - t
 
     # ---- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -57,3 +57,29 @@ def test_likelihood_tasks_refuse_checkpoint_scores(tmp_path):
                  "train: {steps: 2}\neval: {at_checkpoints: 4}\n")
     r = study("plan", str(g))
     assert r.returncode == 2 and "eval.at_checkpoints" in r.stderr, r.stderr
+
+
+def test_time_in_untimed_callback_blocks_is_not_training_time(tiny_sudoku, monkeypatch):
+    """Checkpoint scoring runs inside `Trainer.untimed`: its time stays out of `state.seconds` (a run's
+    train_seconds), while time elsewhere in a callback (a checkpoint write) still counts. A fake clock
+    that moves only when the test moves it: no dependence on this machine's speed."""
+    import model.train as mt
+    from model import ModelConfig, SeqSpec, Trainer, TrainConfig
+
+    task = tiny_sudoku
+    spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
+    tr = Trainer(ModelConfig(K=1, L=1, d_model=16, n_heads=2),
+                 TrainConfig(steps=6, batch_size=4, warmup=1, checkpoint_every=2, log_every=1),
+                 spec, lambda s, g: task.train_batch(4, g))
+    clock = [1000.0]
+    monkeypatch.setattr(mt.time, "perf_counter", lambda: clock[0])
+
+    def on_checkpoint(t: Trainer) -> None:
+        with t.untimed():
+            clock[0] += 100.0  # "scoring"
+        clock[0] += 1.0  # "writing the checkpoint"
+
+    tr.train(on_checkpoint=on_checkpoint)
+    # checkpoints after steps 2 and 4 (not at the last step): 2 x 1 s counted, 2 x 100 s not
+    assert tr.state.seconds == 2.0
+    assert [r["seconds"] for r in tr.state.history] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
