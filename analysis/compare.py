@@ -110,11 +110,11 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
     scores = _Scores(data)
     # each table split once by what the pairs look up (a boolean filter per pair costs seconds at 1,000 runs)
-    variants = dict(tuple(agg.groupby("task_variant", sort=False)))
+    metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
+                 for v, g in agg.groupby("task_variant", sort=False)}
     of_model = dict(tuple(agg.groupby(["task_variant", "model_key"], sort=False)))
     seed_rows = dict(tuple(ev.groupby(["model_key", "T", "L_s", "sampler", "metric"], sort=False)))
     none = ev.iloc[:0]
-    metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique()) for v, g in variants.items()}
     points: dict[tuple, tuple] = {}
 
     def at_depth(variant: str, key: str) -> tuple:
@@ -129,7 +129,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
 
     rows = []
     for p in pairs.itertuples(index=False):
-        if p.task_variant not in variants:
+        if p.task_variant not in metric_of:
             continue
         metric = metric_of[p.task_variant]
         (sampler, pa), (sampler_b, pb) = at_depth(p.task_variant, p.key_a), at_depth(p.task_variant, p.key_b)

@@ -92,6 +92,7 @@ class Trainer:
         device: str | torch.device = "cpu",
     ):
         self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
+        self._untimed = 0.0  # seconds spent in `untimed` blocks since `train` started its clock
         check_loss_weights(train_cfg, model_cfg.L)
         self.device = torch.device(device)
         torch.manual_seed(derive_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
@@ -218,7 +219,7 @@ class Trainer:
         """Train to step `until` (default: the configured number of steps)."""
         until = self.cfg.steps if until is None else min(until, self.cfg.steps)
         t0 = time.perf_counter() - self.state.seconds
-        self._untimed = 0.0  # seconds spent in `untimed` blocks of the callbacks since t0
+        self._untimed = 0.0
         # a CPU syncs for free, so it checks every step; a GPU only at logs, checkpoints and the end
         every = self.device.type != "cuda"
         while self.state.step < until:
@@ -241,12 +242,15 @@ class Trainer:
     @contextlib.contextmanager
     def untimed(self):
         """A callback's block whose time is not training time (`state.seconds`, a run's train_seconds):
-        monitoring, such as scoring a checkpoint on validation examples. Checkpoint writes stay timed."""
+        monitoring, such as scoring a checkpoint on validation examples. Checkpoint writes stay timed.
+        Yields a dict whose "seconds" holds the block's duration once it ends."""
+        spent = {"seconds": 0.0}
         t = time.perf_counter()
         try:
-            yield
+            yield spent
         finally:
-            self._untimed = getattr(self, "_untimed", 0.0) + time.perf_counter() - t
+            spent["seconds"] = time.perf_counter() - t
+            self._untimed += spent["seconds"]
 
     # ---- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict:

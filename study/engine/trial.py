@@ -166,11 +166,10 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
     def monitor(row: dict) -> None:
         """The training curves' validation scores of this step (eval.at_checkpoints), into its
         history row, the log and Tune."""
-        t = time.perf_counter()
-        with trainer.untimed():  # monitoring, not training: kept out of train_seconds
+        with trainer.untimed() as spent:  # monitoring, not training: kept out of train_seconds
             row["val"] = checkpoint_scores(run, trainer.model, task, val_set(), trainer.precision)
         log(f"step {row['step']} " + " ".join(f"{k} {v:.4f}" for k, v in row["val"].items())
-            + f" (scored in {time.perf_counter() - t:.1f} s, not counted in train_seconds)")
+            + f" (scored in {spent['seconds']:.1f} s, not counted in train_seconds)")
         if report:
             report({"step": row["step"], "phase": "val", **row["val"]})
 
