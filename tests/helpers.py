@@ -43,9 +43,11 @@ def held(runs, at: int = 15, release=None) -> dict:
     """Environment that holds each of `runs`' first attempts before step `at` (study/engine/faults.py): a
     run is surely mid-training, past its checkpoint at step 10, when a test acts, however fast the machine
     trains. With `release` (a path), the held attempts go on once that file exists."""
-    env = {"RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:{at}" for r in runs)}
+    from study.engine.faults import HOLD_ENV, RELEASE_ENV
+
+    env = {HOLD_ENV: ",".join(f"{r.run_id}:{at}" for r in runs)}
     if release is not None:
-        env["RMDM_FAULT_RELEASE_FILE"] = str(release)
+        env[RELEASE_ENV] = str(release)
     return env
 
 

@@ -319,12 +319,12 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ROOT, descendants, kill_all, tiny_grid
+    from tests.helpers import ROOT, descendants, held, kill_all, tiny_grid
 
     g = tmp_path / "g.yaml"
     g.write_text(tiny_grid("sigterm", axes="seed: [0, 1]"))
     runs = load_grid(str(g)).runs
-    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:5" for r in runs)}
+    env = {**os.environ, "PYTHONPATH": ROOT, **held(runs, at=5)}
     cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
     progress = tmp_path / "res" / "sigterm" / "progress"
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, alive, check_resumed, descendants, kill_all, study_cmd, tiny_grid, wait_training
+from tests.helpers import ROOT, alive, check_resumed, descendants, held, kill_all, study_cmd, tiny_grid, wait_training
 from tests.test_s3 import s3_env, s3_root  # noqa: F401  (the moto server fixtures, reused)
 
 # short heartbeats so that they run during the tests; the timeout stays far above them (same-machine
@@ -219,15 +219,13 @@ def test_second_driver_refused_then_waits_then_runs(tmp_path):
     run and find nothing to do: every run was started by A only (attempt logs)."""
     from store import Store
     from study.spec.grid import load_grid
-    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "lease.yaml"
     gpath.write_text(tiny_grid("lease", steps=30))
     grid = load_grid(str(gpath))
     results = str(tmp_path / "results")
     store = Store(results, "lease")
-    holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
-    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: holds}))
+    a = _start(gpath, results, tmp_path / "a.out", _env(**held(grid.runs, at=HOLD_AT)))
     w = None
     try:
         info = _held_by(store, a.pid, a, tmp_path / "a.out")
@@ -279,14 +277,13 @@ def test_sigterm_releases_the_lease(tmp_path):
     from store import Store
     from store.lease import current
     from study.spec.grid import load_grid
-    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "term.yaml"
     gpath.write_text(tiny_grid("term", steps=30, axes="L: [1]"))
     grid = load_grid(str(gpath))
     results = str(tmp_path / "results")
     store = Store(results, "term")
-    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: f"{grid.runs[0].run_id}:{HOLD_AT}"}))
+    a = _start(gpath, results, tmp_path / "a.out", _env(**held(grid.runs[:1], at=HOLD_AT)))
     tree: list[int] = []
     try:
         _held_by(store, a.pid, a, tmp_path / "a.out")
@@ -309,14 +306,13 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
     from store import Store
     from store.lease import current, lease_dir
     from study.spec.grid import load_grid
-    from study.engine.faults import HOLD_ENV
 
     gpath = tmp_path / "lost.yaml"
     gpath.write_text(tiny_grid("lost", steps=30, axes="L: [1]"))
     grid = load_grid(str(gpath))
     results = str(tmp_path / "results")
     store = Store(results, "lost")
-    a = _start(gpath, results, tmp_path / "a.out", _env(**{HOLD_ENV: f"{grid.runs[0].run_id}:{HOLD_AT}"}))
+    a = _start(gpath, results, tmp_path / "a.out", _env(**held(grid.runs[:1], at=HOLD_AT)))
     tree: list[int] = []
     try:
         info = _held_by(store, a.pid, a, tmp_path / "a.out")
@@ -341,10 +337,8 @@ def test_driver_that_lost_its_lease_stops(tmp_path):
 def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: dict) -> None:
     """A holds the study mid-training; B is refused; A is SIGKILLed by its handle; C takes over at once
     (A's process is gone), resumes every run from its checkpoint, and no run trains twice."""
-    from study.engine.faults import HOLD_ENV
 
-    holds = ",".join(f"{r.run_id}:{HOLD_AT}" for r in grid.runs)
-    a = _start(gpath, results, tmp_path / "a.out", _env(**env_extra, **{HOLD_ENV: holds}))
+    a = _start(gpath, results, tmp_path / "a.out", _env(**env_extra, **held(grid.runs, at=HOLD_AT)))
     tree: list[int] = []
     try:
         _held_by(store, a.pid, a, tmp_path / "a.out")

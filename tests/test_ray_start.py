@@ -235,12 +235,12 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ctrl_c_when
+    from tests.helpers import ctrl_c_when, held
 
     g = tmp_path / "g.yaml"
     g.write_text("study: sigrun\n" + TINY.replace("steps: 2", "steps: 20") + "axes:\n  seed: [0, 1]\n")
     runs = load_grid(str(g)).runs
-    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_HOLD_AT": ",".join(f"{r.run_id}:5" for r in runs)}
+    env = {**os.environ, "PYTHONPATH": ROOT, **held(runs, at=5)}
     cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
     progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats: a run is training (held at step 5)
     code, out = ctrl_c_when(cmd, tmp_path, env, lambda: progress.is_dir() and bool(os.listdir(progress)))

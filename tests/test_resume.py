@@ -10,9 +10,8 @@ import time
 
 from study.spec.grid import load_grid
 from study.commands.status import counts, snapshot
-from study.engine.faults import HOLD_ENV
 from store import Store
-from tests.helpers import ROOT, check_resumed, descendants, kill_driver, study_cmd, tiny_grid
+from tests.helpers import ROOT, check_resumed, descendants, held, kill_driver, study_cmd, tiny_grid
 
 
 def listening(pids: list[int]) -> list[str]:
@@ -34,9 +33,8 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     # the first driver's trials wait before step 20 (after their checkpoint at 20) until killed: the kill
     # lands mid-training however fast this machine trains; the rerun (env without it) trains through
-    holds = ",".join(f"{r.run_id}:20" for r in grid.runs)
     drv = subprocess.Popen(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2",
-                                     "--progress-every", "2"), cwd=ROOT, env={**env, HOLD_ENV: holds},
+                                     "--progress-every", "2"), cwd=ROOT, env={**env, **held(grid.runs, at=20)},
                            start_new_session=True,
                            stdout=open(tmp_path / "run1.out", "w"), stderr=subprocess.STDOUT)
     try:
