@@ -89,10 +89,11 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
 
     value: mean over seeds. n_seeds, seed_sd (sample s.d. across seeds; 0 for one seed), seed_min,
     seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: the 95%
-    interval of the value (stats.seed_interval): Student's t over the seed means with two or more seeds
-    (the seed means carry both seed-to-seed and test-set variation; the same test examples are scored by
-    every seed, so seeds x examples are never pooled as independent trials), the evaluation's own
-    interval with one seed, the pooled evaluation interval when all seeds scored the same value.
+    interval of the value (stats.seed_interval), from the seed values alone with two or more seeds (they
+    carry both seed-to-seed and test-set variation; the same test examples are scored by every seed, so
+    seeds x examples are never pooled as independent trials): t over the seed logit rates for rates, t
+    over the seed means otherwise (clipped to the metric's declared range); the evaluation's own interval
+    with one seed; none (NaN, "not estimable: ...") when every seed scored the same value.
     ci_method: which of these (SEED_METHOD's text). The value always lies inside its interval.
     """
     if evals.empty:
@@ -126,7 +127,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     lo, hi, how = [], [], []
     for r, (_, s) in zip(g.itertuples(index=False), seeds):
         a, b, m = seed_interval(s["value"].tolist(), tasks.is_rate(r.metric), s["n_examples"].tolist(),
-                                s["ci_low"].tolist(), s["ci_high"].tolist())
+                                s["ci_low"].tolist(), s["ci_high"].tolist(), bounds=tasks.metric(r.metric).bounds)
         lo.append(a)
         hi.append(b)
         how.append(SEED_METHOD[m])

@@ -19,7 +19,11 @@ def wilson(k: float, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / denom
     # max(., 0): k slightly above n from float rounding must not take the root of a negative number
     half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # at k = 0 or k = n the bound is exactly 0 or 1 (centre -+ half loses that in the last bit: 2.2e-19 or
+    # 0.9999999999999999 would put a perfect or zero score outside its own interval)
+    low = 0.0 if k <= 0 else max(0.0, centre - half)
+    high = 1.0 if k >= n else min(1.0, centre + half)
+    return (low, high)
 
 
 def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
@@ -111,50 +115,134 @@ def t_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, fl
     return (m, m - half, m + half)
 
 
+# ---- chi-square quantiles (for the between-seed s.d. on the logit scale) -------------------------
+def _gamma_p(a: float, x: float) -> float:
+    """Regularized lower incomplete gamma P(a, x), by its power series (converges for every x >= 0)."""
+    if x <= 0.0:
+        return 0.0
+    term = total = 1.0 / a
+    for i in range(1, 2000):
+        term *= x / (a + i)
+        total += term
+        if term < total * 1e-16:
+            break
+    return min(1.0, total * math.exp(-x + a * math.log(x) - math.lgamma(a)))
+
+
+@lru_cache(maxsize=256)
+def chi2_quantile(p: float, df: float) -> float:
+    """The p-quantile of chi-square with `df` degrees of freedom (0 < p < 1), by bisection on P(df/2, x/2)."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"chi2_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    lo, hi = 0.0, max(1.0, 2.0 * df)
+    while _gamma_p(df / 2.0, hi / 2.0) < p:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if _gamma_p(df / 2.0, mid / 2.0) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _hermite_nodes(m: int = 32) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(nodes, weights) of m-point Gauss-Hermite quadrature for E f(Z), Z standard normal (weights sum to 1)."""
+    import numpy as np  # third-party, not the project: the module stays a leaf
+
+    x, w = np.polynomial.hermite_e.hermegauss(m)
+    return tuple(float(a) for a in x), tuple(float(b) for b in w / w.sum())
+
+
+_NODES, _WEIGHTS = _hermite_nodes()
+
+
+def logit_normal_mean(m: float, tau: float) -> float:
+    """E expit(m + tau Z), Z standard normal: the mean rate of seeds whose logit rates are N(m, tau^2)."""
+    total = 0.0
+    for x, w in zip(_NODES, _WEIGHTS):
+        z = m + tau * x
+        total += w / (1.0 + math.exp(-z)) if z >= 0 else w * math.exp(z) / (1.0 + math.exp(z))
+    return min(1.0, total)
+
+
 # ---- intervals across seeds ------------------------------------------------------------------
 # How a model's number is summarised over its seeds (every seed scored on the same test examples):
-# the value is the mean of the seed values, and the 95% interval is Student's t over those seed
-# means (n_seeds - 1 degrees of freedom). Each seed mean already carries its own test-set noise, so
-# the spread of the seed means measures both sources: which seed was trained, and which examples
-# were drawn. With one seed the interval is that evaluation's own (Wilson for rates). When every
-# seed scored exactly the same value the spread is 0 and says nothing, so the interval falls back to
-# the evaluation noise alone: Wilson on the pooled count for rates, the pooled normal interval
-# otherwise. A coverage simulation in tests/test_inference.py checks 93-97% for 2, 3 and 5 seeds.
+# the value is the mean of the seed values; the 95% interval is built from the seed values alone (each
+# already carries its own test-set noise, so their spread measures both sources: which seed was trained
+# and which examples were drawn; seeds x examples are never pooled as independent trials).
+# - Rates ('logit'): each seed's rate on the logit scale, log((k + 1/2) / (n - k + 1/2)); Student's t
+#   over those (n_seeds - 1 df) bounds the centre m of the seeds' logit rates, and the recipe's mean rate
+#   E expit(m + tau Z) is taken over m in that interval and tau from the seeds' logit s.d. s up to its
+#   upper 85% bound s sqrt((S - 1) / chi2_{0.15, S-1}) (near 0 or 1 the mean rate depends on the spread as
+#   much as on the centre). Near a floor or ceiling a rate interval on the raw scale is symmetric where
+#   the seeds are not, and covers 79-91% there; this one covers 93-97% (tests/test_inference.py).
+# - Other metrics ('t'): Student's t over the seed means, clipped to the metric's declared range.
+# - One seed ('one'): that evaluation's own interval over its examples (about that seed only).
+# - Every seed scored the same value ('agree'): no interval; the spread between seeds is what measures
+#   the seed-to-seed variation, and with none seen no width is honest (pooling the examples of the
+#   seeds, as before, gave [0, 0.046] to two seeds at 0/40 that would differ on a third seed).
+LOGIT_TAU_P = 0.15  # the lower chi-square quantile of the logit s.d.'s upper bound (an 85% one-sided bound)
 SEED_METHOD = {
     "one": "1 seed: the evaluation's interval over its examples",
     "t": "t over seed means (n_seeds - 1 df)",
-    "agree": "seeds agree exactly: pooled over examples",
+    "logit": "t over seed logit rates (n_seeds - 1 df), mapped to the mean rate",
+    "agree": "not estimable: every seed scored the same value (no spread between seeds to measure)",
 }
+DECLINED = frozenset({"agree"})  # method keys whose interval is (nan, nan): no verdict may rest on them
 
 
 def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int],
-                  eval_lows: Sequence[float], eval_highs: Sequence[float]) -> tuple[float, float, str]:
+                  eval_lows: Sequence[float], eval_highs: Sequence[float],
+                  bounds: tuple[float, float] | None = None) -> tuple[float, float, str]:
     """(low, high, method key of SEED_METHOD) of the mean of `values` (one per seed).
 
-    rate: 0/1 scores per example (the interval is clipped to [0, 1]); n_examples, eval_lows, eval_highs:
-    each seed's evaluation size and its stored interval (used with one seed, or when seeds agree).
+    rate: 0/1 scores per example (the 'logit' interval, inside [0, 1]); n_examples, eval_lows, eval_highs:
+    each seed's evaluation size and its stored interval (used with one seed). bounds: the metric's declared
+    range (a mean of values in [0, 1] is clipped to it; rates are always in [0, 1]). A key in DECLINED comes
+    with (nan, nan). Otherwise the mean lies inside [low, high], exactly.
     """
     s = len(values)
     m = math.fsum(values) / s
-    known = [(l, h) for l, h in zip(eval_lows, eval_highs) if _num(l) and _num(h)]
+    bounds = (0.0, 1.0) if rate else bounds
     if s == 1:
+        known = [(l, h) for l, h in zip(eval_lows, eval_highs) if _num(l) and _num(h)]
         if known:
-            return (float(known[0][0]), float(known[0][1]), "one")
-        # an evaluation stored without its interval: a rate's is Wilson of its count; a mean's is unknown
-        return (*wilson(m * n_examples[0], int(n_examples[0])), "one") if rate else (math.nan, math.nan, "one")
-    sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (s - 1))
-    if sd > 0:
-        half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
-        lo, hi = m - half, m + half
-        return ((max(lo, 0.0), min(hi, 1.0)) if rate else (lo, hi)) + ("t",)
-    if rate:
-        n = int(sum(n_examples))
-        return (*wilson(m * n, n), "agree")
-    if len(known) < s:
+            lo, hi = float(known[0][0]), float(known[0][1])
+        elif rate:  # an evaluation stored without its interval: a rate's is Wilson of its count
+            lo, hi = wilson(m * n_examples[0], int(n_examples[0]))
+        else:
+            return (math.nan, math.nan, "one")  # a mean's is unknown
+        return (*_inside(lo, hi, m, bounds), "one")
+    if max(values) - min(values) <= 1e-12:
         return (math.nan, math.nan, "agree")
-    # the seeds' evaluation half-widths, averaged in variance, for the mean of s evaluations
-    half = math.sqrt(math.fsum(((h - l) / 2) ** 2 for l, h in known) / s) / math.sqrt(s)
-    return (m - half, m + half, "agree")
+    if rate and all(_num(n) and n > 0 for n in n_examples):
+        return (*_inside(*_logit_interval(values, n_examples), m, bounds), "logit")
+    sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (s - 1))
+    half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
+    return (*_inside(m - half, m + half, m, bounds), "t")
+
+
+def _logit_interval(values: Sequence[float], n_examples: Sequence[int]) -> tuple[float, float]:
+    """The 'logit' interval of SEED_METHOD for two or more seeds' rates (values[i] of n_examples[i])."""
+    s = len(values)
+    y = []
+    for v, n in zip(values, n_examples):
+        k = min(max(v * n, 0.0), float(n))
+        y.append(math.log((k + 0.5) / (n - k + 0.5)))
+    c = math.fsum(y) / s
+    sd = math.sqrt(math.fsum((v - c) ** 2 for v in y) / (s - 1))
+    half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
+    taus = (sd, sd * math.sqrt((s - 1) / chi2_quantile(LOGIT_TAU_P, s - 1)))
+    # E expit(m + tau Z) rises with m; with tau it falls above 1/2 and rises below: both taus at each end
+    return (min(logit_normal_mean(c - half, t) for t in taus), max(logit_normal_mean(c + half, t) for t in taus))
+
+
+def _inside(lo: float, hi: float, m: float, bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """[lo, hi] clipped to the declared range and widened to hold the value m (exactly)."""
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return (min(lo, m), max(hi, m))
 
 
 def _num(x) -> bool:

@@ -85,6 +85,12 @@ class Metric:
     stored: bool = True  # False: derived by the report (text8's perplexity is exp(mean nll)), never an evals row
     needs_reference: bool = False  # scored against the reference output, not the input alone (exact match)
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The range a value and its interval can take: [0, 1] for a rate or a metric on a 0..1 axis (a mean
+        of 0..1 scores, like cell accuracy), else None (unbounded: no clipping)."""
+        return (0.0, 1.0) if self.kind == "rate" or self.unit else None
+
 
 class InputFileError(ValueError):
     """An external input file (`study eval`) the task cannot read; the message names the file and line."""

@@ -42,3 +42,44 @@ def test_mean_ci_hand_computed():
     assert mean_ci([4.0]) == (4.0, 4.0, 4.0)
     assert all(math.isnan(x) for x in mean_ci([]))
     assert mean_ci_from_sd(2.0, 1.0, 3) == pytest.approx((0.868393, 3.131607), abs=1e-6)
+
+
+def test_wilson_puts_a_perfect_or_zero_score_inside_its_interval_exactly():
+    # centre + half lost the last bit: 0.9999999999999999 at k = n and 2.2e-19 at k = 0 (n = 1500)
+    for n in (1, 10, 100, 500, 1500, 10 ** 6):
+        assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0, n
+        lo, hi = wilson(n, n)
+        assert lo <= 1.0 <= hi and wilson(0, n)[0] <= 0.0 <= wilson(0, n)[1]
+
+
+def test_chi2_quantile_textbook_values():
+    from stats import chi2_quantile
+
+    # chi-square quantiles as tabulated (Abramowitz & Stegun 26.8; 0.15 and 0.5 as scipy.stats.chi2.ppf gives)
+    assert chi2_quantile(0.025, 1) == pytest.approx(0.000982, abs=1e-6)
+    assert chi2_quantile(0.15, 2) == pytest.approx(0.325038, abs=1e-5)
+    assert chi2_quantile(0.15, 4) == pytest.approx(1.366477, abs=1e-5)
+    assert chi2_quantile(0.975, 3) == pytest.approx(9.3484, abs=1e-4)
+    assert chi2_quantile(0.5, 10) == pytest.approx(9.3418, abs=1e-4)
+
+
+def test_a_mean_metric_interval_is_clipped_to_its_declared_range():
+    import numpy as np
+    import pandas as pd
+
+    import tasks
+    from analysis.tables import aggregate
+
+    assert tasks.metric("cell_acc").bounds == (0.0, 1.0) and tasks.metric("nll").bounds is None
+    assert tasks.metric("vpr").bounds == (0.0, 1.0)
+    rows = [{"task": "sudoku", "task_variant": "v", "K": 1, "L_t": 1, "model_key": "m", "T": 1, "L_s": 1,
+             "sampler": "confidence", "split": "test", "metric": metric, "run_id": f"r{s}", "value": v,
+             "n_examples": 50, "ci_low": v - 0.05, "ci_high": v + 0.05, "n_params": 1, "n_params_non_embedding": 1,
+             "flops_per_forward": 1, "forward_passes": 1}
+            for metric, vals in (("cell_acc", (0.01, 0.08, 0.02)), ("nll", (0.01, 0.08, 0.02)))
+            for s, v in enumerate(vals)]
+    agg = aggregate(pd.DataFrame(rows)).set_index("metric")
+    # t over the seed means goes below 0 (-0.076 was shown for cell_acc); cell accuracy cannot
+    assert agg.loc["cell_acc", "ci_low"] == 0.0 and agg.loc["nll", "ci_low"] < 0
+    assert agg.loc["cell_acc", "ci_high"] == pytest.approx(agg.loc["nll", "ci_high"])
+    assert np.isfinite(agg["ci_high"]).all()
