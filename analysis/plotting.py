@@ -49,7 +49,8 @@ class Drawing:
 
 
 def ylabel(metric: str) -> str:
-    ci = "95% Wilson CI" if tasks.is_rate(metric) else "95% CI"
+    # the band is the seed interval of stats.seed_interval (none where the seeds tie: ci_method says why)
+    ci = "95% CI over seeds; 1 seed: Wilson" if tasks.is_rate(metric) else "95% CI over seeds"
     return f"{tasks.metric(metric).label}  (band: {ci})"
 
 
