@@ -257,13 +257,16 @@ PAIR_METHOD = {
     "unpaired": "unpaired: the two intervals combined (no per-example scores stored)",
 }
 VERDICT_RULE = ("ahead / behind: the whole 95% interval of the difference (A - B) lies on A's better / worse "
-                "side of 0 (higher is better, except for losses and NLL); otherwise no detectable difference")
+                "side of 0 (higher is better, except for losses and NLL); otherwise no detectable difference; "
+                "no verdict (not estimable) where no interval could be given")
+NO_VERDICT = "not estimable: no interval"
 
 
 def verdict(low: float, high: float, lower_is_better: bool = False) -> str:
-    """'ahead', 'behind' or 'no detectable difference' for the interval of A - B (VERDICT_RULE)."""
+    """'ahead', 'behind' or 'no detectable difference' for the interval of A - B (VERDICT_RULE); NO_VERDICT
+    when the interval is missing (a declined seed interval, stats.DECLINED, leaves nothing to judge by)."""
     if not (_num(low) and _num(high)):
-        return "no detectable difference"
+        return NO_VERDICT
     if lower_is_better:
         low, high = -high, -low
     return "ahead" if low > 0 else "behind" if high < 0 else "no detectable difference"

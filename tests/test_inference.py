@@ -288,6 +288,21 @@ def test_verdicts_follow_the_stated_rule():
     assert verdict(0.1, 0.3, lower_is_better=True) == "behind"
 
 
+def test_no_verdict_rests_on_a_declined_interval():
+    from stats import NO_VERDICT, paired_difference, verdict
+
+    # every seed of each model agrees (A: 1.0 twice, B: 0.9 twice; seeds not matched, no per-example scores):
+    # each model's seed interval is declined, and the comparison built on them says so instead of judging
+    a_lo, a_hi, how_a = seed_interval([1.0, 1.0], True, [50, 50], [0.93, 0.93], [1.0, 1.0])
+    b_lo, b_hi, how_b = seed_interval([0.9, 0.9], True, [50, 50], [0.79, 0.79], [0.96, 0.96])
+    assert how_a in DECLINED and how_b in DECLINED
+    d, lo, hi, how, _ = paired_difference({0: 1.0, 1: 1.0}, {2: 0.9, 3: 0.9}, True,
+                                          a_interval=(a_lo, a_hi), b_interval=(b_lo, b_hi))
+    assert d == pytest.approx(0.1) and how == "unpaired"
+    assert verdict(lo, hi) == NO_VERDICT == "not estimable: no interval"
+    assert verdict(math.nan, math.nan, lower_is_better=True) == NO_VERDICT
+
+
 def _paired_store(root: str, delta: float, n: int = 400, seeds=(0,)):
     """A study of (1 x 2) and its iso-parameter partner (1 x 1), per-example scores for every example in
     the samples files, A solving (0.5 + delta) and B 0.5 of the same puzzles in expectation."""
