@@ -188,8 +188,9 @@ SEED_METHOD = {
     "t": "t over seed means (n_seeds - 1 df)",
     "logit": "t over seed logit rates (n_seeds - 1 df), mapped to the mean rate",
     "agree": "not estimable: every seed scored the same value (no spread between seeds to measure)",
+    "unstored": "not estimable: 1 seed, stored without its interval (not a rate: no count to rebuild it from)",
 }
-DECLINED = frozenset({"agree"})  # method keys whose interval is (nan, nan): no verdict may rest on them
+DECLINED = frozenset({"agree", "unstored"})  # method keys whose interval is (nan, nan): no verdict may rest on them
 
 
 def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int],
@@ -212,7 +213,7 @@ def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int]
         elif rate:  # an evaluation stored without its interval: a rate's is Wilson of its count
             lo, hi = wilson(m * n_examples[0], int(n_examples[0]))
         else:
-            return (math.nan, math.nan, "one")  # a mean's is unknown
+            return (math.nan, math.nan, "unstored")  # a mean's is unknown
         return (*_inside(lo, hi, m, bounds), "one")
     if max(values) - min(values) <= 1e-12:
         return (math.nan, math.nan, "agree")

@@ -301,6 +301,9 @@ def test_no_verdict_rests_on_a_declined_interval():
     assert d == pytest.approx(0.1) and how == "unpaired"
     assert verdict(lo, hi) == NO_VERDICT == "not estimable: no interval"
     assert verdict(math.nan, math.nan, lower_is_better=True) == NO_VERDICT
+    # one seed of a mean metric stored without its interval: declined and said why (it was NaN labelled "1 seed")
+    lo, hi, how = seed_interval([2.5], False, [100], [None], [None])
+    assert math.isnan(lo) and math.isnan(hi) and how in DECLINED and SEED_METHOD[how].startswith("not estimable: 1 seed")
 
 
 def _paired_store(root: str, delta: float, n: int = 400, seeds=(0,)):
