@@ -1,0 +1,95 @@
+"""The `claims:` and `seeds:` sections (study/spec/claims.py): validated like every section, each claim
+resolved to the grid's models and their seeded runs."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from study.cli import app
+from study.spec.grid import GridError, expand
+
+BASE = """study: cl
+task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
+model: {d_model: 16, n_heads: 2}
+train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
+eval: {T: [1, 2], L_s: [train], n_examples: 16}
+couple:
+  - [{K: 1, L: 2}, {K: 1, L: 1}, {K: 2, L: 1}]
+seeds: {min: 2, max: 4, batch: 1}
+"""
+CLAIMS = """claims:
+  - {pair: iso-param, T: [1, 2], claim: beats}
+  - {pair: iso-flop, T: [2], claim: matches_or_beats, margin: 0.05}
+  - {A: {K: 1, L: 2}, B: {K: 2, L: 1}, T: [1], metric: vpr, claim: matches, margin: 0.1}
+"""
+
+
+def grid_of(text: str):
+    return expand(yaml.safe_load(text), "g.yaml")
+
+
+def test_claims_resolve_to_pairs_and_seeded_runs():
+    g = grid_of(BASE + CLAIMS)
+    names = [c["name"] for c in g.claims.claims]
+    assert names == ["(1 x 2) beats (1 x 1) at T=1", "(1 x 2) beats (1 x 1) at T=2",
+                     "(1 x 2) matches_or_beats (2 x 1) at T=2", "(1 x 2) matches (2 x 1) at T=1"]
+    assert len(g.runs) == 3 * 2  # three models at the first two seeds
+    assert sorted({r.train.seed for r in g.runs}) == [0, 1]
+    spec = g.claims.spec()
+    runs = spec["claims"][0]["A"]["runs"]
+    assert len(runs) == 4 and len(set(runs)) == 4  # a run id per seed, up to max
+    assert set(r.run_id for r in g.runs) <= {x for c in spec["claims"] for s in "AB" for x in c[s]["runs"]}
+    assert spec["claims"][0]["metric"] == "vpr"
+
+
+@pytest.mark.parametrize("claims, words", [
+    ("claims:\n  - {pair: iso-param, T: [1], claim: matches}", ("claims[0].margin", "needs its margin")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, colour: red}", ("claims[0].colour", "unknown key",
+                                                                         "allowed:")),
+    ("claims:\n  - {pair: iso-loop, T: [1], claim: beats}", ("claims[0].pair", "iso-param", "iso-flop")),
+    ("claims:\n  - {pair: iso-param, T: [3], claim: beats}", ("claims[0].T", "T=3")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, metric: nll}", ("claims[0].metric", "vpr")),
+    ("claims:\n  - {A: {K: 3, L: 1}, B: {K: 1, L: 1}, T: [1], claim: beats}", ("claims[0].A", "no model")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: wins}", ("claims[0].claim", "beats")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, margin: 0.1}", ("claims[0].margin", "no margin")),
+])
+def test_bad_claims_are_one_line_naming_key(claims, words):
+    with pytest.raises(GridError) as e:
+        grid_of(BASE + claims)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("g.yaml: key '")
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_pair_the_grid_does_not_hold():
+    text = BASE.replace("{K: 1, L: 2}, {K: 1, L: 1}, {K: 2, L: 1}", "{K: 1, L: 2}, {K: 2, L: 1}")
+    with pytest.raises(GridError, match=r"claims\[0\].pair.*no iso-param pair"):
+        grid_of(text + "claims:\n  - {pair: iso-param, T: [1], claim: beats}")
+
+
+@pytest.mark.parametrize("seeds, words", [
+    ("{min: 3, max: 2}", ("seeds.max", ">= min")), ("{min: 1}", ("seeds.min",)), ("{mn: 2}", ("seeds.mn", "unknown")),
+])
+def test_bad_seeds(seeds, words):
+    text = BASE.replace("seeds: {min: 2, max: 4, batch: 1}", f"seeds: {seeds}")
+    with pytest.raises(GridError) as e:
+        grid_of(text + CLAIMS)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_seed_axis_and_seeds_without_claims_are_refused():
+    with pytest.raises(GridError, match="seeds.*needs a `claims:`"):
+        grid_of(BASE)
+    with pytest.raises(GridError, match="remove the seed axis"):
+        grid_of(BASE + CLAIMS + "axes: {seed: [0, 1]}\n")
+
+
+def test_cli_exit_2_one_line(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text(BASE + "claims:\n  - {pair: iso-flop, T: [1], claim: matches}\n")
+    r = CliRunner().invoke(app, ["plan", str(p)])
+    assert r.exit_code == 2, r.output
+    assert "claims[0].margin" in r.output and str(p) in r.output and len(r.output.strip().splitlines()) == 1
