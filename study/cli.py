@@ -372,8 +372,11 @@ def run(
     from store.lease import LeaseHeld
 
     try:
-        code = run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                        echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
+        go = run_grid
+        if g.claims is not None:  # seeds on demand until each claim is decided (study/engine/claims.py)
+            from study.engine.claims import run_claims as go
+        code = go(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
+                  echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
     except LeaseHeld as e:
         _fail(str(e))
     raise typer.Exit(code)
