@@ -516,6 +516,7 @@ def report(
             typer.echo(p)
     if figure == "all" or named:
         _print_comparisons(data, opts, derived)
+    _print_claims(data)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
 
@@ -580,6 +581,19 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
     return named
+
+
+def _print_claims(data) -> None:
+    """The claims table (analysis/claims.py), when the study's grid declared claims."""
+    import tasks
+    from analysis.claims import claims_table, lines, read_spec
+
+    if read_spec(data.store) is None:
+        return
+    table = claims_table(data)
+    typer.echo(f"claims ({table['method'].iloc[0] if len(table) else ''}):")
+    for line in lines(table, {m for m in table["metric"] if tasks.is_rate(m)}):
+        typer.echo("  " + line)
 
 
 def _print_comparisons(data, opts, derived) -> None:
