@@ -104,3 +104,34 @@ def lines(table: pd.DataFrame, rate_metrics: set[str] = frozenset()) -> list[str
         out.append(f"{r.claim:<40} {margin:>7} {r.seeds:>5} {_num(r.difference, pct):>7} {seq:>17} "
                    f"{r.decision + (f' ({r.why})' if r.why else ''):<24} {fixed}")
     return out
+
+
+def plan_lines(spec: dict, evals: pd.DataFrame | None, reps: int = 2000) -> list[str]:
+    """`study plan`'s lines for a claims grid: per claim the pilot's difference and spread (the seeds the store
+    already holds), the expected seeds to decide and the chance of deciding within seeds.max, by simulation of
+    normal seed differences with the pilot's mean and s.d. (stats.sequential.simulate); without a pilot, what
+    is assumed instead."""
+    import numpy as np
+
+    from stats.sequential import simulate
+
+    d = design_of(spec)
+    s = spec["seeds"]
+    out = [f"claims: seeds {s['min']}..{s['max']} per model, {s['batch']} at a time; looks at {list(d.looks)} "
+           f"seeds; {d.method}"]
+    for c in spec["claims"]:
+        diffs = differences(c, evals) if evals is not None and len(evals) else []
+        margin = c["margin"]
+        if len(diffs) >= 2 and np.std(diffs, ddof=1) > 0:
+            mean, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
+            how = f"pilot of {len(diffs)} seeds: difference {mean:+.4g}, s.d. {sd:.4g}"
+        else:
+            sd = margin if margin else 1.0
+            mean = 0.0 if c["kind"] == "matches" else sd
+            how = (f"no pilot (fewer than 2 matched seeds with a spread in the store): assumed difference "
+                   f"{mean:+.4g}, s.d. {sd:.4g}" + (" (the margin)" if margin else " (an effect of one s.d.)"))
+        r = simulate(d, c["kind"], margin, mean, sd, reps, seed=1)
+        out.append(f"  {c['name']}: {how}; expected seeds {r['mean_seeds']:.1f}, P(decided within {s['max']}) "
+                   f"{r['supported'] + r['refuted']:.2f} (supported {r['supported']:.2f}, refuted "
+                   f"{r['refuted']:.2f}; {reps} simulated studies)")
+    return out

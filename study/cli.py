@@ -247,6 +247,7 @@ def plan(
     device: Optional[str] = typer.Option(None, "--device", help="a device's bf16 dense peak for --mfu: h100, a100, "
                                          "l4, ... (see model/costs.py BF16_PEAK_TFLOPS)"),
     peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="a device's peak FLOP/s for --mfu"),
+    results: str = typer.Option("results", "--results", help="a claims grid: the store whose seeds are its pilot"),
 ):
     """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost
     (training and evaluation FLOPs, time at a given or measured rate, a training step's peak memory);
@@ -271,6 +272,24 @@ def plan(
         typer.echo(json.dumps(totals))
         return
     _echo_plan(g, grid, rows, totals)
+    if g.claims is not None:
+        _echo_claims_plan(g, results)
+
+
+def _echo_claims_plan(g, results: str) -> None:
+    """Per claim: the pilot's difference and spread, the expected seeds and the chance of a decision."""
+    from analysis.claims import plan_lines
+
+    evals = None
+    if os.path.isdir(os.path.join(results, g.study)) or "://" in results:
+        from analysis.load import MissingData, load_study
+
+        try:
+            evals = load_study(results, g.study).evals
+        except (MissingData, OSError, ValueError):
+            evals = None
+    for line in plan_lines(g.claims.spec(), evals):
+        typer.echo(line)
 
 
 def _plan_row(g, r, m: dict | None, rate) -> dict:

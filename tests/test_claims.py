@@ -93,3 +93,47 @@ def test_cli_exit_2_one_line(tmp_path):
     r = CliRunner().invoke(app, ["plan", str(p)])
     assert r.exit_code == 2, r.output
     assert "claims[0].margin" in r.output and str(p) in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def _evals(spec: dict, diffs: list[float], claim: int = 0):
+    """An evals table holding, at claim `claim`'s point, seed i's A value 0.5 + diffs[i] and B value 0.5."""
+    import pandas as pd
+
+    c = spec["claims"][claim]
+    rows = []
+    for i, d in enumerate(diffs):
+        for side, v in (("A", 0.5 + d), ("B", 0.5)):
+            s = c[side]
+            rows.append({"run_id": s["runs"][i], "T": c["T"], "L_s": s["L_s"], "sampler": s["sampler"],
+                         "split": s["split"], "metric": c["metric"], "value": v})
+    return pd.DataFrame(rows)
+
+
+def test_claims_decided_from_evals_and_the_next_seeds():
+    from analysis.claims import evaluate, plan_lines
+    from study.engine.claims import next_seeds
+
+    g = grid_of(BASE.replace("max: 4", "max: 8") + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n")
+    spec = g.claims.spec()
+    big = [0.30, 0.32, 0.29, 0.31, 0.33]  # a large, steady gain: decided before max
+    t = evaluate(spec, _evals(spec, big))
+    r = t.iloc[0]
+    assert r["decision"] == "supported" and r["final"] and 2 <= r["seeds"] <= 5 and r["seq_low"] > 0
+    assert r["fixed_says"] == "supported" and r["fixed_low"] > r["seq_low"]  # the fixed interval is narrower
+    noisy = [0.05, -0.02]
+    t = evaluate(spec, _evals(spec, noisy))
+    assert t.iloc[0]["decision"] == "undecided (more seeds)" and not t.iloc[0]["final"]
+    owed = {m: 2 for m in g.claims.models}
+    assert set(next_seeds(t, spec, owed).values()) == {3}  # batch 1: the next look
+    lines = plan_lines(spec, _evals(spec, noisy), reps=200)
+    assert "pilot of 2 seeds" in lines[1] and "P(decided within 8)" in lines[1]
+    assert "no pilot" in plan_lines(spec, None, reps=200)[1]
+
+
+def test_lower_is_better_metric_is_oriented():
+    from analysis.claims import differences
+
+    g = grid_of(BASE + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n")
+    c = dict(g.claims.spec()["claims"][0], lower_is_better=True)
+    ev = _evals({"claims": [c]}, [0.1, 0.2])
+    assert differences(c, ev) == pytest.approx([-0.1, -0.2])
