@@ -137,3 +137,12 @@ def test_lower_is_better_metric_is_oriented():
     c = dict(g.claims.spec()["claims"][0], lower_is_better=True)
     ev = _evals({"claims": [c]}, [0.1, 0.2])
     assert differences(c, ev) == pytest.approx([-0.1, -0.2])
+
+
+def test_a_larger_max_keeps_the_seeds_already_run():
+    """A rerun with a larger seeds.max owes the same runs for the seeds it has (found done) and more after."""
+    small = grid_of(BASE + CLAIMS).claims.spec()
+    large = grid_of(BASE.replace("max: 4", "max: 6") + CLAIMS).claims.spec()
+    for a, b in zip(small["claims"], large["claims"]):
+        assert b["A"]["runs"][:4] == a["A"]["runs"] and len(b["A"]["runs"]) == 6
+        assert b["B"]["runs"][:4] == a["B"]["runs"]
