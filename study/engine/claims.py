@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import tasks
 from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines
 from analysis.load import load_study
 from store import Store
@@ -60,14 +61,8 @@ def run_claims(grid: Grid, results: str, echo=print, **run_kw) -> int:
         if new == owed:
             break
         owed = new
-    rates = {c["metric"] for c in spec["claims"] if _is_rate(c["metric"])}
+    rates = {c["metric"] for c in spec["claims"] if tasks.is_rate(c["metric"])}
     echo("claims (" + table["method"].iloc[0] + "):")
     for line in lines(table, rates):
         echo("  " + line)
     return 0
-
-
-def _is_rate(metric: str) -> bool:
-    import tasks
-
-    return tasks.is_rate(metric)

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
-from study.spec.sections import BadKey, Err, canonical, short, validate
+from study.spec.sections import BadKey, Err, canonical, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
 LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
@@ -39,8 +39,6 @@ class Seeds(Strict):
     @model_validator(mode="after")
     def _order(self):
         if self.max < self.min:
-            from study.spec.sections import refuse
-
             raise refuse(f"must be >= min ({self.min}) (got {self.max})", "max")
         return self
 
@@ -56,8 +54,6 @@ class ClaimEntry(Strict):
 
     @model_validator(mode="after")
     def _shape(self):
-        from study.spec.sections import refuse
-
         if (self.pair is None) == (self.A is None and self.B is None) or (self.A is None) != (self.B is None):
             raise refuse("name the pair as `pair: iso-param | iso-flop`, or as A and B (model fields), not both")
         if self.claim != "beats" and self.margin is None:
