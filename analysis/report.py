@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from analysis.claims import EXPLANATION as CLAIMS_EXPLANATION
+from analysis.claims import claims_table, read_spec
 from analysis.compare import EXPLANATION
 from analysis.derived import Derived
 from analysis.effective import effective_tables
@@ -110,6 +112,8 @@ def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, 
                     cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
     except MissingData as e:
         out.append(("Paired comparisons and verdicts", "", str(e)))
+    if read_spec(data.store) is not None:  # a study whose grid declared claims (analysis/claims.py)
+        out.append(("Claims", CLAIMS_EXPLANATION, claims_table(data)))
     try:
         fitted = derived.effective(opts.split)
         eff, beta = effective_tables(fitted)

@@ -114,6 +114,13 @@ class Study:
 
         return compare(self.data, list(named), split)
 
+    def claims(self) -> pd.DataFrame:
+        """The claims the study's grid declared, each with the seeds used, its sequential interval, the decision
+        and what the fixed-seed interval would say (analysis.claims); ValueError when it declared none."""
+        from analysis.claims import claims_table
+
+        return claims_table(self.data)
+
     def figure(self, name: str, **options):
         """Draw one figure of `study report` (names: analysis.figures.FIGURES) and return it as a matplotlib
         Figure (a list where the figure has several parts); nothing is written. options: those of

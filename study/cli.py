@@ -247,6 +247,7 @@ def plan(
     device: Optional[str] = typer.Option(None, "--device", help="a device's bf16 dense peak for --mfu: h100, a100, "
                                          "l4, ... (see model/costs.py BF16_PEAK_TFLOPS)"),
     peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="a device's peak FLOP/s for --mfu"),
+    results: str = typer.Option("results", "--results", help="a claims grid: the store whose seeds are its pilot"),
 ):
     """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost
     (training and evaluation FLOPs, time at a given or measured rate, a training step's peak memory);
@@ -271,6 +272,24 @@ def plan(
         typer.echo(json.dumps(totals))
         return
     _echo_plan(g, grid, rows, totals)
+    if g.claims is not None:
+        _echo_claims_plan(g, results)
+
+
+def _echo_claims_plan(g, results: str) -> None:
+    """Per claim: the pilot's difference and spread, the expected seeds and the chance of a decision."""
+    from analysis.claims import plan_lines
+
+    evals = None
+    if os.path.isdir(os.path.join(results, g.study)) or "://" in results:
+        from analysis.load import MissingData, load_study
+
+        try:
+            evals = load_study(results, g.study).evals
+        except (MissingData, OSError, ValueError):
+            evals = None
+    for line in plan_lines(g.claims.spec(), evals):
+        typer.echo(line)
 
 
 def _plan_row(g, r, m: dict | None, rate) -> dict:
@@ -372,8 +391,11 @@ def run(
     from store.lease import LeaseHeld
 
     try:
-        code = run_grid(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                        echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
+        go = run_grid
+        if g.claims is not None:  # seeds on demand until each claim is decided (study/engine/claims.py)
+            from study.engine.claims import run_claims as go
+        code = go(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
+                  echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
     except LeaseHeld as e:
         _fail(str(e))
     raise typer.Exit(code)
@@ -513,6 +535,7 @@ def report(
             typer.echo(p)
     if figure == "all" or named:
         _print_comparisons(data, opts, derived)
+    _print_claims(data)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
 
@@ -577,6 +600,19 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
     return named
+
+
+def _print_claims(data) -> None:
+    """The claims table (analysis/claims.py), when the study's grid declared claims."""
+    import tasks
+    from analysis.claims import claims_table, lines, read_spec
+
+    if read_spec(data.store) is None:
+        return
+    table = claims_table(data)
+    typer.echo(f"claims ({table['method'].iloc[0] if len(table) else ''}):")
+    for line in lines(table, {m for m in table["metric"] if tasks.is_rate(m)}):
+        typer.echo("  " + line)
 
 
 def _print_comparisons(data, opts, derived) -> None:

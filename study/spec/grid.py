@@ -214,6 +214,7 @@ class Grid:
     search_groups: list[SearchGroup] = field(default_factory=list)  # one Optuna study each
     tuned: dict = field(default_factory=dict)  # run_id -> {key: {value, file, group}} from `defaults_from`
     overrides: list = field(default_factory=list)  # command-line `key=value` applied to raw (study/spec/overrides.py)
+    claims: typing.Any = None  # the `claims:` and `seeds:` sections (study/spec/claims.py Claims), when present
 
 
 def _yaml_error(path: str, e: yaml.YAMLError) -> str:
@@ -343,8 +344,15 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                 tuned[run.run_id] = source
     if not runs:
         err("axes", "the grid expands to no runs (check constraints / exclude)")
+    from study.spec.claims import parse_claims
+
+    claims = parse_claims(raw, list(runs.values()), err)
+    if claims is not None:  # each model at the first `seeds.min` seeds; study/engine/claims.py adds the others
+        if search is not None:
+            err("claims", "a search grid (`search:`) decides no claims: use a grid of fixed models")
+        runs = {r.run_id: r for m in runs.values() for r in claims.seeds_of(m, claims.seeds.min)}
     return Grid(path=path, study=study, runs=list(runs.values()), raw=raw, search=search,
-                search_groups=list(search_groups.values()), tuned=tuned)
+                search_groups=list(search_groups.values()), tuned=tuned, claims=claims)
 
 
 def _check_search_point(search: Search, sections: dict, point: dict, study: str, retries: int, group: str | None,

@@ -98,7 +98,8 @@ ALIASES = {
     "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
 }
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
-            "search", "defaults_from", *SECTIONS}  # search / defaults_from: see study/spec/search.py
+            "search", "defaults_from", "claims", "seeds", *SECTIONS}  # search / defaults_from: see study/spec/search.py;
+# claims / seeds: study/spec/claims.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
 

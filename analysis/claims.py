@@ -1,0 +1,137 @@
+"""The claims a study declared (its grid's `claims:` section, kept in the store as claims.json) decided from
+its evaluations: per claim the matched per-seed differences, the sequential interval and decision
+(stats/sequential.py), and what the ordinary fixed-seed 95% t interval over the same seeds would say.
+
+The difference is oriented so that positive means A is better: A - B for a metric where higher is better,
+B - A where lower is (docs/DESIGN.md, "Claims").
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from analysis.load import MissingData
+from stats import t_ci
+from stats.sequential import decide, design, settles
+
+CLAIMS_FILE = "claims.json"
+COLUMNS = ["claim", "kind", "margin", "metric", "T", "seeds", "difference", "seq_low", "seq_high", "decision",
+           "final", "fixed_low", "fixed_high", "fixed_says", "why", "method"]
+EXPLANATION = ("Claims declared in the grid before the run, each decided from the matched per-seed differences "
+               "(A better than B by, in the metric's units) by group-sequential repeated 95% t intervals "
+               "(seq_low, seq_high: valid at every look taken, so stopping early costs no error rate); seeds: "
+               "the seeds the decision used. fixed_low/high: the ordinary 95% t interval over the same seeds, "
+               "and fixed_says what it alone would decide (not corrected for the looks: shown for comparison).")
+
+
+def read_spec(store) -> dict | None:
+    """The claims.json a claims run wrote into the study (None: the study declared no claims)."""
+    if store is None:
+        return None
+    raw = store.read_bytes(store.path(CLAIMS_FILE))
+    return None if raw is None else json.loads(raw)
+
+
+def design_of(spec: dict):
+    s = spec["seeds"]
+    return design(s["min"], s["max"], s["batch"], spending=s.get("spending", "obrien-fleming"))
+
+
+def differences(claim: dict, evals: pd.DataFrame) -> list[float]:
+    """The matched per-seed differences (A better by), seed 0, 1, ... while both models have that seed
+    evaluated at the claim's point."""
+    ev = evals[(evals["metric"] == claim["metric"]) & (evals["T"] == claim["T"])]
+
+    def values(side: dict) -> dict:
+        d = ev[(ev["L_s"] == side["L_s"]) & (ev["sampler"] == side["sampler"]) & (ev["split"] == side["split"])]
+        return dict(zip(d["run_id"], d["value"].astype(float)))
+
+    a, b = values(claim["A"]), values(claim["B"])
+    sign = -1.0 if claim["lower_is_better"] else 1.0
+    out = []
+    for ra, rb in zip(claim["A"]["runs"], claim["B"]["runs"]):
+        if ra not in a or rb not in b:
+            break
+        out.append(sign * (a[ra] - b[rb]))
+    return out
+
+
+def evaluate(spec: dict, evals: pd.DataFrame) -> pd.DataFrame:
+    """One row per claim: its decision so far (COLUMNS)."""
+    d = design_of(spec)
+    rows = []
+    for c in spec["claims"]:
+        diffs = differences(c, evals)
+        r = decide(diffs, d, c["kind"], c["margin"])
+        flo = fhi = math.nan
+        if r.seeds >= 2 and r.seeds <= len(diffs):
+            _, flo, fhi = t_ci(diffs[:r.seeds])
+        fixed = settles(c["kind"], flo, fhi, c["margin"]) if math.isfinite(flo) and fhi > flo else "undecided"
+        rows.append({"claim": c["name"], "kind": c["kind"], "margin": c["margin"], "metric": c["metric"],
+                     "T": c["T"], "seeds": r.seeds, "difference": r.mean, "seq_low": r.low, "seq_high": r.high,
+                     "decision": r.decision if r.final or r.decision != "undecided" else "undecided (more seeds)",
+                     "final": r.final, "fixed_low": flo, "fixed_high": fhi, "fixed_says": fixed, "why": r.why,
+                     "method": d.method, "A": c["A"]["model"], "B": c["B"]["model"]})
+    return pd.DataFrame(rows, columns=COLUMNS + ["A", "B"])
+
+
+def claims_table(data) -> pd.DataFrame:
+    """The claims of a study (StudyData), decided from its evaluations; MissingData when it declared none."""
+    spec = read_spec(data.store)
+    if spec is None:
+        raise MissingData("the study declared no claims (a grid's `claims:` section, run with `study run`)")
+    return evaluate(spec, data.evals)
+
+
+def _num(x: float, pct: bool) -> str:
+    if not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "-"
+    return f"{x * 100:+.1f}" if pct else f"{x:+.4g}"
+
+
+def lines(table: pd.DataFrame, rate_metrics: set[str] = frozenset()) -> list[str]:
+    """The terminal's claims table (rates in points: 100 x the difference)."""
+    out = [f"{'claim':<40} {'margin':>7} {'seeds':>5} {'diff':>7} {'sequential 95%':>17} {'decision':<24} "
+           f"{'fixed-seed 95% says':<20}"]
+    for r in table.itertuples(index=False):
+        pct = r.metric in rate_metrics
+        margin = "-" if r.margin is None or (isinstance(r.margin, float) and math.isnan(r.margin)) \
+            else _num(r.margin, pct).lstrip("+")
+        seq = f"[{_num(r.seq_low, pct)}, {_num(r.seq_high, pct)}]"
+        fixed = f"{r.fixed_says} [{_num(r.fixed_low, pct)}, {_num(r.fixed_high, pct)}]"
+        out.append(f"{r.claim:<40} {margin:>7} {r.seeds:>5} {_num(r.difference, pct):>7} {seq:>17} "
+                   f"{r.decision + (f' ({r.why})' if r.why else ''):<24} {fixed}")
+    return out
+
+
+def plan_lines(spec: dict, evals: pd.DataFrame | None, reps: int = 2000) -> list[str]:
+    """`study plan`'s lines for a claims grid: per claim the pilot's difference and spread (the seeds the store
+    already holds), the expected seeds to decide and the chance of deciding within seeds.max, by simulation of
+    normal seed differences with the pilot's mean and s.d. (stats.sequential.simulate); without a pilot, what
+    is assumed instead."""
+    import numpy as np
+
+    from stats.sequential import simulate
+
+    d = design_of(spec)
+    s = spec["seeds"]
+    out = [f"claims: seeds {s['min']}..{s['max']} per model, {s['batch']} at a time; looks at {list(d.looks)} "
+           f"seeds; {d.method}"]
+    for c in spec["claims"]:
+        diffs = differences(c, evals) if evals is not None and len(evals) else []
+        margin = c["margin"]
+        if len(diffs) >= 2 and np.std(diffs, ddof=1) > 0:
+            mean, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
+            how = f"pilot of {len(diffs)} seeds: difference {mean:+.4g}, s.d. {sd:.4g}"
+        else:
+            sd = margin if margin else 1.0
+            mean = 0.0 if c["kind"] == "matches" else sd
+            how = (f"no pilot (fewer than 2 matched seeds with a spread in the store): assumed difference "
+                   f"{mean:+.4g}, s.d. {sd:.4g}" + (" (the margin)" if margin else " (an effect of one s.d.)"))
+        r = simulate(d, c["kind"], margin, mean, sd, reps, seed=1)
+        out.append(f"  {c['name']}: {how}; expected seeds {r['mean_seeds']:.1f}, P(decided within {s['max']}) "
+                   f"{r['supported'] + r['refuted']:.2f} (supported {r['supported']:.2f}, refuted "
+                   f"{r['refuted']:.2f}; {reps} simulated studies)")
+    return out

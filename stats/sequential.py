@@ -1,0 +1,171 @@
+"""Claims decided with as few seeds as they need: a group-sequential t design for the mean of the matched
+per-seed differences d_1, d_2, ... (A - B, one per seed), looked at after n_1 < n_2 < ... <= n_max seeds.
+
+The method (docs/DESIGN.md, "Claims"): repeated confidence intervals (Jennison & Turnbull 1989, "Interim
+analyses: the repeated confidence interval approach", JRSS B 51:305-361; the book "Group Sequential Methods
+with Applications to Clinical Trials", 2000, ch. 9) with the two-sided alpha spent over the looks by a
+Lan-DeMets spending function (Lan & DeMets 1983, Biometrika 70:659-663): O'Brien-Fleming-type
+alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) by default, or Pocock-type alpha * ln(1 + (e - 1) t), t = n_k / n_max
+the information fraction. At look k the interval is mean +- c_k * s / sqrt(n_k) (s the sample s.d.); the
+critical values c_k are those of the Student t statistics themselves, not of their normal limit: for
+normal seed differences the joint law of (t_1, ..., t_K) at the true mean is free of the mean and the
+spread, so c_k are found by simulating it once (seeded, CALIBRATION_PATHS paths): P(no earlier crossing,
+|t_k| > c_k) = alpha(t_k) - alpha(t_{k-1}). That holds with 2 seeds, where a normal-theory or asymptotic
+confidence sequence does not. All intervals together cover the true mean with probability >= 1 - alpha,
+whatever look the study stops at, so a claim decided at the first look whose interval settles it is
+wrong at most alpha of the time (tests/test_claims_sim.py checks it by simulation).
+
+A leaf module: numpy only, no project imports.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+KINDS = ("beats", "matches_or_beats", "matches")
+SPENDING = ("obrien-fleming", "pocock")
+CALIBRATION_PATHS = 200_000
+METHOD = ("group-sequential repeated 95% t intervals over the looks (Jennison & Turnbull), alpha spent "
+          "by the Lan-DeMets {spending}-type function; critical values of the t statistics by simulation")
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _z(p: float) -> float:
+    """The p-quantile of the standard normal (bisection on erfc: exact to 1e-12)."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _phi(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def spent(t: float, alpha: float, spending: str) -> float:
+    """The two-sided alpha spent by information fraction t (0 < t <= 1)."""
+    if spending == "obrien-fleming":
+        return min(alpha, 2.0 - 2.0 * _phi(_z(1.0 - alpha / 2.0) / math.sqrt(t)))
+    if spending == "pocock":
+        return alpha * math.log(1.0 + (math.e - 1.0) * t)
+    raise ValueError(f"spending must be one of {', '.join(SPENDING)} (got {spending!r})")
+
+
+def looks_of(n_min: int, n_max: int, batch: int = 1) -> tuple[int, ...]:
+    """The seed counts looked at: n_min, n_min + batch, ..., and n_max last."""
+    if not (2 <= n_min <= n_max) or batch < 1:
+        raise ValueError(f"need 2 <= min <= max and batch >= 1 (got min={n_min}, max={n_max}, batch={batch})")
+    out = list(range(n_min, n_max + 1, batch))
+    if out[-1] != n_max:
+        out.append(n_max)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Design:
+    looks: tuple[int, ...]
+    alpha: float
+    spending: str
+    crit: tuple[float, ...]  # c_k of look k: the interval is mean +- c_k * s / sqrt(n_k)
+
+    @property
+    def method(self) -> str:
+        return METHOD.format(spending=self.spending)
+
+
+@lru_cache(maxsize=64)
+def design(n_min: int, n_max: int, batch: int = 1, alpha: float = 0.05, spending: str = "obrien-fleming",
+           paths: int = CALIBRATION_PATHS, seed: int = 20210) -> Design:
+    """The design of looks n_min, n_min + batch, ..., n_max at two-sided level alpha (cached)."""
+    looks = looks_of(n_min, n_max, batch)
+    spends = [spent(n / n_max, alpha, spending) for n in looks]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((paths, n_max))
+    csum, csq = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    alive = np.ones(paths, dtype=bool)
+    crit, before = [], 0.0
+    for n, a in zip(looks, spends):
+        mean = csum[:, n - 1] / n
+        var = np.maximum(csq[:, n - 1] - n * mean * mean, 0.0) / (n - 1)
+        t = np.abs(mean) * math.sqrt(n) / np.sqrt(var)
+        m = int(round((a - before) * paths))  # paths allowed to cross first here
+        cand = np.sort(t[alive])[::-1]
+        c = float(cand[m]) if m < len(cand) else 0.0
+        crit.append(c)
+        alive &= t <= c
+        before = a
+    return Design(looks, alpha, spending, tuple(crit))
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str  # supported | refuted | undecided
+    seeds: int  # seeds the decision used (the look it was taken at, or the last look reached)
+    mean: float
+    low: float
+    high: float
+    final: bool  # no more seeds can change it: decided, or the last look (n_max) reached undecided
+    why: str = ""
+
+
+def settles(kind: str, low: float, high: float, margin: float | None) -> str:
+    """supported | refuted | undecided: what an interval [low, high] of A - B ("better" oriented) says of a claim."""
+    m = margin or 0.0
+    if kind == "beats":
+        return "supported" if low > 0 else "refuted" if high < 0 else "undecided"
+    if kind == "matches_or_beats":
+        return "supported" if low > -m else "refuted" if high < -m else "undecided"
+    if kind == "matches":
+        if margin is None:
+            raise ValueError("a matches claim needs its margin")
+        return "supported" if -m < low and high < m else "refuted" if low > m or high < -m else "undecided"
+    raise ValueError(f"claim kind must be one of {', '.join(KINDS)} (got {kind!r})")
+
+
+def interval_at(diffs, n: int, c: float) -> tuple[float, float, float]:
+    """(mean, low, high) of the first n differences, half-width c * s / sqrt(n); nan bounds when s = 0."""
+    d = np.asarray(diffs[:n], dtype=float)
+    mean = float(d.mean())
+    s = float(d.std(ddof=1))
+    if not s > 0:  # every seed the same difference: no spread to estimate, nothing to decide on
+        return mean, float("nan"), float("nan")
+    half = c * s / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def decide(diffs, d: Design, kind: str, margin: float | None = None) -> Decision:
+    """The claim's decision from the per-seed differences in seed order, at the first look that settles it."""
+    nan = float("nan")
+    reached = [(n, c) for n, c in zip(d.looks, d.crit) if n <= len(diffs)]
+    if not reached:
+        return Decision("undecided", len(diffs), float(np.mean(diffs)) if len(diffs) else nan, nan, nan, False,
+                        f"fewer seeds than the first look ({d.looks[0]})")
+    for n, c in reached:
+        mean, lo, hi = interval_at(diffs, n, c)
+        verdict = settles(kind, lo, hi, margin) if math.isfinite(lo) else "undecided"
+        if verdict != "undecided":
+            return Decision(verdict, n, mean, lo, hi, True)
+    final = reached[-1][0] == d.looks[-1]
+    why = "no spread among the seed differences" if not math.isfinite(lo) else ""
+    return Decision("undecided", n, mean, lo, hi, final, why)
+
+
+def simulate(d: Design, kind: str, margin: float | None, true_mean: float, sd: float, reps: int,
+             seed: int = 0) -> dict:
+    """Operating characteristics of a design by simulation from normal seed differences N(true_mean, sd):
+    the share of each decision and the mean seeds used (for `study plan` and the docs)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(true_mean, sd, (reps, d.looks[-1]))
+    counts = {"supported": 0, "refuted": 0, "undecided": 0}
+    used = 0
+    for row in x:
+        r = decide(row, d, kind, margin)
+        counts[r.decision] += 1
+        used += r.seeds
+    return {**{k: v / reps for k, v in counts.items()}, "mean_seeds": used / reps}

@@ -1,0 +1,148 @@
+"""The `claims:` and `seeds:` sections (study/spec/claims.py): validated like every section, each claim
+resolved to the grid's models and their seeded runs."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from study.cli import app
+from study.spec.grid import GridError, expand
+
+BASE = """study: cl
+task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
+model: {d_model: 16, n_heads: 2}
+train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
+eval: {T: [1, 2], L_s: [train], n_examples: 16}
+couple:
+  - [{K: 1, L: 2}, {K: 1, L: 1}, {K: 2, L: 1}]
+seeds: {min: 2, max: 4, batch: 1}
+"""
+CLAIMS = """claims:
+  - {pair: iso-param, T: [1, 2], claim: beats}
+  - {pair: iso-flop, T: [2], claim: matches_or_beats, margin: 0.05}
+  - {A: {K: 1, L: 2}, B: {K: 2, L: 1}, T: [1], metric: vpr, claim: matches, margin: 0.1}
+"""
+
+
+def grid_of(text: str):
+    return expand(yaml.safe_load(text), "g.yaml")
+
+
+def test_claims_resolve_to_pairs_and_seeded_runs():
+    g = grid_of(BASE + CLAIMS)
+    names = [c["name"] for c in g.claims.claims]
+    assert names == ["(1 x 2) beats (1 x 1) at T=1", "(1 x 2) beats (1 x 1) at T=2",
+                     "(1 x 2) matches_or_beats (2 x 1) at T=2", "(1 x 2) matches (2 x 1) at T=1"]
+    assert len(g.runs) == 3 * 2  # three models at the first two seeds
+    assert sorted({r.train.seed for r in g.runs}) == [0, 1]
+    spec = g.claims.spec()
+    runs = spec["claims"][0]["A"]["runs"]
+    assert len(runs) == 4 and len(set(runs)) == 4  # a run id per seed, up to max
+    assert set(r.run_id for r in g.runs) <= {x for c in spec["claims"] for s in "AB" for x in c[s]["runs"]}
+    assert spec["claims"][0]["metric"] == "vpr"
+
+
+@pytest.mark.parametrize("claims, words", [
+    ("claims:\n  - {pair: iso-param, T: [1], claim: matches}", ("claims[0].margin", "needs its margin")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, colour: red}", ("claims[0].colour", "unknown key",
+                                                                         "allowed:")),
+    ("claims:\n  - {pair: iso-loop, T: [1], claim: beats}", ("claims[0].pair", "iso-param", "iso-flop")),
+    ("claims:\n  - {pair: iso-param, T: [3], claim: beats}", ("claims[0].T", "T=3")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, metric: nll}", ("claims[0].metric", "vpr")),
+    ("claims:\n  - {A: {K: 3, L: 1}, B: {K: 1, L: 1}, T: [1], claim: beats}", ("claims[0].A", "no model")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: wins}", ("claims[0].claim", "beats")),
+    ("claims:\n  - {pair: iso-param, T: [1], claim: beats, margin: 0.1}", ("claims[0].margin", "no margin")),
+])
+def test_bad_claims_are_one_line_naming_key(claims, words):
+    with pytest.raises(GridError) as e:
+        grid_of(BASE + claims)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("g.yaml: key '")
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_pair_the_grid_does_not_hold():
+    text = BASE.replace("{K: 1, L: 2}, {K: 1, L: 1}, {K: 2, L: 1}", "{K: 1, L: 2}, {K: 2, L: 1}")
+    with pytest.raises(GridError, match=r"claims\[0\].pair.*no iso-param pair"):
+        grid_of(text + "claims:\n  - {pair: iso-param, T: [1], claim: beats}")
+
+
+@pytest.mark.parametrize("seeds, words", [
+    ("{min: 3, max: 2}", ("seeds.max", ">= min")), ("{min: 1}", ("seeds.min",)), ("{mn: 2}", ("seeds.mn", "unknown")),
+])
+def test_bad_seeds(seeds, words):
+    text = BASE.replace("seeds: {min: 2, max: 4, batch: 1}", f"seeds: {seeds}")
+    with pytest.raises(GridError) as e:
+        grid_of(text + CLAIMS)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_seed_axis_and_seeds_without_claims_are_refused():
+    with pytest.raises(GridError, match="seeds.*needs a `claims:`"):
+        grid_of(BASE)
+    with pytest.raises(GridError, match="remove the seed axis"):
+        grid_of(BASE + CLAIMS + "axes: {seed: [0, 1]}\n")
+
+
+def test_cli_exit_2_one_line(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text(BASE + "claims:\n  - {pair: iso-flop, T: [1], claim: matches}\n")
+    r = CliRunner().invoke(app, ["plan", str(p)])
+    assert r.exit_code == 2, r.output
+    assert "claims[0].margin" in r.output and str(p) in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def _evals(spec: dict, diffs: list[float], claim: int = 0):
+    """An evals table holding, at claim `claim`'s point, seed i's A value 0.5 + diffs[i] and B value 0.5."""
+    import pandas as pd
+
+    c = spec["claims"][claim]
+    rows = []
+    for i, d in enumerate(diffs):
+        for side, v in (("A", 0.5 + d), ("B", 0.5)):
+            s = c[side]
+            rows.append({"run_id": s["runs"][i], "T": c["T"], "L_s": s["L_s"], "sampler": s["sampler"],
+                         "split": s["split"], "metric": c["metric"], "value": v})
+    return pd.DataFrame(rows)
+
+
+def test_claims_decided_from_evals_and_the_next_seeds():
+    from analysis.claims import evaluate, plan_lines
+    from study.engine.claims import next_seeds
+
+    g = grid_of(BASE.replace("max: 4", "max: 8") + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n")
+    spec = g.claims.spec()
+    big = [0.30, 0.32, 0.29, 0.31, 0.33]  # a large, steady gain: decided before max
+    t = evaluate(spec, _evals(spec, big))
+    r = t.iloc[0]
+    assert r["decision"] == "supported" and r["final"] and 2 <= r["seeds"] <= 5 and r["seq_low"] > 0
+    assert r["fixed_says"] == "supported" and r["fixed_low"] > r["seq_low"]  # the fixed interval is narrower
+    noisy = [0.05, -0.02]
+    t = evaluate(spec, _evals(spec, noisy))
+    assert t.iloc[0]["decision"] == "undecided (more seeds)" and not t.iloc[0]["final"]
+    owed = {m: 2 for m in g.claims.models}
+    assert set(next_seeds(t, spec, owed).values()) == {3}  # batch 1: the next look
+    lines = plan_lines(spec, _evals(spec, noisy), reps=200)
+    assert "pilot of 2 seeds" in lines[1] and "P(decided within 8)" in lines[1]
+    assert "no pilot" in plan_lines(spec, None, reps=200)[1]
+
+
+def test_lower_is_better_metric_is_oriented():
+    from analysis.claims import differences
+
+    g = grid_of(BASE + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n")
+    c = dict(g.claims.spec()["claims"][0], lower_is_better=True)
+    ev = _evals({"claims": [c]}, [0.1, 0.2])
+    assert differences(c, ev) == pytest.approx([-0.1, -0.2])
+
+
+def test_a_larger_max_keeps_the_seeds_already_run():
+    """A rerun with a larger seeds.max owes the same runs for the seeds it has (found done) and more after."""
+    small = grid_of(BASE + CLAIMS).claims.spec()
+    large = grid_of(BASE.replace("max: 4", "max: 6") + CLAIMS).claims.spec()
+    for a, b in zip(small["claims"], large["claims"]):
+        assert b["A"]["runs"][:4] == a["A"]["runs"] and len(b["A"]["runs"]) == 6
+        assert b["B"]["runs"][:4] == a["B"]["runs"]
