@@ -34,28 +34,37 @@ import pyarrow.fs as pafs
 from store import SCHEMAS, Store, is_safe_name
 from study.commands.verify.configs import check_run_configs
 from study.commands.verify.context import Context, Verdict
+from study.commands.verify.deep import check_deep
+from study.commands.verify.digests import check_digests
 from study.commands.verify.evals import check_evals_and_samples
 from study.commands.verify.grids import check_grids, expected_points
 from study.commands.verify.histories import check_histories
 from study.commands.verify.leftovers import check_leftovers
 from study.commands.verify.read_index import check_index
 from study.commands.verify.runs import check_final_loss, check_runs
+from study.commands.verify.weights import check_weights
 
 __all__ = ["Verdict", "verify_study"]
 
 
-def verify_study(store: Store) -> Verdict:
+def verify_study(store: Store, deep: bool = False, fraction: float = 1.0, points: list[str] | None = None) -> Verdict:
+    """Every check of the store; `deep`: also evaluate a `fraction` of the eval points (or the named `points`)
+    again from the stored weights (deep.py)."""
     c = Context(store, Verdict(store.study, store.dir))
     read_tables(c)
     check_runs(c)
     check_grids(c)
     check_run_configs(c)
+    check_weights(c)
+    check_digests(c)
     expected_points(c)
     check_evals_and_samples(c)
     check_histories(c)
     check_final_loss(c)
     check_index(c)
     check_leftovers(c)
+    if deep:
+        check_deep(c, fraction, points)
     return c.v
 
 

@@ -145,6 +145,9 @@ def _check_status(c: Context, rid: str, row: dict, rpath: str) -> None:
         v.problems.append(f"{rpath}: field status is {st!r}; a run is {', '.join(STATUSES)}")
     elif st == "done" and row["error"] is not None:
         v.problems.append(f"{rpath}: field status is 'done' but field error says {str(row['error'])[:80]!r}")
+    elif st != "done" and row.get("weights_sha256") is not None:
+        v.problems.append(f"{rpath}: field status is {st!r} but field weights_sha256 records final weights: only "
+                          f"the row of a run that finished (done) records them")
     elif st != "done" and row["error"] is None:
         has = store.exists(store.weights_path(rid))
         v.problems.append(f"{rpath}: field status is {st!r} without an error"

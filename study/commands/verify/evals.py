@@ -71,6 +71,16 @@ def _metrics_owed(c: Context, rid: str, key: str, samples) -> set[str]:
     return out
 
 
+def declared_metrics(task, kind: str) -> set[str]:
+    """The metrics an evals row of a `kind` point (sample, likelihood, gen, ext) of `task` may name: the one
+    place that says which (tasks declare their own metric names: tasks/base.py)."""
+    if kind == "gen":
+        return {"known_words"}
+    if kind == "likelihood":  # ppl (exp nll) and a generations row inside the point: older stores
+        return {"nll", "bpc", "ppl", "known_words"}
+    return set(task.metric_names)
+
+
 def _point_from_rows(run: Run, task, key: str, r: dict) -> EvalPoint | None:
     """The evaluation point whose key the rows' own fields (T, L_s, sampler, split, n_examples) and the
     run's eval settings give, if that is `key`: a point of a grid the study did not record."""
@@ -112,6 +122,11 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict) -> Non
     if found is None:
         return
     pt, kind = found
+    declared = declared_metrics(task, kind)
+    for r in rows:
+        if r["metric"] not in declared:
+            v.problems.append(f"{path}: field metric is {r['metric']!r}, not a metric task {row['task']} declares "
+                              f"for this point ({', '.join(sorted(declared))})")
     if pt is not None:
         _check_rows_at_point(v, path, key, rows, pt, kind)
     if st is None:

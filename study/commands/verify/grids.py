@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
 import yaml
 
 from store import provenance
@@ -25,6 +26,7 @@ def check_grids(c: Context) -> None:
     v.problems += bad
     out, seen = c.grids, set()
     if not entries and not bad:
+        _check_log_kept(c)
         raw = store.read_bytes(store.path("grid.yaml"))
         if raw is not None:
             v.underived.add("eval points of grids run before grids were recorded (only the last grid.yaml is known)")
@@ -59,6 +61,20 @@ def check_grids(c: Context) -> None:
                               f"recorded ({', '.join(sorted(shas)) or 'none'})")
 
 
+def _check_log_kept(c: Context) -> None:
+    """A study whose runs rows name the grid that ran them, or that keeps grid files, recorded them in
+    grids/log.jsonl: that log missing or empty is a deletion, not a study from before the record."""
+    named = sorted({(row["grid"], rid) for rid, row in c.runs.items() if row.get("grid")})
+    kept = c.store.fs.get_file_info(pafs.FileSelector(c.store.path(provenance.GRIDS), allow_not_found=True))
+    kept = sorted(i.base_name for i in kept if i.base_name.endswith(".yaml"))
+    if named or kept:
+        sha, rid = named[0] if named else (kept[0][: -len(".yaml")], None)
+        by = f"runs/{rid}.parquet field grid names grid {sha}" if rid else f"grids/ keeps grid {sha}"
+        c.v.problems.append(f"{c.store.path(provenance.GRIDS, provenance.LOG)}: missing or empty, but {by} "
+                            f"({len(named)} runs row(s) name a grid, {len(kept)} grid file(s) kept): the record of "
+                            f"the grids the study ran was deleted")
+
+
 def _expand(v: Verdict, raw: bytes, path: str):
     try:
         grid = expand(yaml.safe_load(raw), path)
@@ -76,9 +92,12 @@ def expected_points(c: Context) -> None:
     """c.owed (run_id -> eval keys owed) and c.known (run_id -> {key: EvalPoint} known): from every recorded
     grid and from each done run's own config."""
     runs, owed, known = c.runs, c.owed, c.known
+    missing: dict[str, str] = {}
     for g in c.grids:
         for run in g.runs or ():
             row = runs.get(run.run_id)
+            if row is None and ("runs", (f"{run.run_id}.parquet",)) not in c.files:
+                missing.setdefault(run.run_id, f"{g.path} (K {run.model.K}, L {run.model.L}, seed {run.train.seed})")
             pts = {p.key: p for p in run.eval_points()}
             known.setdefault(run.run_id, {}).update(pts)
             if row is not None and row["status"] == "done":
@@ -88,3 +107,6 @@ def expected_points(c: Context) -> None:
         known.setdefault(rid, {}).update(pts)
         if runs[rid]["status"] == "done":
             owed.setdefault(rid, set()).update(pts)
+    for rid, by in sorted(missing.items()):
+        c.v.problems.append(f"{c.store.path('runs', rid + '.parquet')}: missing, but grid {by} owes run {rid}: "
+                            f"deleted, or never run (`study run` the grid to finish it)")

@@ -1,15 +1,11 @@
-"""The runs rows: one per id, and a done run's weights and final loss."""
+"""The runs rows: one per id, of its own id, and a done run's final loss that of its history."""
 from __future__ import annotations
 
-import io
-
-from model.train import CheckpointError, load_state
 from study.commands.verify.context import Context, same, stem
 
 
 def check_runs(c: Context) -> None:
-    """One runs row per id, of its own id; a done run's weights present and this project's (loaded without
-    running code)."""
+    """One runs row per id, of its own id."""
     store, v, runs = c.store, c.v, c.runs
     for (table, rel), t in c.tables.items():
         if table != "runs":
@@ -24,25 +20,6 @@ def check_runs(c: Context) -> None:
         if rows:
             runs[rid] = rows[-1]
     v.add("runs", len(runs))
-    for rid, row in sorted(runs.items()):
-        if row["status"] != "done":
-            continue
-        v.add("done")
-        wpath = store.weights_path(rid)
-        data = store.read_bytes(wpath)
-        if data is None:
-            v.problems.append(f"run {rid} is done but has no weights ({wpath})")
-            continue
-        try:
-            sd = load_state(io.BytesIO(data), "cpu", wpath)
-            from study.engine.trial import STATE_KEYS
-
-            lacking = [k for k in STATE_KEYS if k not in sd]
-            if lacking:
-                raise CheckpointError(f"{wpath}: not this project's weights (no {', '.join(lacking)})")
-            v.add("weights")
-        except CheckpointError as e:
-            v.problems.append(f"{e}; `study run` sets it aside and retrains the run")
 
 
 def check_final_loss(c: Context) -> None:
