@@ -51,7 +51,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import atomicio
-from store import index
+from store import digest, index
 
 RUNS = pa.schema([
     ("run_id", pa.string()), ("study", pa.string()), ("group", pa.string()), ("task", pa.string()),
@@ -70,6 +70,9 @@ RUNS = pa.schema([
     ("gpu_ids", pa.string()),
     # content hash of the grid whose `study run` / `study tune` wrote this row (grids/<sha>.yaml; store/provenance.py)
     ("grid", pa.string()),
+    # what the row recorded of its files when written (store/digest.py): SHA-256 of a done run's weights file
+    # and of its history's rows, and of the row's own other fields (set by Store.write_rows); null before
+    ("weights_sha256", pa.string()), ("history_sha256", pa.string()), ("row_sha256", pa.string()),
 ])
 EVALS = pa.schema([
     ("run_id", pa.string()), ("eval_key", pa.string()), ("T", pa.int32()), ("L_s", pa.int32()),
@@ -382,6 +385,9 @@ class Store:
             for name, values in columns.items():
                 values.append(r[name])
         t = pa.Table.from_pydict(columns, schema=schema)
+        if table == "runs":  # each row's digest of its own fields, as a reader will read them
+            t = t.set_column(schema.get_field_index("row_sha256"), "row_sha256",
+                             pa.array([digest.row_sha256(r) for r in t.to_pylist()], pa.string()))
         buf = io.BytesIO()
         pq.write_table(t, buf, write_page_checksum=True)  # a page's bytes changed later fail its read
         self.write_bytes(self.path(table, *parts), buf.getvalue())
@@ -439,7 +445,7 @@ class Store:
             return {i.path[len(prefix):] for i in files} - set(ok)
 
         return Summary(runs, evals, unreadable(sample_files, "samples", samples),
-                       unreadable(hist_files, "history", hist))
+                       unreadable(hist_files, "history", hist), set(samples), set(hist))
 
     # ---- run-level helpers -----------------------------------------------------------------
     def _parse(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
@@ -497,8 +503,9 @@ class Store:
         rows = t.to_pylist() if t is not None else []
         return rows[0] if rows else None
 
-    def eval_keys(self, run_id: str) -> set[str]:
-        """Eval points of a run whose evals file (and samples file, if any) parse: the points done."""
+    def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
+        """Eval points of a run whose evals file (and samples file, if any; `whole`: which must be there) parse:
+        the points done (`whole`, as Store.summary's eval_keys: what `study run` redoes is every other)."""
         d = f"{self.dir}/evals/{safe_name(run_id)}"
         sel = pafs.FileSelector(d, allow_not_found=True)
         keys = set()
@@ -507,7 +514,11 @@ class Store:
                 continue
             key = i.base_name[: -len(".parquet")]
             t = self.read_file("evals", run_id, i.base_name)
-            if t is not None and t.num_rows and self.readable("samples", run_id, i.base_name):
+            if t is None or not t.num_rows:
+                continue
+            samples = (self.read_file("samples", run_id, i.base_name) is not None) if whole else \
+                self.readable("samples", run_id, i.base_name)
+            if samples:
                 keys.add(key)
         return keys
 
@@ -588,26 +599,36 @@ class Summary:
     """Per-run verdicts of one pass over a store (Store.summary): the same rules as run_row, eval_keys
     and readable("history", ...), so status and planning agree with the trials' own per-file reads."""
 
-    def __init__(self, runs: dict, evals: dict, bad_samples: set, bad_history: set):
+    def __init__(self, runs: dict, evals: dict, bad_samples: set, bad_history: set, samples: set = frozenset(),
+                 history: set = frozenset()):
+        # samples, history: the files of those tables that parse (what a done run must have: `whole`)
         self._rows: dict[str, dict] = {}
         for name, t in runs.items():  # runs/<run_id>.parquet
             if t.num_rows:
                 self._rows[name[: -len(".parquet")]] = t.slice(0, 1).to_pylist()[0]
         self._keys: dict[str, set[str]] = {}
+        self._whole: dict[str, set[str]] = {}  # and its samples file present
         for name, t in evals.items():  # evals/<run_id>/<eval_key>.parquet; its samples file, if any, readable
             parts = name.split("/")
             if len(parts) == 2 and is_safe_name(parts[1]) and t.num_rows and name not in bad_samples:
                 self._keys.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+                if name in samples:
+                    self._whole.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
         self._bad_history = {n[: -len(".parquet")] for n in bad_history}
+        self._history = {n[: -len(".parquet")] for n in history}
 
     def run_row(self, run_id: str) -> dict | None:
         return self._rows.get(run_id)
 
-    def eval_keys(self, run_id: str) -> set[str]:
-        return set(self._keys.get(run_id, ()))
+    def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
+        return set((self._whole if whole else self._keys).get(run_id, ()))
 
     def history_readable(self, run_id: str) -> bool:
         return run_id not in self._bad_history
+
+    def has_history(self, run_id: str) -> bool:
+        """Its history file is there and parses (what a done run must have)."""
+        return run_id in self._history
 
 
 def row_dict(row) -> dict:

@@ -638,14 +638,23 @@ def _print_comparisons(data, opts, derived) -> None:
 def verify(
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
+    deep: bool = typer.Option(False, "--deep", help="also evaluate eval points again from the stored weights "
+                              "(the stored seed, the run's precision) and require the same outputs and scores"),
+    fraction: float = typer.Option(1.0, "--fraction", min=0.0, max=1.0, help="with --deep: the share of the stored "
+                                   "eval points evaluated again (picked by a hash of their names; at least one)"),
+    point: list[str] = typer.Option([], "--point", help="with --deep: RUN_ID/EVAL_KEY (or EVAL_KEY: every run's) "
+                                    "to evaluate again instead of --fraction; repeatable"),
 ):
     """Re-score every stored sample and check the store's invariants; exit 1 on any disagreement."""
     from store import Store
     from study.commands.verify import verify_study
 
+    if (point or fraction != 1.0) and not deep:
+        typer.echo("error: --fraction and --point choose what --deep evaluates again: add --deep", err=True)
+        raise typer.Exit(2)
     study = _study_or_exit(study, results)
     store = Store(results, study)
-    verdict = verify_study(store)
+    verdict = verify_study(store, deep=deep, fraction=fraction, points=point)
     typer.echo(verdict.render())
     raise typer.Exit(0 if verdict.ok else 1)
 

@@ -16,7 +16,7 @@ import torch
 from atomicio import AtomicFile
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
-from store import Store, list_studies
+from store import Store, digest, list_studies
 from stats import mean_ci_from_sd, wilson
 from study.engine.evaluate import EvalRow, Evaluation, evaluate, now, write
 from study.spec.grid import EvalPoint
@@ -69,8 +69,15 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
     task = make_task(TASKS[name][0].model_validate(cfg["task"]))
     model_cfg = ModelConfig.model_validate(cfg["model"])
     model = RecursiveDenoiser(model_cfg, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())).to(device)
+    wpath = store.weights_path(run_id)
+    data = store.read_bytes(wpath)
+    if data is None:
+        raise EvalError(f"{wpath}: no final weights of run {run_id!r} ({store.unreadable.get(wpath, 'missing')})")
+    bad = digest.weights_mismatch(wpath, data, store.run_row(run_id))
+    if bad:
+        raise EvalError(f"{bad}; not loaded: `study run` on its grid retrains the run")
     try:
-        sd = load_state(io.BytesIO(store.read_bytes(store.weights_path(run_id))), device, store.weights_path(run_id))
+        sd = load_state(io.BytesIO(data), device, wpath)
     except CheckpointError as e:
         raise EvalError(str(e)) from None
     model.load_state_dict(sd["model"])

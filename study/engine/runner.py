@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from store import Store
+from store import Store, digest
 from study.engine.errors import root_cause
 from study.engine.faults import fault_config
 from study.spec.grid import Grid, Run
@@ -58,13 +58,14 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
     for run in grid.runs:
         row = seen.run_row(run.run_id)
         status = row["status"] if row else None
-        missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id)
+        missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id, whole=True)
         if status == "done":
-            problem = not_whole(store, run) if deep else None
+            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)) if deep else None
             if problem is None and missing:
                 problem = f"re-evaluate: eval point(s) {', '.join(sorted(missing))} missing or unreadable"
-            if problem is None and not seen.history_readable(run.run_id):
-                problem = f"re-evaluate: history/{run.run_id}.parquet unreadable (rewritten from the weights)"
+            if problem is None and not seen.has_history(run.run_id):
+                problem = (f"re-evaluate: history/{run.run_id}.parquet missing or unreadable (rewritten from the "
+                           f"weights)")
             if problem is None:
                 done.append(run)
                 continue

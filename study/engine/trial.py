@@ -19,7 +19,7 @@ import torch
 
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
-from store import Store
+from store import Store, digest
 from study.engine import faults
 from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
@@ -117,17 +117,18 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
         # a damaged file (truncated, foreign, a git-lfs pointer, a refused pickle, the wrong keys) is set
         # aside in quarantine/ and the run goes on from the next good source: weights, checkpoint, the
         # previous checkpoint, step 0 (training is a pure function of the step: the same numbers)
+        _set_aside_unrecorded(store, run_id, log)
         weights = _load_good(trainer, store, store.weights_path(run_id), device, log) is not None
         if weights:
             log(f"final weights found (step {trainer.state.step}): evaluating only")
-            if not store.readable("history", f"{run_id}.parquet"):  # damaged: the weights carry the curve
+            if store.read_file("history", f"{run_id}.parquet") is None:  # missing or damaged: the weights carry it
                 store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
-                log("history file was unreadable: rewritten from the final weights")
+                log("history file was missing or unreadable: rewritten from the final weights")
         else:
             _train(run, store, trainer, task, beat, attempt, report, log, costs["n_params"])
 
         beat.update(phase="eval")
-        done = store.eval_keys(run_id)
+        done = store.eval_keys(run_id, whole=True)  # a point whose samples file is missing is redone
         ev_full = _healing(store, store.data_dir(), lambda: task.eval_set(run.eval.split), log)
         for pt in run.eval_points():
             if pt.key in done:
@@ -140,7 +141,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     hist = trainer.state.history
     row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
                   train_seconds=trainer.state.seconds, final_loss=hist[-1]["loss"] if hist else None, grid=grid,
-                  attention=trainer.attention, precision=trainer.precision)
+                  attention=trainer.attention, precision=trainer.precision, **digest.run_digests(store, run_id))
     store.write_rows("runs", [row], f"{run_id}.parquet")
     return row
 
@@ -210,6 +211,16 @@ def previous_checkpoint_path(store: Store, run_id: str) -> str:
 
 
 STATE_KEYS = ("model", "opt", "step", "seconds", "history", "torch_rng")  # what Trainer.state_dict holds
+
+
+def _set_aside_unrecorded(store: Store, run_id: str, log) -> None:
+    """Final weights whose bytes are not those the run's row recorded (weights_sha256: another run's, or
+    edited) are set aside in quarantine/, never loaded: the run trains again (the same numbers)."""
+    path = store.weights_path(run_id)
+    data = store.read_bytes(path)
+    bad = digest.weights_mismatch(path, data, store.run_row(run_id)) if data is not None else None
+    if bad:
+        log(store.quarantine(path, bad.removeprefix(f"{path}: ")))
 
 
 def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | None:
@@ -329,7 +340,8 @@ def prepared_task(run: Run, store: Store, log):
 def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,
             error: str | None = None, attempts: int = 1, train_seconds: float | None = None,
             final_loss: float | None = None, grid: str | None = None, attention: str | None = None,
-            precision: str | None = None) -> dict:
+            precision: str | None = None, weights_sha256: str | None = None,
+            history_sha256: str | None = None) -> dict:
     """The runs row (every column of store.RUNS). attention, precision: what the run trained with (None
     when it did not train in this process)."""
     return {
@@ -340,7 +352,8 @@ def run_row(run: Run, costs: dict, status: str, code_version: str, device: str |
         "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
         "status": status, "error": error, "attempts": attempts, "device": device, **node_info(),
         "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
-        "grid": grid, "attention": attention, "precision": precision,
+        "grid": grid, "attention": attention, "precision": precision, "weights_sha256": weights_sha256,
+        "history_sha256": history_sha256, "row_sha256": None,  # set by Store.write_rows
     }
 
 

@@ -1,0 +1,66 @@
+"""What a runs row records at write time so that a reader can tell the files it names are the ones written.
+
+- `weights_sha256`: SHA-256 of the bytes of weights/<run_id>.pt (a done run's; null otherwise);
+- `history_sha256`: SHA-256 of the rows of history/<run_id>.parquet as a reader reads them (a done run's);
+- `row_sha256`: SHA-256 of the row's own other fields, set by `Store.write_rows` for every runs row.
+
+Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
+a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"
+check and to `study eval`, which refuse weights that are not the ones recorded); a forgery that recomputes
+every digest is left to `study verify --deep`, which re-derives the outputs from the weights. Rows written
+before digests were recorded hold nulls: readers then say so rather than pass silently.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+DIGEST_COLUMNS = ("weights_sha256", "history_sha256", "row_sha256")
+OLD = "written before digests were recorded"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def rows_sha256(rows: list[dict]) -> str:
+    """The digest of table rows as a reader reads them (`pyarrow.Table.to_pylist`): canonical JSON, so the
+    same rows give the same digest whatever Parquet encoding held them."""
+    return sha256(json.dumps(rows, sort_keys=True, default=str, allow_nan=True).encode())
+
+
+def row_sha256(row: dict) -> str:
+    """The digest of one runs row's fields, `row_sha256` itself left out."""
+    return rows_sha256([{k: x for k, x in row.items() if k != "row_sha256"}])
+
+
+def run_digests(store, run_id: str) -> dict:
+    """{weights_sha256, history_sha256} of a run's files as they are in the store now (None where absent)."""
+    data = store.read_bytes(store.weights_path(run_id))
+    hist = store.read_file("history", f"{run_id}.parquet")
+    return {"weights_sha256": sha256(data) if data is not None else None,
+            "history_sha256": rows_sha256(hist.to_pylist()) if hist is not None else None}
+
+
+def weights_mismatch(path: str, data: bytes, row: dict | None) -> str | None:
+    """Why the weights bytes `data` (read from `path`) are not those the runs row recorded, or None (the same,
+    or no digest recorded: no row, or one written before digests were)."""
+    want = (row or {}).get("weights_sha256")
+    if want is None:
+        return None
+    got = sha256(data)
+    if got == want:
+        return None
+    return (f"{path}: its bytes hash to {got[:16]}..., not the runs row's field weights_sha256 ({want[:16]}...): "
+            f"not the weights this run wrote (another run's, or edited)")
+
+
+def recorded_weights_problem(store, row: dict | None) -> str | None:
+    """"retrain: ..." when a done run's final weights are not the bytes its runs row recorded (swapped with
+    another run's of the same shape, or edited): `study run`'s "is this run done" check; None otherwise."""
+    if not row or row.get("weights_sha256") is None:
+        return None
+    path = store.weights_path(row["run_id"])
+    data = store.read_bytes(path)
+    bad = weights_mismatch(path, data, row) if data is not None else None
+    return f"retrain: {bad} (set aside)" if bad else None

@@ -1,0 +1,46 @@
+"""What each runs row recorded of itself and of its history when written (store/digest.py): the row's own
+digest (field row_sha256: any field edited after the write, a status flipped, shows), and a done run's
+history, present and holding the rows it recorded (field history_sha256)."""
+from __future__ import annotations
+
+from store.digest import OLD, row_sha256, rows_sha256
+from study.commands.verify.context import Context
+
+
+def check_digests(c: Context) -> None:
+    store, v = c.store, c.v
+    unrecorded = []
+    for rid, row in sorted(c.runs.items()):
+        rpath = store.path("runs", f"{rid}.parquet")
+        want = row.get("row_sha256")
+        if want is None:
+            unrecorded.append(rid)
+        elif row_sha256(row) != want:
+            v.problems.append(f"{rpath}: field row_sha256 is {want[:16]}... but the row's fields hash to "
+                              f"{row_sha256(row)[:16]}...: the row was edited after it was written (status "
+                              f"{row['status']!r}, final_loss {row['final_loss']})")
+        if row["status"] == "done":
+            _check_history(c, rid, row, rpath)
+    if unrecorded:
+        v.notes.append(f"{len(unrecorded)} runs row(s) {OLD} ({', '.join(unrecorded[:3])}"
+                       f"{', ...' if len(unrecorded) > 3 else ''}): an edit of the row or of its history is "
+                       f"detectable only where another check derives it")
+
+
+def _check_history(c: Context, rid: str, row: dict, rpath: str) -> None:
+    """A done run's history is present and (where its row recorded it) holds exactly the rows written."""
+    hpath = c.store.path("history", f"{rid}.parquet")
+    t = c.tables.get(("history", (f"{rid}.parquet",)))
+    want = row.get("history_sha256")
+    if t is None:
+        if ("history", (f"{rid}.parquet",)) not in c.files:  # unreadable files are problems of their own
+            recorded = f" (its runs row's field history_sha256 records {want[:16]}...)" if want else ""
+            c.v.problems.append(f"{hpath}: missing: run {rid} is done, its training history must be stored"
+                                f"{recorded}; `study run` rewrites it from the final weights")
+        return
+    if want is None:
+        return
+    got = rows_sha256(t.to_pylist())
+    if got != want:
+        c.v.problems.append(f"{hpath}: its rows hash to {got[:16]}..., not to {rpath} field history_sha256 "
+                            f"({want[:16]}...): the history was edited after the run finished")

@@ -1,0 +1,83 @@
+"""A done run's final weights: present, this project's (loaded without running code), the bytes its runs row
+recorded (field weights_sha256, store/digest.py), and of the shapes its config makes."""
+from __future__ import annotations
+
+import io
+
+import torch
+
+from model import RecursiveDenoiser, SeqSpec
+from model.train import CheckpointError, load_state
+from store.digest import OLD, weights_mismatch
+from study.commands.verify.context import Context
+
+
+def check_weights(c: Context) -> None:
+    from study.engine.trial import STATE_KEYS
+
+    store, v = c.store, c.v
+    unrecorded = []
+    for rid, row in sorted(c.runs.items()):
+        if row["status"] != "done":
+            continue
+        v.add("done")
+        wpath = store.weights_path(rid)
+        data = store.read_bytes(wpath)
+        if data is None:
+            v.problems.append(f"run {rid} is done but has no weights ({wpath})")
+            continue
+        try:
+            sd = load_state(io.BytesIO(data), "cpu", wpath)
+            lacking = [k for k in STATE_KEYS if k not in sd]
+            if lacking:
+                raise CheckpointError(f"{wpath}: not this project's weights (no {', '.join(lacking)})")
+            v.add("weights")
+        except CheckpointError as e:
+            v.problems.append(f"{e}; `study run` sets it aside and retrains the run")
+            continue
+        if row.get("weights_sha256") is None:
+            unrecorded.append(rid)
+        bad = weights_mismatch(wpath, data, row)
+        if bad:
+            v.problems.append(f"{bad}; `study run` sets it aside and retrains the run")
+        _check_shapes(c, rid, wpath, sd["model"])
+    if unrecorded:
+        v.notes.append(f"weights of {len(unrecorded)} done run(s) {OLD} ({', '.join(unrecorded[:3])}"
+                       f"{', ...' if len(unrecorded) > 3 else ''}): a swap of two runs' weights of one shape is "
+                       f"not detectable without `--deep`")
+
+
+def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the model a run's config makes (built on the meta device: no memory, no time)."""
+    with torch.device("meta"):
+        model = RecursiveDenoiser(run.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
+    return {k: tuple(t.shape) for k, t in model.state_dict().items()}
+
+
+def _check_shapes(c: Context, rid: str, wpath: str, got) -> None:
+    """The weights' tensors are the ones run `rid`'s config makes: the same names, each of the same shape."""
+    run = c.rebuilt.get(rid)
+    if run is None:
+        c.v.underived.add("weights' shapes of runs whose config is unusable")
+        return
+    try:
+        want = expected_shapes(run, c.task_of(c.runs[rid]))
+    except (ValueError, TypeError) as e:
+        c.v.problems.append(f"run {rid}: task not rebuilt from its runs row: {str(e).splitlines()[0][:160]}")
+        return
+    m = run.model
+    shape = f"K {m.K}, L {m.L}, d_model {m.d_model}"
+    if not isinstance(got, dict):
+        c.v.problems.append(f"{wpath}: field model is not a state dict of tensors")
+        return
+    names = set(got)
+    for k in sorted(names ^ set(want))[:1]:
+        where = "holds" if k in names else "lacks"
+        c.v.problems.append(f"{wpath}: field model {where} parameter {k}: not the model run {rid}'s config ({shape}) "
+                            f"makes ({len(names)} tensors, the config makes {len(want)}): another run's weights?")
+    for k in sorted(names & set(want)):
+        s = tuple(getattr(got[k], "shape", ()))
+        if s != want[k]:
+            c.v.problems.append(f"{wpath}: field model.{k} has shape {s}, the model run {rid}'s config ({shape}) "
+                                f"makes {want[k]}: another run's weights?")
+            break
