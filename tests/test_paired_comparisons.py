@@ -185,7 +185,7 @@ def test_failed_and_pruned_runs_are_left_out_and_listed(tmp_path, status):
     t = s.table()
     assert t["value"].tolist() == pytest.approx([0.6, 0.6]) and t["n_seeds"].tolist() == [2, 2]
     assert (s.runs["status"] == "done").all() and len(s.runs) == 2
-    gone = s.data.not_done
+    gone = s.not_done
     assert gone["status"].tolist() == [status] and gone["run_id"].iloc[0].endswith("s2")
     md, r = _report_md(tmp_path, "st", tmp_path, "--threshold", "0.5")
     left = md.split("## Left out", 1)[1].split("\n## ", 1)[0]
