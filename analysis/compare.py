@@ -24,7 +24,8 @@ HEADLINE_SEEDS = 2  # matched seeds a comparison needs for the report's headline
 def one_seed_scope(a: dict, b: dict, how: str, used: int) -> tuple[str | None, str]:
     """(which seeds, why) when the interval of A - B rests on one seed of a model, so its verdict is about
     that seed pair and not the recipe; (None, "") when it rests on two or more seeds of each."""
-    if how in ("seeds", "welch") or (how == "examples" and used >= 2) or (how == "unpaired" and min(len(a), len(b)) >= 2):
+    if how in ("seeds", "welch") or (how == "examples" and used >= 2) or \
+            (how == "unpaired" and min(len(a), len(b)) >= 2):
         return None, ""
     common = sorted(set(a) & set(b))
     if common:
@@ -176,7 +177,8 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
                          "B": label[p.key_b], "metric": metric, "T": int(T),
                          "seeds": f"{len(a_vals)} / {len(b_vals)}" + (f" ({used} paired)" if how in ("seeds", "examples") else ""),
                          "value_A": float(ra["value"]), "value_B": float(rb["value"]), "difference": diff,
-                         "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi, tasks.lower_is_better(metric), on, why),
+                         "ci_low": lo, "ci_high": hi,
+                         "verdict": verdict(lo, hi, tasks.lower_is_better(metric), on, why),
                          "method": PAIR_METHOD[how], "matched_seeds": len(common)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
