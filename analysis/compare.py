@@ -14,10 +14,26 @@ import tasks
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, SHAPE_FIELDS, aggregate,
                              differing, iso_flop_pairs, model_fields, models, primary_metric, select)
-from stats import PAIR_METHOD, VERDICT_RULE, paired_difference, verdict
+from stats import ONE_SEED, PAIR_METHOD, VERDICT_RULE, needs_examples, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
-           "ci_low", "ci_high", "verdict", "A_better_in", "method"]
+           "ci_low", "ci_high", "verdict", "A_better_in", "method", "matched_seeds"]
+HEADLINE_SEEDS = 2  # matched seeds a comparison needs for the report's headline verdicts
+
+
+def one_seed_scope(a: dict, b: dict, how: str, used: int) -> tuple[str | None, str]:
+    """(which seeds, why) when the interval of A - B rests on one seed of a model, so its verdict is about
+    that seed pair and not the recipe; (None, "") when it rests on two or more seeds of each."""
+    if how in ("seeds", "welch") or (how == "examples" and used >= 2) or \
+            (how == "unpaired" and min(len(a), len(b)) >= 2):
+        return None, ""
+    common = sorted(set(a) & set(b))
+    if common:
+        return f"seed {common[0]}", ONE_SEED
+    if len(a) == 1 and len(b) == 1:
+        return f"seeds {next(iter(a))} / {next(iter(b))}", ONE_SEED
+    side, one = ("A", a) if len(a) == 1 else ("B", b)
+    return f"{side}'s seed {next(iter(one))}", f"(one seed of {side}; not a claim about the recipe)"
 
 
 def _core(key: str) -> str:
@@ -145,7 +161,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             same_n = ea["n_examples"].nunique() == 1 and set(ea["n_examples"]) == set(eb["n_examples"])
             a_vals, b_vals = dict(zip(ea["seed"], ea["value"])), dict(zip(eb["seed"], eb["value"]))
             a_sc = b_sc = None
-            if same_n and (len(set(a_vals) & set(b_vals)) < 2):  # per-example scores only where they are used
+            if same_n and needs_examples(a_vals, b_vals):  # per-example scores only where they are used
                 a_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in ea.itertuples()}
                 b_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in eb.itertuples()}
             diff, lo, hi, how, used = paired_difference(
@@ -155,19 +171,22 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             common = sorted(set(a_vals) & set(b_vals))
             sign = -1 if tasks.lower_is_better(metric) else 1
             better = sum(1 for sd in common if sign * (a_vals[sd] - b_vals[sd]) > 0)
+            on, why = one_seed_scope(a_vals, b_vals, how, used)
             rows.append({"A_better_in": f"{better} / {len(common)} seeds" if common else "",
                          "comparison": p.comparison, "task_variant": p.task_variant, "A": label[p.key_a],
                          "B": label[p.key_b], "metric": metric, "T": int(T),
                          "seeds": f"{len(a_vals)} / {len(b_vals)}" + (f" ({used} paired)" if how in ("seeds", "examples") else ""),
                          "value_A": float(ra["value"]), "value_B": float(rb["value"]), "difference": diff,
-                         "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi, tasks.lower_is_better(metric)),
-                         "method": PAIR_METHOD[how]})
+                         "ci_low": lo, "ci_high": hi,
+                         "verdict": verdict(lo, hi, tasks.lower_is_better(metric), on, why),
+                         "method": PAIR_METHOD[how], "matched_seeds": len(common)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 EXPLANATION = ("Each pair of models scored on the same test examples, at every T both were evaluated at (each "
                "sampled at its training depth): difference = A - B in the task's primary metric, with a paired "
-               "95% interval (method: t over the per-seed differences when two or more seeds are matched; "
-               "otherwise paired over the test examples within a seed, Agresti-Min for rates; Welch over seed "
-               "means when seeds are not matched). Verdict: " + VERDICT_RULE + ". A_better_in: in how many "
-               "matched seeds A scored better than B (a count, not a test).")
+               "95% interval (method: t over the per-seed differences when two or more seeds are matched and their "
+               "differences vary; otherwise paired over the test examples within each seed pair, Agresti-Min for "
+               "rates; Welch over seed means when seeds are not matched). Verdict: " + VERDICT_RULE + ". A_better_in: "
+               "in how many matched seeds A scored better than B (a count, not a test); matched_seeds: the seeds "
+               "both models were trained with.")

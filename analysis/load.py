@@ -59,6 +59,9 @@ class StudyData:
     # evaluation rows left out (dedupe_evals): an older or smaller evaluation of a point another row holds;
     # columns EVAL_POINT, eval_key, n_examples, created_at, kept (the eval_key analysed instead), reason
     left_out_evals: pd.DataFrame | None = None
+    # runs left out because they did not finish (status failed, pruned, running...): only done runs are
+    # analysed; columns run_id, task_variant, model, seed, status, error
+    not_done: pd.DataFrame | None = None
 
 
 def latest_study(results: str) -> str:
@@ -79,6 +82,10 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
+    runs, not_done = drop_not_done(runs)
+    if runs.empty:
+        raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
+                          f"({not_done_summary(not_done)})")
     evals, left_evals = dedupe_evals(store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner"))
     history = store.read("history")
     if not history.empty:
@@ -86,7 +93,30 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
-                     configs=configs, config_texts=config_texts, store=store, superseded=superseded, left_out_evals=left_evals)
+                     configs=configs, config_texts=config_texts, store=store, superseded=superseded, left_out_evals=left_evals,
+                     not_done=not_done)
+
+
+def not_done_summary(not_done: pd.DataFrame | None) -> str:
+    """'2 failed: a, b; 1 pruned: c' (empty when every run is done)."""
+    if not_done is None or not_done.empty:
+        return ""
+    return "; ".join(f"{len(g)} {status}: {', '.join(g['run_id'])}" for status, g in not_done.groupby("status"))
+
+
+NOT_DONE_COLUMNS = ["run_id", "task_variant", "model", "seed", "status", "error"]
+
+
+def drop_not_done(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the runs whose status is done, the others: NOT_DONE_COLUMNS). A failed or pruned run's rows (its
+    evaluations at a checkpoint, its partial curve) are never averaged in; the report lists the run."""
+    done = runs["status"].eq("done")
+    left = runs.loc[~done]
+    out = pd.DataFrame({"run_id": left["run_id"], "task_variant": left["task_variant"],
+                        "model": [f"({k} x {l})" for k, l in zip(left["K"], left["L_t"])], "seed": left["seed"],
+                        "status": left["status"].fillna("unknown"),
+                        "error": left["error"] if "error" in left else None}, columns=NOT_DONE_COLUMNS)
+    return runs.loc[done].reset_index(drop=True), out.sort_values("run_id").reset_index(drop=True)
 
 
 def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -18,11 +18,11 @@ import pandas as pd
 
 from analysis.claims import EXPLANATION as CLAIMS_EXPLANATION
 from analysis.claims import claims_table, read_spec
-from analysis.compare import EXPLANATION
+from analysis.compare import EXPLANATION, HEADLINE_SEEDS
 from analysis.derived import Derived
 from analysis.effective import effective_tables
 from analysis.figures import FIGURES, Options
-from analysis.load import MissingData, StudyData
+from analysis.load import MissingData, StudyData, not_done_summary
 from analysis.tables import param_table, text8_table
 from analysis.tuning import importances_table, load_searches
 from store.provenance import grids as grids_run
@@ -287,6 +287,10 @@ def _intro(data: StudyData, opts: Options) -> list:
     if sup is not None and not sup.empty:
         note += (f" {len(sup)} runs are left out (a later run has the same whole training configuration and "
                  "seed): see Left out.")
+    nd = data.not_done
+    if nd is not None and not nd.empty:
+        note += (f" {len(nd)} runs did not finish ({not_done_summary(nd)}) and are left out: only done runs "
+                 "are averaged; see Left out.")
     if ev_left is not None and not ev_left.empty:
         note += (f" {len(ev_left)} evaluation rows are left out (an older or smaller evaluation of a point "
                  "another row holds, never averaged in): see Left out.")
@@ -296,11 +300,42 @@ def _intro(data: StudyData, opts: Options) -> list:
                        f"Generated {when} from the Parquet store alone (nothing retrained). {INTERVALS}{note}"))]
 
 
+HEADLINE_COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "difference", "ci_low",
+                    "ci_high", "verdict"]
+
+
+def _headline(opts: Options, derived: Derived) -> list:
+    """The verdicts the study supports about the recipes: comparisons with two or more matched seeds only
+    (a one-seed verdict is about that seed pair: it stays in the Paired comparisons table)."""
+    out = [Heading(2, "Headline verdicts")]
+    try:
+        cmp = derived.comparisons(list(opts.compare), opts.split)
+    except MissingData as e:
+        return out + [Missing(str(e), lead="Not available:")]
+    if cmp.empty:
+        return out + [Missing("no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)")]
+    ok = cmp[cmp["matched_seeds"] >= HEADLINE_SEEDS]
+    few = cmp[cmp["matched_seeds"] < HEADLINE_SEEDS]
+    missing = (f"{len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds (the same "
+               f"train.seed for A and B; they have {', '.join(map(str, sorted(set(few['matched_seeds']))))}): no "
+               "headline verdict for them; train more seeds of both models. Their per-seed-pair verdicts are in "
+               "Tables: Paired comparisons and verdicts.") if len(few) else ""
+    if ok.empty:
+        return out + [Missing(missing)]
+    out += [Paragraph((f"Comparisons with {HEADLINE_SEEDS} or more matched seeds (verdict rule and methods: "
+                       "Tables: Paired comparisons and verdicts).",)), Table(ok[HEADLINE_COLUMNS])]
+    return out + ([Missing(missing)] if missing else [])
+
+
 def _left_out(data: StudyData) -> list:
-    sup, ev_left = data.superseded, data.left_out_evals
+    sup, ev_left, nd = data.superseded, data.left_out_evals, data.not_done
     out = []
+    if nd is not None and not nd.empty:
+        out += [Heading(2, "Left out"), Paragraph(("Runs that did not finish (status other than done): none of "
+                                                   "their rows is analysed.",)), Table(nd)]
     if sup is not None and not sup.empty:
-        out += [Heading(2, "Left out"), Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
+        out += [Heading(2, "Left out")] if not out else []
+        out += [Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
                 Table(sup.assign(created_at=sup["created_at"].astype(str)))]
     if ev_left is not None and not ev_left.empty:
         if not out:
@@ -377,7 +412,7 @@ def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str
     the figures computed (analysis.derived), reused here. Returns (html path, md path)."""
     derived = derived if derived is not None else Derived(data)
     os.makedirs(out_dir, exist_ok=True)
-    blocks = (_intro(data, opts) + _left_out(data) + _figures(drawn, out_dir) + _tables(data, opts, derived)
+    blocks = (_intro(data, opts) + _headline(opts, derived) + _left_out(data) + _figures(drawn, out_dir) + _tables(data, opts, derived)
               + _grids(data) + _provenance(data))
     html_path, md_path = os.path.join(out_dir, "report.html"), os.path.join(out_dir, "report.md")
     with open(html_path, "w", encoding="utf-8") as f:

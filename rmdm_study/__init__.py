@@ -6,6 +6,7 @@
     res.studies()                             # ['demo_sudoku', ...], oldest first
     s = res.study("demo_sudoku")              # default: the most recently written study
     s.runs, s.evals, s.history                # joined with each run's columns, deduplicated as the report does
+    s.not_done                                # runs left out: failed or pruned (only done runs are analysed)
     s.samples()                               # per-example outputs and scores (s.samples(run_id) for one run)
     s.table()                                 # aggregated over seeds: value, ci_low, ci_high, ci_method, n_seeds
     s.compare()                               # paired comparisons with verdicts, as `study report` prints them
@@ -82,6 +83,12 @@ class Study:
     def runs(self) -> pd.DataFrame:
         """One row per run (superseded retrainings left out), with model_key, task_variant, seed."""
         return self.data.runs
+
+    @property
+    def not_done(self) -> pd.DataFrame:
+        """Runs left out because they did not finish (status failed, pruned...): run_id, task_variant, model,
+        seed, status, error. Only done runs are in runs, evals, history, table() and compare()."""
+        return self.data.not_done
 
     @property
     def evals(self) -> pd.DataFrame:

@@ -259,18 +259,38 @@ PAIR_METHOD = {
 }
 VERDICT_RULE = ("ahead / behind: the whole 95% interval of the difference (A - B) lies on A's better / worse "
                 "side of 0 (higher is better, except for losses and NLL); otherwise no detectable difference; "
-                "no verdict (not estimable) where no interval could be given")
+                "no verdict (not estimable) where no interval could be given; an interval from one seed of a "
+                "model is about that seed (\"ahead on seed 0 only\"), never the recipe")
 NO_VERDICT = "not estimable: no interval"
+# the words of a verdict whose interval rests on one seed of a model (one seed pair): about those seeds only
+ONE_SEED = "(one seed pair; not a claim about the recipe)"
 
 
-def verdict(low: float, high: float, lower_is_better: bool = False) -> str:
+def verdict(low: float, high: float, lower_is_better: bool = False, on: str | None = None,
+            why: str = ONE_SEED) -> str:
     """'ahead', 'behind' or 'no detectable difference' for the interval of A - B (VERDICT_RULE); NO_VERDICT
-    when the interval is missing (a declined seed interval, stats.DECLINED, leaves nothing to judge by)."""
+    when the interval is missing (a declined seed interval, stats.DECLINED, leaves nothing to judge by).
+
+    on: where the interval rests on one seed of a model, which ("seed 0", "seeds 0 / 1"): the words then
+    say the verdict is about that seed pair only, `why` in parentheses ("ahead on seed 0 only (one seed
+    pair; not a claim about the recipe)")."""
     if not (_num(low) and _num(high)):
         return NO_VERDICT
     if lower_is_better:
         low, high = -high, -low
-    return "ahead" if low > 0 else "behind" if high < 0 else "no detectable difference"
+    word = "ahead" if low > 0 else "behind" if high < 0 else "no detectable difference"
+    if on is None:
+        return word
+    return f"{word} on {on} {why}" if word == "no detectable difference" else f"{word} on {on} only {why}"
+
+
+def needs_examples(a: dict, b: dict) -> bool:
+    """Whether paired_difference(a, b, ...) would use per-example scores (its "examples" method): one matched
+    seed, one seed each, or two or more matched seeds whose differences are all equal (no spread to use)."""
+    common = set(a) & set(b)
+    if len(common) >= 2:
+        return len({round(a[s] - b[s], 12) for s in common}) == 1
+    return bool(common) or (len(a) == 1 and len(b) == 1)
 
 
 def _examples_interval(pairs: list[tuple[Sequence[float], Sequence[float]]], rate: bool) -> tuple[float, float]:

@@ -577,6 +577,10 @@ def _report_data_or_exit(results: str, study: str):
         _fail(str(e), 1)
     for path, why in sorted(data.store.unreadable.items()):
         typer.echo(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", err=True)
+    if data.not_done is not None and not data.not_done.empty:
+        from analysis.load import not_done_summary
+
+        typer.echo(f"left out, not finished: {not_done_summary(data.not_done)} (only done runs are analysed)", err=True)
     return data
 
 
