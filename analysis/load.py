@@ -73,6 +73,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if study is None:
         study = latest_study(results)
     store = Store(results, study)
+    store.refuse_links_out()  # nothing is read through a symlink out of the store (OutsideStore)
     runs = store.read("runs")
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"

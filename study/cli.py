@@ -224,6 +224,17 @@ def _store_found_or_exit(results: str, study: str, grid: str) -> None:
                    f"{_studies_there(results)}", err=True)
 
 
+def _links_out_or_exit(results: str, study: str) -> None:
+    """Exit 2 in one line when the study's directory holds a symlink out of it: read paths refuse it as
+    `study run` does (store.Store.links_out)."""
+    from store import Store
+
+    try:
+        Store(results, study).refuse_links_out()
+    except OSError as e:
+        _fail(e.strerror or str(e))
+
+
 def _study_or_exit(study: Optional[str], results: str) -> str:
     """--study (default: the newest study of the store), a plain name of a study present under
     `results`; exit 2 naming what is wrong otherwise (`report` and `verify` alike)."""
@@ -466,6 +477,7 @@ def status(
     g = _grid_or_exit(grid, data=False, overrides=overrides)
     _results_or_exit(results)
     _store_found_or_exit(results, g.study, grid)
+    _links_out_or_exit(results, g.study)
     store = Store(results, g.study)
     _override_note(results, g, store)
     statuses = snapshot(g, store)
@@ -557,6 +569,7 @@ def report(
     names = _report_options_or_exit(figure, fmt, pareto_x, split, threshold)
     _results_or_exit(results)
     study = _study_or_exit(study, results)
+    _links_out_or_exit(results, study)
     if len(names) > 1 and jobs != 1:
         from analysis.render import prestart
 
@@ -680,6 +693,7 @@ def verify(
     from study.commands.verify import verify_study
 
     study = _study_or_exit(study, results)
+    _links_out_or_exit(results, study)
     store = Store(results, study)
     verdict = verify_study(store)
     typer.echo(verdict.render())
