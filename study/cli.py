@@ -224,15 +224,15 @@ def _store_found_or_exit(results: str, study: str, grid: str) -> None:
                    f"{_studies_there(results)}", err=True)
 
 
-def _links_out_or_exit(results: str, study: str) -> None:
-    """Exit 2 in one line when the study's directory holds a symlink out of it: read paths refuse it as
-    `study run` does (store.Store.links_out)."""
+def _links_out_or_exit(results: str, study: str, code: int = 2) -> None:
+    """Exit `code` (2; verify's 1: store damage is a failed check) in one line when the study's directory
+    holds a symlink out of it: read paths refuse it as `study run` does (store.Store.links_out)."""
     from store import Store
 
     try:
         Store(results, study).refuse_links_out()
     except OSError as e:
-        _fail(e.strerror or str(e))
+        _fail(e.strerror or str(e), code)
 
 
 def _study_or_exit(study: Optional[str], results: str) -> str:
@@ -693,7 +693,7 @@ def verify(
     from study.commands.verify import verify_study
 
     study = _study_or_exit(study, results)
-    _links_out_or_exit(results, study)
+    _links_out_or_exit(results, study, code=1)
     store = Store(results, study)
     verdict = verify_study(store)
     typer.echo(verdict.render())

@@ -159,10 +159,11 @@ def test_every_reader_refuses_a_symlink_out_of_the_store(study_dir):
     runs = store.path("runs")
     shutil.move(runs, outside / "runs")
     os.symlink(outside / "runs", runs)
-    for args in (("status", str(tmp / "sec.yaml")), ("report", "--study", "sec", "--out", str(tmp / "figs")),
-                 ("verify", "--study", "sec")):
+    for args, code in ((("status", str(tmp / "sec.yaml")), 2),
+                       (("report", "--study", "sec", "--out", str(tmp / "figs")), 2),
+                       (("verify", "--study", "sec"), 1)):  # verify: a failed check of the store, exit 1
         r = cli(*args, "--results", results)
-        assert r.exit_code == 2, (args, r.exit_code, r.output)
+        assert r.exit_code == code, (args, r.exit_code, r.output)
         assert f"error: {runs} is a symlink to {outside}/runs, outside the store" in r.output, (args, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
     assert not os.path.exists(tmp / "figs")
