@@ -48,7 +48,7 @@ class StudyData:
     dir: str
     runs: pd.DataFrame  # one row per run, with task_variant and TASK_COLUMNS derived from task_params
     evals: pd.DataFrame  # evals joined with RUN_COLS of their run
-    history: pd.DataFrame  # training curves (train_loss, depth = L_t of that step) joined with the run columns
+    history: pd.DataFrame  # the history table (store names: loss, L_t, lr of each step) and the run columns it lacks
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
     configs: dict[str, dict] = field(default_factory=dict)  # run_id -> configs/<run_id>.json
     config_texts: dict[str, str] = field(default_factory=dict)  # run_id -> that file's text, as read
@@ -76,6 +76,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if study is None:
         study = latest_study(results)
     store = Store(results, study)
+    store.refuse_links_out()  # nothing is read through a symlink out of the store (OutsideStore)
     runs = store.read("runs")
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
@@ -87,9 +88,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
                           f"({not_done_summary(not_done)})")
     evals, left_evals = dedupe_evals(store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner"))
-    history = store.read("history")
-    if not history.empty:
-        history = history.rename(columns={"L_t": "depth", "loss": "train_loss"}).merge(runs[RUN_COLS], on="run_id", how="inner")
+    history = with_run_columns(store.read("history"), runs)
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
@@ -117,6 +116,28 @@ def drop_not_done(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                         "status": left["status"].fillna("unknown"),
                         "error": left["error"] if "error" in left else None}, columns=NOT_DONE_COLUMNS)
     return runs.loc[done].reset_index(drop=True), out.sort_values("run_id").reset_index(drop=True)
+
+
+def with_run_columns(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """A table's rows (the store's names, kept) with the columns of their run that the table lacks: no
+    name means two things and a join leaves no _x/_y. In history, `loss` is the training loss, `L_t` the
+    depth of that step and `lr` the step's learning rate; the run's loss variant, training depth and
+    configured lr are in the runs table under the same names (docs/schema.md)."""
+    if rows.empty:
+        return rows
+    extra = [c for c in RUN_COLS if c == "run_id" or c not in rows.columns]
+    return rows.merge(runs[extra], on="run_id", how="inner")
+
+
+def training_curves(data: "StudyData") -> pd.DataFrame:
+    """History rows as the training-curves figure reads them: the step's values as train_loss, depth and
+    lr_x beside every column of the run (the run's loss variant, L_t and configured lr as loss, L_t, lr_y)."""
+    h = data.history
+    if h is None or h.empty:
+        return h
+    own = [c for c in h.columns if c == "run_id" or c not in RUN_COLS or c in ("loss", "L_t", "lr")]
+    return (h[own].rename(columns={"L_t": "depth", "loss": "train_loss"})
+            .merge(data.runs[RUN_COLS], on="run_id", how="inner"))
 
 
 def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -5,7 +5,7 @@
     res = rs.open("results")                  # a local results directory, or "s3://bucket/prefix"
     res.studies()                             # ['demo_sudoku', ...], oldest first
     s = res.study("demo_sudoku")              # default: the most recently written study
-    s.runs, s.evals, s.history                # joined with each run's columns, deduplicated as the report does
+    s.runs, s.evals, s.history                # the store's tables and names (docs/schema.md), with each run's columns
     s.not_done                                # runs left out: failed or pruned (only done runs are analysed)
     s.samples()                               # per-example outputs and scores (s.samples(run_id) for one run)
     s.table()                                 # aggregated over seeds: value, ci_low, ci_high, ci_method, n_seeds
@@ -97,7 +97,8 @@ class Study:
 
     @property
     def history(self) -> pd.DataFrame:
-        """Training curves (train_loss per step; depth = the L_t of that step), joined with the run's columns."""
+        """The history table as stored (`loss` the training loss, `L_t` that step's depth, `lr` its learning
+        rate), with the columns of its run it lacks (model_key, seed, task_variant...); docs/schema.md."""
         return self.data.history
 
     def samples(self, run_id: str | None = None) -> pd.DataFrame:

@@ -261,12 +261,21 @@ class Store:
                 if e.is_symlink():
                     real = os.path.realpath(e.path)
                     if real != top and not real.startswith(top + os.sep):
-                        out.append(f"{e.path} is a symlink to {real}, outside the store: `study run` never writes "
-                                   f"through it; replace it by a {'directory' if os.path.isdir(e.path) else 'file'}"
+                        out.append(f"{e.path} is a symlink to {real}, outside the store: no command of the study "
+                                   f"reads or writes through it; replace it by a "
+                                   f"{'directory' if os.path.isdir(e.path) else 'file'}"
                                    f" of the store (move what it points at in, or remove the link)")
                 elif e.is_dir(follow_symlinks=False) and e.name != ".ray":
                     stack.append(e.path)
         return sorted(out)
+
+    def refuse_links_out(self) -> None:
+        """Raise OutsideStore (one line: the first link, and how many more) when links_out finds any: every
+        reader (status, report, verify, eval, the Python API) refuses them as `study run` does."""
+        links = self.links_out()
+        if links:
+            more = f" (and {len(links) - 1} more such links)" if len(links) > 1 else ""
+            raise OutsideStore(errno.EXDEV, links[0] + more)
 
     def read_bytes(self, path: str) -> bytes | None:
         """The file's bytes; None when it does not exist, or when it cannot be read (a directory, no

@@ -19,11 +19,37 @@ class _Commands(TyperGroup):
     (`study --debug COMMAND ...` or RMDM_DEBUG=1 shows the traceback). Files and values a user gives
     (OSError, ValueError) exit 2 like every other user mistake; anything else is a bug: exit 1."""
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """A usage mistake (no command, an unknown command or option, a missing argument, a value out of its
+        range) is one line `error: ...` and exit 2, like every other mistake, not click's boxed usage text."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from typer._click import exceptions as cx  # the click that typer carries (its own copy)
+
+        if not (sys.argv[1:] if args is None else list(args)):
+            typer.echo(f"error: give a command: {', '.join(self.commands)}; `study --help` says what each does",
+                       err=True)
+            sys.exit(2)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except cx.ClickException as e:
+            path = e.ctx.command_path.split(" ")[1:] if getattr(e, "ctx", None) is not None else []
+            where = " ".join(["study", *path])
+            what = _one_line(e.format_message()).rstrip(".")
+            typer.echo(f"error: {where}: {what}; see `{where} --help`", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            _pipe_closed()
         except Exception as e:
             if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
                 raise
@@ -38,6 +64,18 @@ class _Commands(TyperGroup):
                         ) + "; free some space, then run again (finished runs are kept)"
             typer.echo(f"error: {what}; rerun as `study --debug ...` for the traceback", err=True)
             raise typer.Exit(2 if user else 1) from None
+
+
+def _pipe_closed():
+    """The reader of stdout went away (`study status GRID | head -1`): not a mistake of the user's, so nothing
+    is printed; what is still buffered goes to /dev/null (no second error at exit) and the exit status is the
+    one a shell tool ended by SIGPIPE has, 141."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise typer.Exit(141)
 
 
 def _results_arg() -> str:
@@ -59,7 +97,7 @@ def _one_line(e: BaseException, limit: int = 500) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(cls=_Commands, add_completion=False, help=__doc__)
 RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
 
 
@@ -170,6 +208,33 @@ def _results_or_exit(results: str, create: bool = False) -> None:
             _fail(f"--results {results}: cannot create the results directory ({e.strerror or e})")
 
 
+def _store_found_or_exit(results: str, study: str, grid: str) -> None:
+    """`study status` says where it looked: a local --results that does not exist is exit 2 (naming the
+    absolute path and, when the grid's own directory holds the study, that store); a store without the
+    study is a note on stderr naming the studies it holds (every run then reads pending)."""
+    if "://" in results:
+        return
+    if not os.path.isdir(results):
+        near = os.path.join(os.path.dirname(os.path.abspath(grid)), "results")
+        hint = (f"; the grid's directory has it: --results {near}"
+                if os.path.isdir(os.path.join(near, study)) and os.path.abspath(results) != near else "")
+        _fail(f"--results {_where(results)}: no such directory, so study {study!r} has not run there{hint}")
+    if not os.path.isdir(os.path.join(results, study)):
+        typer.echo(f"note: no study {study!r} under {_where(results)} yet (every run pending); "
+                   f"{_studies_there(results)}", err=True)
+
+
+def _links_out_or_exit(results: str, study: str, code: int = 2) -> None:
+    """Exit `code` (2; verify's 1: store damage is a failed check) in one line when the study's directory
+    holds a symlink out of it: read paths refuse it as `study run` does (store.Store.links_out)."""
+    from store import Store
+
+    try:
+        Store(results, study).refuse_links_out()
+    except OSError as e:
+        _fail(e.strerror or str(e), code)
+
+
 def _study_or_exit(study: Optional[str], results: str) -> str:
     """--study (default: the newest study of the store), a plain name of a study present under
     `results`; exit 2 naming what is wrong otherwise (`report` and `verify` alike)."""
@@ -178,14 +243,31 @@ def _study_or_exit(study: Optional[str], results: str) -> str:
     if study is None:
         studies = list_studies(results)
         if not studies:
-            _fail(f"no study with results under {results!r}")
+            _fail(f"no study with results under {_where(results)}")
         return studies[-1][0]
     if not is_safe_name(study):
         _fail(f"--study {study!r} is not a study name")
     store = Store(results, study)
     if not store.exists(store.dir):
-        _fail(f"no study {study!r} under {results!r}")
+        _fail(f"no study {study!r} under {_where(results)}; {_studies_there(results)}")
     return study
+
+
+def _where(results: str) -> str:
+    """--results as the user gave it and, for a local path, where that is from here."""
+    if "://" in results or os.path.isabs(results):
+        return repr(results)
+    return f"{results!r} ({os.path.abspath(results)})"
+
+
+def _studies_there(results: str) -> str:
+    """The studies a store holds, named: what a user who gave an unknown or missing one can pick from."""
+    from store import list_studies
+
+    if "://" not in results and not os.path.isdir(results):
+        return "no such directory"
+    names = sorted(n for n, _ in list_studies(results))
+    return f"studies there: {', '.join(names)}" if names else "it holds no study with runs"
 
 
 def _writable_dir_or_exit(path: str, option: str) -> None:
@@ -416,6 +498,8 @@ def status(
 
     g = _grid_or_exit(grid, data=False, overrides=overrides)
     _results_or_exit(results)
+    _store_found_or_exit(results, g.study, grid)
+    _links_out_or_exit(results, g.study)
     store = Store(results, g.study)
     _override_note(results, g, store)
     statuses = snapshot(g, store)
@@ -507,6 +591,7 @@ def report(
     names = _report_options_or_exit(figure, fmt, pareto_x, split, threshold)
     _results_or_exit(results)
     study = _study_or_exit(study, results)
+    _links_out_or_exit(results, study)
     if len(names) > 1 and jobs != 1:
         from analysis.render import prestart
 
@@ -657,6 +742,7 @@ def verify(
         typer.echo("error: --fraction and --point choose what --deep evaluates again: add --deep", err=True)
         raise typer.Exit(2)
     study = _study_or_exit(study, results)
+    _links_out_or_exit(results, study, code=1)
     store = Store(results, study)
     verdict = verify_study(store, deep=deep, fraction=fraction, points=point)
     typer.echo(verdict.render())

@@ -104,3 +104,30 @@ def test_a_package_shadowing_one_of_ours_is_named(tmp_path):
     ok = subprocess.run([sys.executable, "-c", "import rmdm_study; print(rmdm_study.PACKAGES)"], cwd=ROOT,
                         env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "'analysis'" in ok.stdout, ok.stderr
+
+
+def test_the_api_uses_the_stores_names_and_no_join_leaves_x_or_y(results):
+    """One set of names, the store's (docs/schema.md): in history `loss` is the training loss (a number),
+    `L_t` that step's depth and `lr` that step's learning rate, as in the Parquet files; the run's loss
+    variant, depth and configured lr are the runs table's `loss`, `L_t`, `lr`. No column ends in _x or _y."""
+    import pandas as pd
+
+    import rmdm_study as rs
+    from store import Store
+
+    s = rs.open(str(results / "results")).study("demo_sudoku")
+    for name in ("runs", "evals", "history"):
+        cols = list(getattr(s, name).columns)
+        assert not [c for c in cols if c.endswith(("_x", "_y"))], (name, cols)
+        assert len(cols) == len(set(cols)), (name, cols)
+    h = s.history
+    stored = Store(str(results / "results"), "demo_sudoku").read("history")
+    assert len(h) == len(stored) > 0
+    assert {"loss", "L_t", "lr", "step", "model_key", "seed", "task_variant"} <= set(h.columns)
+    assert "train_loss" not in h and "depth" not in h
+    assert pd.api.types.is_float_dtype(h["loss"])  # the value, not the variant
+    mine = h.sort_values(["run_id", "step"]).reset_index(drop=True)
+    theirs = stored.sort_values(["run_id", "step"]).reset_index(drop=True)
+    for c in ("loss", "L_t", "lr"):
+        assert mine[c].tolist() == theirs[c].tolist(), c
+    assert all(isinstance(v, str) for v in s.runs["loss"])  # the runs table's loss: the variant's name

@@ -200,3 +200,85 @@ def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["--debug", "plan", "x.yaml"])
     assert isinstance(r.exception, RuntimeError)  # --debug lets the traceback through
     assert os.environ.get("RMDM_DEBUG") is None
+
+
+# ---- usage mistakes (issue 33): one line, exit 2, never click's boxed usage text ----------------------------
+@pytest.mark.parametrize("args,words", [
+    ((), ("give a command: plan, run, status", "study --help")),
+    (("run",), ("study run: Missing argument 'grid'", "study run --help")),
+    (("frobnicate",), ("study: No such command 'frobnicate'",)),
+    (("--bogus",), ("study: No such option: --bogus",)),
+    (("run", "g.yaml", "--num-cpus", "-1"), ("study run: Invalid value for '--num-cpus'",)),
+    (("report", "--jobs", "0"), ("study report: Invalid value for '--jobs'",)),
+    (("report", "--T", "-1"), ("study report: Invalid value for '--T'",)),
+    (("predict", "--boot", "1000000000"), ("study predict: Invalid value for '--boot'",)),
+])
+def test_usage_mistakes_are_one_line_exit_2(args, words):
+    r = cli(*args)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: "), r.output
+    assert "╭" not in r.output and "Usage:" not in r.output
+    for w in words:
+        assert w in r.output, (w, r.output)
+
+
+def test_help_and_version_still_exit_0():
+    r = cli("run", "--help")
+    assert r.exit_code == 0 and "Usage" in r.output
+    assert cli("--version").exit_code == 0
+
+
+def test_a_validator_message_says_got_once_and_a_coupled_override_names_file_and_syntax(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("study: c\n" + TASK + "train: {steps: 2, batch_size: 4}\neval: {T: [1], n_examples: 4}\n"
+                 "couple:\n  - [{K: 1, L: 2}, {K: 1, L: 1}]\n")
+    out = fails(2, "plan", str(p), "task.n=5", words=("n must be one of 4, 9, 16, 25 (got 5)",))
+    assert out.count("(got") == 1 and "Value error" not in out, out
+    out = fails(2, "plan", str(p), "L=[1,2]", words=(f"override L=[1,2] (on {p})", "couple[0][0] sets model.L",
+                                                      "couple='[[{K: 1, L: 1}, {K: 1, L: 2}]]'"))
+    assert len(out.strip().splitlines()) == 1
+
+
+# ---- where a command looked (issue 33) ------------------------------------------------------------------
+def test_status_from_elsewhere_names_where_it_looked(tmp_path, grid, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    fails(2, "status", grid, words=(f"--results 'results' ({elsewhere}/results): no such directory",
+                                    "study 'g' has not run there"))
+    (tmp_path / "results" / "g" / "runs").mkdir(parents=True)  # the grid's own directory holds the study
+    fails(2, "status", grid, words=(f"the grid's directory has it: --results {tmp_path}/results",))
+    (elsewhere / "results" / "other" / "runs").mkdir(parents=True)
+    (elsewhere / "results" / "other" / "runs" / "x.parquet").write_text("")
+    r = cli("status", grid)
+    assert r.exit_code == 0 and "pending 1" in r.output
+    assert f"note: no study 'g' under 'results' ({elsewhere}/results) yet" in r.output and "studies there: other" in r.output
+
+
+def test_report_with_an_unknown_study_lists_the_studies_there(tmp_path):
+    for name in ("alpha", "beta"):
+        (tmp_path / name / "runs").mkdir(parents=True)
+        (tmp_path / name / "runs" / "x.parquet").write_text("")
+    fails(2, "report", "--study", "nope", "--results", str(tmp_path),
+          words=(f"no study 'nope' under '{tmp_path}'; studies there: alpha, beta",))
+    fails(2, "verify", "--study", "nope", "--results", str(tmp_path), words=("studies there: alpha, beta",))
+
+
+def test_a_closed_pipe_prints_nothing(tmp_path, grid):
+    """`study status GRID | head -1`, made certain: the reading end of a real pipe is closed before `study`
+    writes, so its first write meets EPIPE (no timing involved)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    (tmp_path / "results" / "g").mkdir(parents=True)
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)
+    try:
+        p = subprocess.run([sys.executable, "-m", "study.cli", "status", grid, "--results", str(tmp_path / "results")],
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=w_fd, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(w_fd)
+    assert p.stderr == "" and p.returncode == 141, (p.returncode, p.stderr)

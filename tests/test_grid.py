@@ -228,3 +228,32 @@ def test_loss_weights_of_the_wrong_length_are_rejected_by_grid_and_trainer():
         loop_weights(3, cfg)
     assert loop_weights(2, cfg) == [1 / 3, 2 / 3]
     Trainer(ModelConfig(d_model=16, n_heads=2, L=2), cfg, spec, batch)  # the right length trains
+
+
+def test_a_grid_of_a_million_runs_is_refused_before_it_is_expanded(monkeypatch):
+    """Six axes of ten values: 10^6 points. Refused by counting (BOUNDS['grid.runs']), never by expanding:
+    the check comes before any run is resolved, so a resolver that fails on the first call is never reached."""
+    import study.spec.grid as sg
+
+    big = {f"train.{k}": list(range(1, 11)) for k in ("seed", "steps", "warmup", "batch_size", "log_every")}
+    big["model.d_model"] = [16 * i for i in range(1, 11)]
+
+    def never(*a, **k):
+        raise AssertionError("a run was resolved")
+
+    monkeypatch.setattr(sg, "_resolve", never)
+    monkeypatch.delenv(sg.MAX_RUNS_ENV, raising=False)
+    with pytest.raises(GridError, match=r"1,000,000 points to expand .* beyond the bound 10,000 .*RMDM_MAX_RUNS"):
+        expand(grid(axes=big))
+    groups = [{"name": "a", "axes": {"seed": list(range(6000))}}, {"name": "b", "axes": {"seed": list(range(6000))}}]
+    with pytest.raises(GridError, match=r"groups\[1\]\.axes.*12,000 points"):
+        expand({**BASE, "groups": groups})  # the groups' points add up
+    monkeypatch.undo()
+    monkeypatch.setenv(sg.MAX_RUNS_ENV, "3")
+    with pytest.raises(GridError, match="4 points to expand .* beyond the bound 3"):
+        expand(grid(axes={"K": [1, 2], "L": [1, 3]}))
+    monkeypatch.setenv(sg.MAX_RUNS_ENV, "4")
+    assert len(expand(grid(axes={"K": [1, 2], "L": [1, 3]})).runs) == 4  # overridable
+    monkeypatch.setenv(sg.MAX_RUNS_ENV, "-1")
+    with pytest.raises(GridError, match=r"\$RMDM_MAX_RUNS='-1': a positive integer"):
+        expand(grid())

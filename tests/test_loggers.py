@@ -104,12 +104,22 @@ def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflo
         mine = hist[hist.run_id == run.run_id].sort_values("step")
         assert len(curve) > 1
         assert curve == [(int(s), float(v)) for s, v in zip(mine.step, mine.loss)]
-        # final metrics: final_loss, and each eval point's primary metric (vpr) as stored
+        # final metrics: final_loss, train_seconds, and every metric of every eval point with its interval, as
+        # stored, named by what runs share (issue 33: was eval/<eval_key>/vpr, primary only; changed here)
         got = m.data.metrics
         assert got["final_loss"] == float(mine.loss.iloc[-1])
-        for pt in run.eval_points():
-            row = evals[(evals.run_id == run.run_id) & (evals.eval_key == pt.key) & (evals.metric == "vpr")]
-            assert got[f"eval/{pt.key}/vpr"] == pytest.approx(float(row.value.iloc[0]), abs=0, rel=1e-12)
+        assert got["train_seconds"] == float(store.run_row(run.run_id)["train_seconds"]) and "time_total_s" not in got
+        mine_ev = evals[evals.run_id == run.run_id]
+        assert set(mine_ev.metric) >= {"vpr"} and len(mine_ev) > len(run.eval_points())  # more than the primary
+        for e in mine_ev.itertuples(index=False):
+            name = f"{e.metric}/T{e.T}" + ("" if e.L_s == run.model.L else f"/Ls{e.L_s}")
+            assert got[name] == pytest.approx(float(e.value), abs=0, rel=1e-12), name
+            assert got[f"{name}/ci_low"] == pytest.approx(float(e.ci_low), abs=0, rel=1e-12), name
+            assert got[f"{name}/ci_high"] == pytest.approx(float(e.ci_high), abs=0, rel=1e-12), name
+        assert m.data.tags["interval.vpr"].startswith("95% Wilson") and "L_s = L_t" in m.data.tags["eval.L_s"]
+    # a looped and a single-pass model at one T land in one column
+    assert all(f"vpr/T{t}" in by_name[x.run_id].data.metrics for x in grid.runs for t in (1, 2))
+    assert "View run" not in r.stdout + r.stderr
 
     # TensorBoard: one event file per trial under <results>/<study>/.ray/<experiment>/<trial>/ (README)
     assert f"tensorboard --logdir {results}/mlf/.ray" in r.stdout, r.stdout
@@ -154,3 +164,16 @@ def test_mlflow_needs_a_uri_beside_a_remote_store(monkeypatch):
         parse(["mlflow"], "s3://bucket/results")
     assert parse(["mlflow=sqlite:///x.db", "tensorboard", "tensorboard"], "s3://bucket/results") == [
         Sink("mlflow", "sqlite:///x.db"), Sink("tensorboard")]  # a URI given: fine; repeated: once
+
+
+def test_tracker_names_say_what_differs_from_the_shared_column():
+    from study.engine.loggers import metric_name
+    from study.spec.grid import expand
+
+    g = expand({"task": {"name": "sudoku", "n": 4}, "model": {"d_model": 16, "n_heads": 2, "L": 2},
+                "eval": {"T": [1], "L_s": ["train", 1]}}, "n.yaml")
+    run = g.runs[0]
+    first = run.eval.sampler[0]
+    assert metric_name("vpr", 4, 2, first, "test", run) == "vpr/T4"  # at L_s = L_t: the column runs share
+    assert metric_name("vpr", 4, 1, first, "test", run) == "vpr/T4/Ls1"
+    assert metric_name("cell_acc", 1, 2, "other", "val", run) == "cell_acc/T1/other/val"

@@ -131,3 +131,51 @@ def test_a_grid_named_by_its_file_follows_the_rule_in_plan(tmp_path):
     r = study("status", str(tmp_path / "a..b.yaml"), "--results", str(tmp_path / "results"))
     assert r.returncode == 2 and "a..b" in r.stderr and "Traceback" not in r.stderr
     assert is_safe_name("a.b-c_1") and is_safe_name("x" * 200)
+
+
+def test_every_reader_refuses_a_symlink_out_of_the_store(study_dir):
+    """`study run` refuses a symlink out of the study's directory before writing; the read paths refuse it
+    too: status, report and verify on a runs/ that links to an outside folder, eval on weights linked from
+    outside, and the Python API (store.Store.refuse_links_out)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from store import OutsideStore
+    from study.cli import app
+
+    tmp, grid, store = study_dir
+    run = grid.runs[0]
+    execute(run, store, "test")
+    (tmp / "p.txt").write_text(PUZZLES)
+    results = str(tmp / "results")
+
+    def cli(*args):
+        return CliRunner().invoke(app, list(args))
+
+    assert cli("status", str(tmp / "sec.yaml"), "--results", results).exit_code == 0  # before: all read
+    outside = tmp / "outside"
+    outside.mkdir()
+    runs = store.path("runs")
+    shutil.move(runs, outside / "runs")
+    os.symlink(outside / "runs", runs)
+    for args, code in ((("status", str(tmp / "sec.yaml")), 2),
+                       (("report", "--study", "sec", "--out", str(tmp / "figs")), 2),
+                       (("verify", "--study", "sec"), 1)):  # verify: a failed check of the store, exit 1
+        r = cli(*args, "--results", results)
+        assert r.exit_code == code, (args, r.exit_code, r.output)
+        assert f"error: {runs} is a symlink to {outside}/runs, outside the store" in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not os.path.exists(tmp / "figs")
+    import rmdm_study as rs
+
+    with pytest.raises(OutsideStore, match="outside the store"):
+        rs.open(results).study("sec")
+    os.remove(runs)
+    shutil.move(outside / "runs", runs)
+
+    weights = store.weights_path(run.run_id)  # weights read through a link to a file outside
+    shutil.move(weights, outside / "w.pt")
+    os.symlink(outside / "w.pt", weights)
+    r = cli("eval", run.run_id, "--puzzles", str(tmp / "p.txt"), "--results", results)
+    assert r.exit_code == 2 and f"error: {weights} is a symlink to {outside}/w.pt, outside the store" in r.output, r.output

@@ -13,7 +13,7 @@ import pandas as pd
 
 import tasks
 from analysis.derived import Derived
-from analysis.load import MissingData, StudyData
+from analysis.load import MissingData, StudyData, training_curves
 from analysis.plotting import (Drawing, Options, band, facet_title, facets, grid, legend, model_label,
                                model_names, palette, panel_width, rate_ylim, theme, tight)
 
@@ -22,7 +22,7 @@ COST = 0
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    h = data.history
+    h = training_curves(data)
     if h is None or h.empty:
         raise MissingData("training curves need the history table (no rows in history/)")
     val = _val_rows(h)

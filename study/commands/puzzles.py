@@ -46,6 +46,10 @@ def find_run(results: str, run_id: str, study: str | None = None) -> Store:
     if len(found) > 1:
         raise EvalError(f"run {run_id!r} has weights in several studies ({', '.join(s.study for s in found)}): "
                         f"pick one with --study")
+    try:
+        found[0].refuse_links_out()  # weights, configs, evals: never loaded through a link out of the store
+    except OSError as e:
+        raise EvalError(e.strerror or str(e)) from None
     return found[0]
 
 

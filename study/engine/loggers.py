@@ -5,8 +5,9 @@ Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig
 - mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its run id,
   in the MLflow experiment named after the study; its parameters are the run's resolved config (model.K,
   model.L, model.d_model, train.lr, train.seed, ...), its metrics the training loss at every logged step
-  (the step is the training step) and, at the end, `final_loss` and each eval point's primary metric as
-  `eval/<eval_key>/<metric>`. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
+  (the step is the training step) and, at the end, `final_loss`, `train_seconds` and every metric of every
+  eval point with its interval, from the store, named by what runs share (`vpr/T4`, `vpr/T4/ci_low`; see
+  metric_name), with tags saying which L_s and sampler the names hold. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
   Tune's state, sqlite:///<results>/<study>/.ray/mlflow.db.
 - wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
   <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
@@ -26,13 +27,13 @@ import math
 import os
 from dataclasses import dataclass
 
-from study.engine.raytune import EVAL_PREFIX, ray_dir, trial_run
+from study.engine.raytune import ray_dir, trial_run
 
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
             "wandb": ("wandb", "pip install 'rmdm-study[wandb]'"),
             "tensorboard": ("tensorboardX", "pip install tensorboardX (it comes with ray[tune])")}
-LOGGED = ("loss", "final_loss", "objective", "score", "time_total_s")  # what MLflow records of a result
+LOGGED = ("loss", "final_loss", "objective", "score")  # what MLflow records of a result (and tracker_metrics)
 REACH_TIMEOUT_S = 5.0
 
 
@@ -114,6 +115,7 @@ def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
     lines (and --log tensorboard's, naming the study's directory) are the only ones. RAY_AIR_NEW_OUTPUT=1 set
     by the user brings Ray's back."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # read by Tuner.fit in this process
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # MLflow's "View run" lines, as Ray's
     out = []
     for sink in sinks:
         if sink.kind == "mlflow":
@@ -166,11 +168,55 @@ def result_step(result: dict) -> int | None:
 
 
 def mlflow_metrics(result: dict) -> dict:
-    """What MLflow records of one result: losses, the search's objective, time, the final eval metrics. The
-    loss curve is the training steps' (a final result repeating the last loss as `loss` adds no point to it)."""
+    """What MLflow records of one result: losses and the search's objective. The loss curve is the training
+    steps' (a final result repeating the last loss as `loss` adds no point to it). The eval metrics and
+    train_seconds come from the store once the run is final (tracker_metrics)."""
     return {k: float(v) for k, v in result.items()
-            if (k in LOGGED or k.startswith(EVAL_PREFIX)) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            if k in LOGGED and isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v) and not (k == "loss" and "final_loss" in result)}
+
+
+def metric_name(metric: str, T: int, L_s: int, sampler: str, split: str, run) -> str:
+    """A tracker's name for one evals row, by what a researcher compares across runs: `vpr/T4` at L_s = the
+    run's training depth, its first sampler, the test split (a looped and a single-pass model at one T share
+    the column); any other point says how it differs: `vpr/T4/Ls1`, `vpr/T4/entropy`, `vpr/T4/val`."""
+    name = f"{metric}/T{int(T)}"
+    if int(L_s) != run.model.L:
+        name += f"/Ls{int(L_s)}"
+    if sampler != run.eval.sampler[0]:
+        name += f"/{sampler}"
+    return name + ("" if split == "test" else f"/{split}")
+
+
+def tracker_metrics(store, run) -> tuple[dict, dict]:
+    """(metrics, tags) of a finished run for a tracker, from the store: every metric of the task at every eval
+    point with its 95% interval (`<name>`, `<name>/ci_low`, `<name>/ci_high`; names: metric_name) and the
+    run's train_seconds; the tags say what the names hold (L_s, sampler, each metric's interval method)."""
+    from tasks import TASKS
+
+    out: dict = {}
+    row = store.run_row(run.run_id) or {}
+    secs = row.get("train_seconds")
+    if isinstance(secs, (int, float)) and math.isfinite(secs):
+        out["train_seconds"] = float(secs)
+    try:
+        ev = store.read("evals", filter_run=run.run_id)
+    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
+        ev = None
+    keys = {pt.key for pt in run.eval_points()}
+    for r in ([] if ev is None or not len(ev) else ev[ev.eval_key.isin(keys)].itertuples(index=False)):
+        name = metric_name(r.metric, r.T, r.L_s, r.sampler, r.split, run)
+        for suffix, v in (("", r.value), ("/ci_low", r.ci_low), ("/ci_high", r.ci_high)):
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[name + suffix] = float(v)
+    task = TASKS[run.task.name][1]
+    tags = {"eval.L_s": f"<metric>/T<T> at L_s = L_t = {run.model.L} (the training depth); /Ls<n> at other L_s",
+            "eval.sampler": f"{run.eval.sampler[0]} (others named /<sampler>)",
+            "eval.primary_metric": task.primary_metric}
+    for m in task.metrics:
+        tags[f"interval.{m.name}"] = ("95% Wilson interval over the test examples" if m.kind == "rate"
+                                      else "95% Student t interval over the test examples")
+    return out, tags
 
 
 def _mlflow_class():
@@ -194,10 +240,21 @@ def _mlflow_class():
             if trial not in self._trial_runs:
                 self.log_trial_start(trial)
             metrics = mlflow_metrics(result)
+            step = result_step(result)
+            step = step if step is not None else result.get("training_iteration", 0)
+            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
+                from mlflow.tracking import MlflowClient
+
+                from store import Store
+
+                run = trial_run(trial.config)
+                evals, tags = tracker_metrics(Store(trial.config["results"], run.study), run)
+                metrics.update(evals)
+                client = MlflowClient(tracking_uri=self.tracking_uri)
+                for k, v in tags.items():
+                    client.set_tag(self._trial_runs[trial], k, v)
             if metrics:
-                step = result_step(result)
-                self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics,
-                                             step=step if step is not None else result.get("training_iteration", 0))
+                self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
 
     return StudyMLflowLogger
 

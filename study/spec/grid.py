@@ -310,6 +310,14 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     runs: dict[str, Run] = {}
     search_groups: dict[str, SearchGroup] = {}
     tuned: dict[str, dict] = {}
+    cap, counted = max_runs(), 0
+    for _, spec, where in specs:  # counted before anything is expanded (a 6 KB grid can ask for 10^6 runs)
+        counted += _count_points(spec, where, err)
+        if counted > cap:
+            err((where or "") + "axes", f"{counted:,} points to expand (the product of the axes and couple lists, "
+                                        f"plus include, before constraints and exclude), beyond the bound "
+                                        f"{cap:,} (study/spec/grid.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to "
+                                        f"allow more)")
     for name, spec, where in specs:
         sections = copy.deepcopy(base)
         if name is not None:
@@ -422,6 +430,20 @@ def _point(d: Any, where: str, err: Err) -> dict:
             err(f"{where}.{k}", f"names {ck} again: give each field once")
         out[ck] = v
     return out
+
+
+def _count_points(spec: dict, where: str, err: Err) -> int:
+    """How many points _points would make of `spec` at most (before constraints and exclude): the product
+    of the axes' and couple lists' lengths, plus the include list; malformed parts are left to _points."""
+    n = 1
+    axes = spec.get("axes", {})
+    for vals in (axes.values() if isinstance(axes, dict) else ()):
+        n *= len(vals) if isinstance(vals, list) and vals else 1
+    couple = spec.get("couple", [])
+    for fam in (couple if isinstance(couple, list) else ()):
+        n *= len(fam) if isinstance(fam, list) and fam else 1
+    inc = spec.get("include", [])
+    return n + (len(inc) if isinstance(inc, list) else 0)
 
 
 def _points(spec: dict, where: str, err: Err) -> list[tuple[dict, bool]]:
@@ -552,7 +574,20 @@ BOUNDS = {
     "train.log_every": 10_000_000, "eval.T": 65536, "eval.L_s": 1024, "eval.n_examples": 10_000_000,
     "eval.n_samples_kept": 10_000_000, "eval.adaptive.max_loops": 1024, "task.seq_len": 65536,
     "task.n_train": 100_000_000, "resources.cpu": 4096, "resources.gpu": 1024, "retries": 100,
+    "grid.runs": 10_000,  # points a grid expands to, counted before expanding; $RMDM_MAX_RUNS overrides it
 }
+MAX_RUNS_ENV = "RMDM_MAX_RUNS"
+
+
+def max_runs(err: Err | None = None) -> int:
+    """BOUNDS['grid.runs'], or $RMDM_MAX_RUNS (a positive integer) where set."""
+    v = os.environ.get(MAX_RUNS_ENV)
+    if v is None or v == "":
+        return BOUNDS["grid.runs"]
+    if not v.isdigit() or int(v) < 1:
+        raise GridError(f"${MAX_RUNS_ENV}={short(v)}: a positive integer is meant (the most runs a grid may "
+                        f"expand to; default {BOUNDS['grid.runs']:,})")
+    return int(v)
 MAX_STEP_BYTES = 1 << 40  # 1 TiB: a training step's estimated peak memory (weights, AdamW, activations)
 MAX_SEQ_LEN = BOUNDS["task.seq_len"]
 

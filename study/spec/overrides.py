@@ -136,7 +136,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     seen: dict[str, str] = {}
     for ov in overrides:
         def bad(msg: str, ov=ov):
-            raise OverrideError(f"override {show(ov.text)}: {msg}")
+            raise OverrideError(f"override {show(ov.text)} (on {source}): {msg}")
 
         path = list(ov.path)
         if isinstance(path[0], str) and path[0] not in TOP_KEYS and path[0] in ALIASES:
@@ -284,7 +284,8 @@ def _refuse_shadowed(raw: dict, field: str, bad) -> None:
         for kind in ("couple", "include"):
             hit = point_sets(spec.get(kind), f"{where}{kind}")
             if hit:
-                bad(f"{hit} sets {field} in a {kind} point (and wins there): override {where}{kind} instead")
+                bad(f"{hit} sets {field} in a {kind} point (and wins there): override {where}{kind} instead, "
+                    f"the whole list as YAML ({where}{kind}='[[{{K: 1, L: 1}}, {{K: 1, L: 2}}]]' for a couple)")
 
 
 _MISSING = object()

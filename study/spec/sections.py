@@ -184,7 +184,8 @@ def validate(cls: type[BaseModel], d: dict, key: str, err: Err):
                 f = owner.model_fields.get(part) if isinstance(part, str) else None
                 owner = (_model_type(f.annotation) or owner) if f is not None else owner
             err(full, f"unknown key; allowed: {', '.join(sorted(owner.model_fields))}")
-        err(full, f"{first['msg']} (got {short(first.get('input'))})")
+        msg = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's ValueError
+        err(full, msg if "(got " in msg else f"{msg} (got {short(first.get('input'))})")  # "got" said once
 
 
 def refuse(msg: str, at: str = "") -> PydanticCustomError:
