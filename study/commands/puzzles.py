@@ -79,7 +79,7 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
         raise EvalError(f"{wpath}: no final weights of run {run_id!r} ({store.unreadable.get(wpath, 'missing')})")
     bad = digest.weights_mismatch(wpath, data, store.run_row(run_id))
     if bad:
-        raise EvalError(f"{bad}; not loaded: `study run` on its grid retrains the run")
+        raise EvalError(f"{bad}; refused, not loaded: `study run` on its grid retrains the run")
     try:
         sd = load_state(io.BytesIO(data), device, wpath)
     except CheckpointError as e:
