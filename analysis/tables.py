@@ -264,12 +264,13 @@ def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_
 
 
 def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
-    """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth.
+    """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth: the rows of the
+    tasks evaluated by their likelihood (Task.eval_mode 'likelihood', tasks.is_likelihood).
 
     Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
     ppl = exp(nll)): the three are one number in three units.
     """
-    d = agg[agg["task"] == "text8"]
+    d = agg[agg["task"].map(tasks.is_likelihood).astype(bool)]
     if d.empty or not d["metric"].isin(["nll", "bpc", "bits_per_char"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
     alias = {"bits_per_char": "bpc", "perplexity": "ppl"}
