@@ -268,6 +268,35 @@ def test_a_task_missing_a_declaration_fails_when_made():
     assert "sort_nll" not in tasks.TASKS
 
 
+def test_the_config_contract_is_checked_at_register_and_inherited():
+    class NoValConfig(TaskConfig):  # the test split's size but not the validation split's
+        name: Literal["sort_noval"] = "sort_noval"
+        n_test: int = 8
+
+    class NoVal(SortDigits):
+        name = "sort_noval"
+
+    with pytest.raises(ValueError, match=r"'sort_noval': its config .*NoValConfig lacks the field\(s\) n_val"):
+        tasks.register(NoValConfig, NoVal)
+
+    class NatsConfig(SortConfig):
+        name: Literal["sort_bits"] = "sort_bits"
+
+    class BitsOnly(SortDigits):  # a likelihood task whose metrics hold no NLL bound in nats
+        name, eval_mode, metrics = "sort_bits", "likelihood", (Metric("bits", "bits", likelihood=0.693),)
+        primary_metric = "bits"
+
+        def t_values(self):
+            return torch.tensor([0.5])
+
+    with pytest.raises(ValueError, match="'sort_bits': eval_mode 'likelihood' needs a stored metric with likelihood=1"):
+        tasks.register(NatsConfig, BitsOnly)
+    assert "sort_noval" not in tasks.TASKS and "sort_bits" not in tasks.TASKS
+    c = SortConfig(n_test=10)  # what plan's cost model and check_data read, from TaskConfig
+    assert (c.val_size, c.split_size("test"), c.split_size("val"), c.train_size) == (10, 10, 10, 200)
+    assert SortConfig(n_test=10, n_val=3).split_size("val") == 3
+
+
 def test_the_toy_task_rescores_what_it_renders():
     task = SortDigits(SortConfig(n_train=20, n_test=4))
     task.prepare(None)
