@@ -165,11 +165,12 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
                 a_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in ea.itertuples()}
                 b_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in eb.itertuples()}
             diff, lo, hi, how, used = paired_difference(
-                a_vals, b_vals, tasks.is_rate(metric), a_sc, b_sc,
+                a_vals, b_vals, tasks.is_rate(metric, ra.get("task")), a_sc, b_sc,
                 (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))
             # the per-seed signs beside the interval: in how many matched seeds A scored better
             common = sorted(set(a_vals) & set(b_vals))
-            sign = -1 if tasks.lower_is_better(metric) else 1
+            lower = tasks.lower_is_better(metric, ra.get("task"))
+            sign = -1 if lower else 1
             better = sum(1 for sd in common if sign * (a_vals[sd] - b_vals[sd]) > 0)
             on, why = one_seed_scope(a_vals, b_vals, how, used)
             rows.append({"A_better_in": f"{better} / {len(common)} seeds" if common else "",
@@ -178,7 +179,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
                          "seeds": f"{len(a_vals)} / {len(b_vals)}" + (f" ({used} paired)" if how in ("seeds", "examples") else ""),
                          "value_A": float(ra["value"]), "value_B": float(rb["value"]), "difference": diff,
                          "ci_low": lo, "ci_high": hi,
-                         "verdict": verdict(lo, hi, tasks.lower_is_better(metric), on, why),
+                         "verdict": verdict(lo, hi, lower, on, why),
                          "method": PAIR_METHOD[how], "matched_seeds": len(common)})
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -17,7 +17,7 @@ from analysis.compare import compare
 from analysis.effective import Effective, effective_params
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, pareto_front, primary_metric, select,
-                             shape_label, threshold_crossings)
+                             shape_label, task_of, threshold_crossings)
 
 
 @dataclass
@@ -116,9 +116,10 @@ class Derived:
     def _crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
         frames = []
         for variant, metric, d in self.by_variant("pareto", split):
-            if not tasks.is_rate(metric):
-                continue  # crossings are for success rates (VPR, RTR); text8's likelihood has its own table
-            thr = threshold if threshold is not None else (tasks.metric(metric).threshold or 0.95)
+            task = task_of(d)
+            if not tasks.is_rate(metric, task):
+                continue  # crossings are for success rates (VPR, RTR); a likelihood has its own table
+            thr = threshold if threshold is not None else (tasks.metric(metric, task).threshold or 0.95)
             c = threshold_crossings(d, thr, metric, x=x, split=split)
             c["pareto"] = pareto_front(c).to_numpy()
             names = differing(c["model_key"])

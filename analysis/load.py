@@ -11,12 +11,16 @@ import pyarrow.fs as pafs
 import tasks
 from store import Store, list_studies
 
-# columns a task may fill from its parameters (Task.run_columns), None for the runs of other tasks
-TASK_COLUMNS = ("sudoku_n", "mask_rate")
-# columns of a run that the figures and tables read; model_key (below) is what tells models apart
-RUN_COLS = ["run_id", "task", "task_variant", *TASK_COLUMNS, "K", "L_t", "schedule", "loss", "d_model",
-            "heads", "lr", "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "status",
-            "model_key"]
+# columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
+# None in the runs of other tasks) after task_variant; model_key (below) is what tells models apart
+GENERIC_RUN_COLS = ("K", "L_t", "schedule", "loss", "d_model", "heads", "lr", "batch", "steps", "seed", "n_params",
+                    "n_params_non_embedding", "flops_per_forward", "status", "model_key")
+
+
+def run_cols() -> list[str]:
+    return ["run_id", "task", "task_variant", *tasks.run_column_names(), *GENERIC_RUN_COLS]
+
+
 # What identifies a model: model_key, the run's whole resolved training configuration (task, model and
 # train sections) minus the seed, so two runs are seeds of one model only when everything else is equal.
 # The readable columns before it are functions of it, kept for grouping and labels.
@@ -46,8 +50,8 @@ class StudyData:
 
     name: str
     dir: str
-    runs: pd.DataFrame  # one row per run, with task_variant and TASK_COLUMNS derived from task_params
-    evals: pd.DataFrame  # evals joined with RUN_COLS of their run
+    runs: pd.DataFrame  # one row per run, with task_variant and the tasks' run columns derived from task_params
+    evals: pd.DataFrame  # evals joined with run_cols() of their run
     history: pd.DataFrame  # the history table (store names: loss, L_t, lr of each step) and the run columns it lacks
     grid_text: str | None = None  # results/<study>/grid.yaml as last run
     configs: dict[str, dict] = field(default_factory=dict)  # run_id -> configs/<run_id>.json
@@ -87,7 +91,8 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if runs.empty:
         raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
                           f"({not_done_summary(not_done)})")
-    evals, left_evals = dedupe_evals(store.read("evals").merge(runs[RUN_COLS], on="run_id", how="inner"))
+    cols = run_cols()
+    evals, left_evals = dedupe_evals(store.read("evals").merge(runs[cols], on="run_id", how="inner"))
     history = with_run_columns(store.read("history"), runs)
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
@@ -125,7 +130,7 @@ def with_run_columns(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     configured lr are in the runs table under the same names (docs/schema.md)."""
     if rows.empty:
         return rows
-    extra = [c for c in RUN_COLS if c == "run_id" or c not in rows.columns]
+    extra = [c for c in run_cols() if c == "run_id" or c not in rows.columns]
     return rows.merge(runs[extra], on="run_id", how="inner")
 
 
@@ -135,9 +140,10 @@ def training_curves(data: "StudyData") -> pd.DataFrame:
     h = data.history
     if h is None or h.empty:
         return h
-    own = [c for c in h.columns if c == "run_id" or c not in RUN_COLS or c in ("loss", "L_t", "lr")]
+    cols = run_cols()
+    own = [c for c in h.columns if c == "run_id" or c not in cols or c in ("loss", "L_t", "lr")]
     return (h[own].rename(columns={"L_t": "depth", "loss": "train_loss"})
-            .merge(data.runs[RUN_COLS], on="run_id", how="inner"))
+            .merge(data.runs[cols], on="run_id", how="inner"))
 
 
 def dedupe_evals(evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -260,11 +266,11 @@ def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
 
 def enrich_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Add the columns derived from task_params, as each run's task names them: task_variant (a readable
-    name, Task.variant_name) and TASK_COLUMNS (Task.run_columns)."""
+    name, Task.variant_name) and every registered task's run columns (Task.run_columns)."""
     params = runs["task_params"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
     filled = [task_columns(t, p) for t, p in zip(runs["task"], params)]
     return runs.assign(task_variant=[task_variant(t, p) for t, p in zip(runs["task"], params)],
-                       **{c: [f.get(c) for f in filled] for c in TASK_COLUMNS})
+                       **{c: [f.get(c) for f in filled] for c in tasks.run_column_names()})
 
 
 def task_variant(task: str, p: dict) -> str:
@@ -275,11 +281,12 @@ def task_variant(task: str, p: dict) -> str:
 def task_columns(task: str, p: dict) -> dict:
     if task not in tasks.TASKS:
         return {}
-    got = tasks.task_class(task).run_columns(p)
-    unknown = set(got) - set(TASK_COLUMNS)
+    cls = tasks.task_class(task)
+    got = cls.run_columns(p)
+    unknown = set(got) - set(cls.run_column_names)
     if unknown:
-        raise ValueError(f"task {task!r}: run_columns gives {sorted(unknown)}, not among the report's run columns "
-                         f"{list(TASK_COLUMNS)}")
+        raise ValueError(f"task {task!r}: run_columns gives {sorted(unknown)}, not among the run columns it declares "
+                         f"(run_column_names = {list(cls.run_column_names)})")
     return got
 
 

@@ -75,6 +75,13 @@ def one_split(d: pd.DataFrame, what: str) -> None:
                          "select one split first")
 
 
+def task_of(rows: pd.DataFrame) -> str | None:
+    """The one task of `rows` (whose declaration of a metric name applies: each task names its metrics in a
+    namespace of its own), None for rows of several tasks or none."""
+    have = rows["task"].dropna().unique() if "task" in rows.columns else []
+    return str(have[0]) if len(have) == 1 else None
+
+
 def primary_metric(task: str, available) -> str:
     """The task's headline metric if present, else the first registered task's headline present."""
     try:
@@ -114,7 +121,8 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
         forward_passes=("forward_passes", "mean"))
-    runs["k"] = np.where(runs["metric"].map(tasks.is_rate).astype(bool), (runs["value"] * runs["n_examples"]).round(), np.nan)
+    rate = [tasks.is_rate(m, t) for m, t in zip(runs["metric"], runs["task"] if "task" in runs else [None] * len(runs))]
+    runs["k"] = np.where(np.array(rate, dtype=bool), (runs["value"] * runs["n_examples"]).round(), np.nan)
     g = runs.groupby(keys, as_index=False, dropna=False).agg(**fpm,
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
         seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
@@ -126,8 +134,9 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     seeds = runs.groupby(keys, dropna=False, sort=True)[["value", "n_examples", "ci_low", "ci_high"]]
     lo, hi, how = [], [], []
     for r, (_, s) in zip(g.itertuples(index=False), seeds):
-        a, b, m = seed_interval(s["value"].tolist(), tasks.is_rate(r.metric), s["n_examples"].tolist(),
-                                s["ci_low"].tolist(), s["ci_high"].tolist(), bounds=tasks.metric(r.metric).bounds)
+        task = getattr(r, "task", None)
+        a, b, m = seed_interval(s["value"].tolist(), tasks.is_rate(r.metric, task), s["n_examples"].tolist(),
+                                s["ci_low"].tolist(), s["ci_high"].tolist(), bounds=tasks.metric(r.metric, task).bounds)
         lo.append(a)
         hi.append(b)
         how.append(SEED_METHOD[m])
@@ -168,7 +177,7 @@ def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str
     d = select(agg, metric, split=split)
     if x == "T":
         d = d[d["L_s"] == d["L_t"]]
-    lower = tasks.lower_is_better(metric)
+    lower = tasks.lower_is_better(metric, task_of(d))
     rows = []
     keys = [c for c in MODEL_KEYS if c in d.columns]
     for key, g in d.groupby(keys, dropna=False):
@@ -265,12 +274,13 @@ def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_
 
 
 def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
-    """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth.
+    """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth: the rows of the
+    tasks evaluated by their likelihood (Task.eval_mode 'likelihood', tasks.is_likelihood).
 
     Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
     ppl = exp(nll)): the three are one number in three units.
     """
-    d = agg[agg["task"] == "text8"]
+    d = agg[agg["task"].map(tasks.is_likelihood).astype(bool)]
     if d.empty or not d["metric"].isin(["nll", "bpc", "bits_per_char"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
     alias = {"bits_per_char": "bpc", "perplexity": "ppl"}

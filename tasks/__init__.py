@@ -40,20 +40,33 @@ def register(config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
         raise ValueError(f"task {name!r} of {task_cls.__module__}.{task_cls.__qualname__} clashes with the task "
                          f"{name!r} already registered by {have.__module__}.{have.__qualname__}: give it "
                          f"another name")
+    _check_declarations(name, config_cls, task_cls)
+    TASKS[name] = (config_cls, task_cls)
+
+
+def _check_declarations(name: str, config_cls: type[TaskConfig], task_cls: type[Task]) -> None:
+    """What tasks/base.py says every task declares, present (a ValueError names what is missing)."""
     fields = getattr(config_cls, "model_fields", None)  # pydantic's; a plain class (gpu_check's stand-in): its attribute
     default = getattr(fields.get("name"), "default", None) if fields is not None else getattr(config_cls, "name", None)
     if default != name:
         raise ValueError(f"task {name!r}: its config {config_cls.__qualname__} needs a field "
                          f"`name: Literal[{name!r}] = {name!r}` (grids and stored configs name the task)")
+    missing = [f for f in TaskConfig.REQUIRED_FIELDS if fields is not None and f not in fields]
+    if missing:
+        raise ValueError(f"task {name!r}: its config {config_cls.__qualname__} lacks the field(s) {', '.join(missing)} "
+                         f"every task declares (n_test: test examples; n_val: validation examples or None for n_test)")
     if task_cls.eval_mode == "likelihood" and task_cls.t_values is Task.t_values:
         raise ValueError(f"task {name!r}: eval_mode 'likelihood' needs t_values(), the noise levels of its NLL bound")
+    if task_cls.eval_mode == "likelihood" and 1.0 not in {m.likelihood for m in task_cls.likelihood_metrics()}:
+        raise ValueError(f"task {name!r}: eval_mode 'likelihood' needs a stored metric with likelihood=1.0 (the NLL "
+                         f"bound in nats per position)")
     if task_cls.primary_metric not in {m.name for m in task_cls.metrics}:
         raise ValueError(f"task {name!r}: primary_metric {task_cls.primary_metric!r} is not one of its metrics")
-    for m in task_cls.metrics:  # one name, one meaning: a metric two tasks share is declared alike
-        other = metric(m.name, default=None)
-        if other is not None and other != m:
-            raise ValueError(f"task {name!r} declares metric {m.name!r} unlike an earlier task: {m} vs {other}")
-    TASKS[name] = (config_cls, task_cls)
+    if task_cls.sample_score is not None and task_cls.sample_score not in task_cls.metric_names_of():
+        raise ValueError(f"task {name!r}: sample_score {task_cls.sample_score!r} is not one of its stored metrics")
+    names = [m.name for m in task_cls.metrics]
+    if len(set(names)) != len(names):
+        raise ValueError(f"task {name!r} declares a metric twice: {names}")
 
 
 def task_class(name: str) -> type[Task]:
@@ -69,24 +82,43 @@ def make_task(cfg: TaskConfig) -> Task:
 _UNSET = object()
 
 
-def metric(name: str, default=_UNSET) -> Metric | None:
-    """The declaration of metric `name` (a task's, or a generic one); unknown names get a plain 'mean'
-    metric labelled by its name (or `default`, when given)."""
+def metric(name: str, task: str | None = None, default=_UNSET) -> Metric | None:
+    """The declaration of metric `name`: task `task`'s (each task names its metrics in a namespace of its
+    own), else the first registered task's that declares one of that name, else a generic one; unknown names
+    get a plain 'mean' metric labelled by its name (or `default`, when given)."""
+    own = TASKS[task][1].metric_of(name) if task in TASKS else None
+    if own is not None:
+        return own
     for _, cls in TASKS.values():
-        for m in cls.metrics:
-            if m.name == name:
-                return m
+        m = cls.metric_of(name)
+        if m is not None:
+            return m
     if name in GENERIC_METRICS:
         return GENERIC_METRICS[name]
     return Metric(str(name), str(name)) if default is _UNSET else default
 
 
-def is_rate(name: str) -> bool:
-    return metric(name).kind == "rate"
+def is_rate(name: str, task: str | None = None) -> bool:
+    return metric(name, task).kind == "rate"
 
 
-def lower_is_better(name: str) -> bool:
-    return not metric(name).higher_is_better
+def lower_is_better(name: str, task: str | None = None) -> bool:
+    return not metric(name, task).higher_is_better
+
+
+def is_likelihood(task: str) -> bool:
+    """Whether task `task` is evaluated by its likelihood (eval_mode 'likelihood'); False for an unknown one."""
+    return task in TASKS and TASKS[task][1].eval_mode == "likelihood"
+
+
+def run_column_names() -> tuple[str, ...]:
+    """Every run column a registered task fills (Task.run_column_names), in registration order."""
+    return tuple(dict.fromkeys(c for _, cls in TASKS.values() for c in cls.run_column_names))
+
+
+def aliases() -> dict[str, str]:
+    """Short grid keys the registered tasks declare (Task.aliases): {"mask_rate": "task.mask_rate", ...}."""
+    return {a: f"task.{a}" for _, cls in TASKS.values() for a in cls.aliases}
 
 
 def primary_metric(task: str, available) -> str:
@@ -121,5 +153,6 @@ load_plugins()
 
 
 __all__ = ["PLUGIN_ENV", "PLUGIN_GROUP", "SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet",
-           "InputFileError", "Inputs", "Metric", "NotRescorable", "Task", "TaskConfig", "is_rate", "load_plugins",
-           "lower_is_better", "make_task", "metric", "primary_metric", "register", "task_class"]
+           "InputFileError", "Inputs", "Metric", "NotRescorable", "Task", "TaskConfig", "aliases", "is_likelihood",
+           "is_rate", "load_plugins", "lower_is_better", "make_task", "metric", "primary_metric", "register",
+           "run_column_names", "task_class"]

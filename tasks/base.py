@@ -2,6 +2,10 @@
 
 Tasks never import `model` (nor `study`): the model learns vocabulary size and position ids
 from these declarations through `study`.
+
+Describing a task (its metrics, run columns, aliases, data bounds, split sizes) never imports torch:
+`torch` below is imported on first use, where data are made, scored or rendered (so `study plan`,
+`study report` and the Python API's tables load without it). Task modules take it from here.
 """
 from __future__ import annotations
 
@@ -9,12 +13,28 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Literal
 
+import importlib
+from types import ModuleType
+
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from atomicio import AtomicFile
 
+
+class _OnFirstUse(ModuleType):
+    """A module imported when one of its attributes is first read (`torch.zeros(...)`, `torch.Tensor`)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update(module.__dict__)  # later reads are plain attribute reads
+        return getattr(module, attr)
+
+
+torch = _OnFirstUse("torch")
 
 
 SPLITS = ("test", "val")  # every task has both: numbers are reported on test, selection happens on val
@@ -27,7 +47,19 @@ def save_npz(path: str, **arrays) -> None:
 
 
 class TaskConfig(BaseModel):
+    """A task's configuration: the grid's `task:` section, validated (pydantic, unknown keys refused).
+
+    Besides `name: Literal["<task>"] = "<task>"`, the fields every task declares (`tasks.register` checks
+    them; the engine, `study plan`'s cost model, `study verify` and the report read them through the
+    methods below, never by name):
+      n_test: int             examples of the test split (what is reported)
+      n_val: int | None       examples of the validation split (selection); None: as many as n_test
+      n_train: int            (a generated task) distinct training examples; a task trained on a fixed
+                              corpus has none, and `max_examples` / `check_data` are its own
+    """
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    REQUIRED_FIELDS: ClassVar[tuple[str, ...]] = ("name", "n_test", "n_val")  # checked by tasks.register
 
     # per split, the fields that shape that split's examples and never the training data; an
     # evaluation is keyed by them (with the run id), so changing one re-evaluates, never reuses
@@ -42,6 +74,20 @@ class TaskConfig(BaseModel):
     def eval_fields(self, split: str) -> dict[str, Any]:
         """The evaluation-only fields that decide which examples `split` holds."""
         return {k: getattr(self, k) for k in self.EVAL_FIELDS[self.split_of(split)]}
+
+    @property
+    def val_size(self) -> int:
+        """Examples of the validation split: n_val, or n_test when n_val is unset."""
+        return self.n_test if self.n_val is None else self.n_val
+
+    def split_size(self, split: str) -> int:
+        """Examples an evaluation of `split` (as the grid names it) holds at most: n_test or val_size."""
+        return self.n_test if split == "test" else self.val_size
+
+    @property
+    def train_size(self) -> int | None:
+        """Distinct training examples (n_train); None for a task trained on a fixed corpus."""
+        return getattr(self, "n_train", None)
 
     @classmethod
     def eval_only_fields(cls) -> set[str]:
@@ -84,6 +130,9 @@ class Metric:
     threshold: float | None = None  # the success level a crossing or Pareto figure uses by default
     stored: bool = True  # False: derived by the report (text8's perplexity is exp(mean nll)), never an evals row
     needs_reference: bool = False  # scored against the reference output, not the input alone (exact match)
+    # a likelihood metric (eval_mode 'likelihood'): the NLL bound per position in nats divided by this (1.0:
+    # nats; ln 2: bits); study.engine.evaluate writes one evals row of each, verify derives each again
+    likelihood: float | None = None
 
     @property
     def bounds(self) -> tuple[float, float] | None:
@@ -129,11 +178,19 @@ class Task(ABC):
     name: str
     metrics: ClassVar[tuple[Metric, ...]]  # every metric the task reports, its headline first
     primary_metric: ClassVar[str]  # the headline: figures, comparisons, tuning and loggers read it
+    # eval_mode 'likelihood': the metric a samples row's `score` column holds (the primary metric by default)
+    sample_score: ClassVar[str | None] = None
     # 'sample': evaluation samples outputs and scores them (study.engine.evaluate); 'likelihood': it computes the
     # model's NLL bound instead
     eval_mode: ClassVar[Literal["sample", "likelihood"]] = "sample"
     # config fields that tell a task's variants apart in `study plan`'s messages ("sudoku n=9 mask_rate=0.3")
     describe_fields: ClassVar[tuple[str, ...]] = ()
+    # the report's run columns this task fills (`run_columns` gives their values): its own names, None in the
+    # runs of other tasks; a name another task declares is the same column
+    run_column_names: ClassVar[tuple[str, ...]] = ()
+    # short grid keys for config fields of this task (`mask_rate` for task.mask_rate), beside the generic
+    # ones (K, L, lr, ...; study/spec/sections.py), in axes and overrides
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def metric_names_of(cls) -> tuple[str, ...]:
@@ -180,8 +237,18 @@ class Task(ABC):
 
     @classmethod
     def run_columns(cls, params: dict) -> dict[str, Any]:
-        """Values of the report's generic run columns (analysis.load.TASK_COLUMNS) this task fills."""
+        """Values of this task's run columns (`run_column_names`) from a run's task parameters."""
         return {}
+
+    @classmethod
+    def metric_of(cls, name: str) -> Metric | None:
+        """This task's declaration of metric `name` (None: it declares none of that name)."""
+        return next((m for m in cls.metrics if m.name == name), None)
+
+    @classmethod
+    def likelihood_metrics(cls) -> tuple[Metric, ...]:
+        """The stored likelihood metrics (Metric.likelihood) an evaluation in eval_mode 'likelihood' writes."""
+        return tuple(m for m in cls.metrics if m.stored and m.likelihood is not None)
 
     # ---- data ------------------------------------------------------------------------------
     @abstractmethod
@@ -211,12 +278,12 @@ class Task(ABC):
         if bound is None:
             return
         c = self.cfg
-        keys, asked = ["task.n_train", "task.n_test"], c.n_train + c.n_test
+        keys, asked = ["task.n_train", "task.n_test"], c.train_size + c.n_test
         if "val" in {c.split_of(s) for s in splits}:
-            keys.append("task.n_val" if getattr(c, "n_val", None) is not None else "task.n_val (default: n_test)")
+            keys.append("task.n_val" if c.n_val is not None else "task.n_val (default: n_test)")
             asked += c.val_size
         if asked > bound.count:
-            parts = [str(c.n_train), str(c.n_test)] + ([str(c.val_size)] if len(keys) == 3 else [])
+            parts = [str(c.train_size), str(c.n_test)] + ([str(c.val_size)] if len(keys) == 3 else [])
             most = "" if bound.exact else "at most "
             raise DataBoundError(" + ".join(keys), f"{' + '.join(parts)} = {asked} examples asked, but the task "
                                                    f"makes {most}{bound.count:,} {bound.what}: lower them")

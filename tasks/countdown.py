@@ -29,10 +29,9 @@ from collections import Counter
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
-from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz
+from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz, torch  # torch: imported on first use
 
 OPS = "+-*/"
 EQ, PAD = 14, 15  # token ids: 0-9 digits, 10-13 OPS, 14 '=', 15 pad
@@ -77,10 +76,6 @@ class CountdownConfig(TaskConfig):
 
     # val follows test in the same stream of distinct instances: it depends on n_test too
     EVAL_FIELDS = {"test": ("n_test",), "val": ("n_test", "n_val")}
-
-    @property
-    def val_size(self) -> int:
-        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- instances ---------------------------------------------------------------------------

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, field_validator, model_validator
 
 from atomicio import open_regular
-from tasks.base import DataBound, EvalSet, InputFileError, Inputs, Metric, Task, TaskConfig, save_npz
+from tasks.base import (DataBound, EvalSet, InputFileError, Inputs, Metric, Task, TaskConfig, save_npz,
+                        torch)  # torch: imported on first use
 
 DIGITS = "123456789ABCDEFGHIJKLMNOP"
 
@@ -105,10 +105,6 @@ class SudokuConfig(TaskConfig):
 
     # val is drawn disjoint from test, so which grids it holds depends on n_test too
     EVAL_FIELDS = {"test": ("n_test",), "val": ("n_test", "n_val")}
-
-    @property
-    def val_size(self) -> int:
-        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- solved grids ------------------------------------------------------------------------
@@ -637,6 +633,9 @@ class Sudoku(Task):
         else:
             masked = f", {round(100 * rate)}% masked" if _fixed_rate(rate) is not None else ""
         return f"sudoku {n}x{n}{masked}"
+
+    run_column_names = ("sudoku_n", "mask_rate")
+    aliases = ("mask_rate",)  # `mask_rate: [0.3, 0.5]` as an axis is task.mask_rate
 
     @classmethod
     def run_columns(cls, params: dict) -> dict:

@@ -17,17 +17,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import math
 import os
 import urllib.request
 import zipfile
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from atomicio import write_bytes
-from tasks.base import DataBoundError, EvalSet, Metric, Task, TaskConfig
+from tasks.base import DataBoundError, EvalSet, Metric, Task, TaskConfig, torch  # torch: imported on first use
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 SPACE = 26
@@ -58,10 +58,6 @@ class Text8Config(TaskConfig):
         if split == "valid" or (split == "test" and self.eval_split == "valid"):
             return "val"
         return super().split_of(split)
-
-    @property
-    def val_size(self) -> int:
-        return self.n_test if self.n_val is None else self.n_val
 
 
 # ---- text ------------------------------------------------------------------------------------
@@ -193,11 +189,12 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
 class Text8(Task):
     name = "text8"
     # the evals rows written (study/engine/evaluate.py): each the mean of per-sequence scores; perplexity is exp(nll)
-    metrics = (Metric("nll", "NLL bound (nats / char)", higher_is_better=False),
-               Metric("bpc", "bits per char", higher_is_better=False),
+    metrics = (Metric("nll", "NLL bound (nats / char)", higher_is_better=False, likelihood=1.0),
+               Metric("bpc", "bits per char", higher_is_better=False, likelihood=math.log(2)),
                Metric("ppl", "perplexity", higher_is_better=False, stored=False))
     primary_metric = "nll"
     eval_mode = "likelihood"  # study.engine.evaluate computes the NLL bound instead of sampling-and-scoring
+    sample_score = "bpc"  # a samples row's `score`: bits per char (as stores have always held it)
     describe_fields = ("seq_len",)
 
     def __init__(self, cfg: Text8Config):

@@ -25,24 +25,24 @@ class SortConfig(TaskConfig):
     length: int = Field(4, ge=2, le=6, description="digits per list")
     n_train: int = Field(200, ge=1)
     n_test: int = Field(32, ge=1)
-    n_val: int | None = Field(None, ge=1)
+    n_val: int | None = Field(None, ge=1)  # val_size (n_val, default n_test) is TaskConfig's
     data_seed: int = 0
 
     EVAL_FIELDS = {"test": ("n_test",), "val": ("n_test", "n_val")}  # val follows test in one permutation
-
-    @property
-    def val_size(self) -> int:
-        return self.n_test if self.n_val is None else self.n_val
 
 
 class SortDigits(Task):
     """Input: `length` digits (given); output: the same digits in ascending order (to fill)."""
 
     name = "sort_digits"
+    # `exact` is Sudoku's name too, declared otherwise: each task names its metrics in its own namespace
     metrics = (Metric("sorted_rate", "sorted-correctly rate", "rate", unit=True, threshold=0.5),
-               Metric("in_order", "ascending-output rate", "rate", unit=True))
+               Metric("in_order", "ascending-output rate", "rate", unit=True),
+               Metric("exact", "answer equals the reference", "rate", unit=True, threshold=0.4, needs_reference=True))
     primary_metric = "sorted_rate"
     describe_fields = ("length",)
+    run_column_names = ("sort_length",)  # a run column of its own in the report's tables
+    aliases = ("length",)  # `length=5` on the command line, `length: [3, 4]` as an axis
 
     def __init__(self, cfg: SortConfig):
         super().__init__(cfg)
@@ -66,6 +66,10 @@ class SortDigits(Task):
     @classmethod
     def variant_name(cls, params: dict) -> str:
         return f"sort-{params.get('length', 4)}"
+
+    @classmethod
+    def run_columns(cls, params: dict) -> dict:
+        return {"sort_length": params.get("length", 4)}
 
     # data
     def max_examples(self) -> DataBound:
@@ -98,7 +102,8 @@ class SortDigits(Task):
         for o, r in zip(output.cpu(), ev.x0.cpu()):
             given, answer = o[: self.L], o[self.L:]
             right = bool((given == r[: self.L]).all() and (answer == torch.sort(r[: self.L]).values).all())
-            rows.append({"sorted_rate": float(right), "in_order": float(bool((answer[1:] >= answer[:-1]).all()))})
+            rows.append({"sorted_rate": float(right), "in_order": float(bool((answer[1:] >= answer[:-1]).all())),
+                         "exact": float(bool((answer == r[self.L:]).all()))})
         return rows
 
     def render(self, tokens: torch.Tensor, cond: torch.Tensor | None = None) -> str:
@@ -109,8 +114,11 @@ class SortDigits(Task):
         if len(input_text) != 2 * self.L or len(output_text) != 2 * self.L or not output_text.isdigit():
             raise ValueError(f"expected {2 * self.L} digits, got input {input_text!r} and output {output_text!r}")
         x = torch.tensor([[int(ch) if ch.isdigit() else 0 for ch in input_text]])
+        if reference_text is not None:
+            x = torch.tensor([[int(ch) for ch in reference_text]])
         cond = torch.tensor([[ch.isdigit() for ch in input_text]])
-        return self.score(torch.tensor([[int(ch) for ch in output_text]]), EvalSet(x, cond))[0]
+        got = self.score(torch.tensor([[int(ch) for ch in output_text]]), EvalSet(x, cond))[0]
+        return got if reference_text is not None else {k: got[k] for k in self.metrics_without_reference()}
 
     # external inputs: one list per line
     def read_inputs(self, path: str, chunk: int) -> Iterator[Inputs]:
@@ -144,7 +152,7 @@ def _registered():
 # ---- the test ----------------------------------------------------------------------------------
 PLUGIN = {tasks.PLUGIN_ENV: "tests.test_new_task"}
 GRID = """study: sorting
-task: {name: sort_digits, length: 4, n_train: 200, n_test: 24}
+task: {name: sort_digits, length: 4, n_train: 200, n_test: 24, n_val: 12}
 model: {d_model: 16, n_heads: 2}
 train: {steps: 30, batch_size: 16, warmup: 2, checkpoint_every: 15, log_every: 10}
 eval: {T: [1, 2, 4], L_s: [train], n_examples: 24}
@@ -167,13 +175,18 @@ def test_a_task_in_one_file_runs_plan_run_status_report_verify_and_eval(tmp_path
     grid.write_text(GRID)
     plan = [json.loads(x) for x in ok("plan", str(grid), "--json").stdout.splitlines()]
     assert len([p for p in plan if not p.get("totals")]) == 2 and plan[-1]["totals"]
+    # the validation split, as TaskConfig declares it (n_val = 12 of the 24 examples asked), and the task's
+    # own short key `length` (Task.aliases): the plan warns of T = 4 above length 3's free positions
+    val = ok("plan", str(grid), "eval.split=val", "length=3", "--json")
+    totals = json.loads(val.stdout.splitlines()[-1])
+    assert totals["eval_flops"] < plan[-1]["eval_flops"] and "sort_digits length=3" in val.stderr, val.stderr
 
     ok("run", str(grid), "--results", results, "--num-cpus", "2")
     store = Store(results, "sorting")
     runs = store.read("runs")
     assert len(runs) == 2 and (runs.status == "done").all() and set(runs.task) == {"sort_digits"}
     evals = store.read("evals")
-    assert set(evals.metric) == {"sorted_rate", "in_order"} and len(evals) == 2 * 3 * 2
+    assert set(evals.metric) == {"sorted_rate", "in_order", "exact"} and len(evals) == 2 * 3 * 3
     assert "done 2/2" in ok("status", str(grid), "--results", results).stdout
 
     out = tmp_path / "figures"
@@ -182,6 +195,13 @@ def test_a_task_in_one_file_runs_plan_run_status_report_verify_and_eval(tmp_path
     assert (out / "compute.png").exists() and (out / "report.html").exists()
     md = (out / "report.md").read_text()  # the variant's name and the metric's threshold, as the task declares
     assert "| sort-4 | (1 x 2) |" in md and "| sorted_rate | 0.5 |" in md, md
+    from analysis.load import load_study
+
+    data = load_study(results, "sorting")  # the task's own run column, beside the built-in tasks' (None here)
+    assert data.runs["sort_length"].tolist() == [4, 4] and data.evals["sort_length"].eq(4).all()
+    assert data.runs["sudoku_n"].isna().all()
+    # `exact` in the task's namespace, not Sudoku's (whose declaration differs)
+    assert tasks.metric("exact", "sort_digits").threshold == 0.4 and tasks.metric("exact", "sudoku").threshold is None
 
     inputs, completed = tmp_path / "lists.txt", tmp_path / "sorted.txt"
     inputs.write_text("3141\n5926\n0000\n9870\n")
@@ -248,12 +268,41 @@ def test_a_task_missing_a_declaration_fails_when_made():
     assert "sort_nll" not in tasks.TASKS
 
 
+def test_the_config_contract_is_checked_at_register_and_inherited():
+    class NoValConfig(TaskConfig):  # the test split's size but not the validation split's
+        name: Literal["sort_noval"] = "sort_noval"
+        n_test: int = 8
+
+    class NoVal(SortDigits):
+        name = "sort_noval"
+
+    with pytest.raises(ValueError, match=r"'sort_noval': its config .*NoValConfig lacks the field\(s\) n_val"):
+        tasks.register(NoValConfig, NoVal)
+
+    class NatsConfig(SortConfig):
+        name: Literal["sort_bits"] = "sort_bits"
+
+    class BitsOnly(SortDigits):  # a likelihood task whose metrics hold no NLL bound in nats
+        name, eval_mode, metrics = "sort_bits", "likelihood", (Metric("bits", "bits", likelihood=0.693),)
+        primary_metric = "bits"
+
+        def t_values(self):
+            return torch.tensor([0.5])
+
+    with pytest.raises(ValueError, match="'sort_bits': eval_mode 'likelihood' needs a stored metric with likelihood=1"):
+        tasks.register(NatsConfig, BitsOnly)
+    assert "sort_noval" not in tasks.TASKS and "sort_bits" not in tasks.TASKS
+    c = SortConfig(n_test=10)  # what plan's cost model and check_data read, from TaskConfig
+    assert (c.val_size, c.split_size("test"), c.split_size("val"), c.train_size) == (10, 10, 10, 200)
+    assert SortConfig(n_test=10, n_val=3).split_size("val") == 3
+
+
 def test_the_toy_task_rescores_what_it_renders():
     task = SortDigits(SortConfig(n_train=20, n_test=4))
     task.prepare(None)
     ev = task.eval_set("test")
     scores = task.score(ev.x0, ev)
-    assert all(s == {"sorted_rate": 1.0, "in_order": 1.0} for s in scores)
+    assert all(s == {"sorted_rate": 1.0, "in_order": 1.0, "exact": 1.0} for s in scores)
     inp, out = task.render(ev.x0[0], ev.cond[0]), task.render(ev.x0[0])
     assert inp.endswith("....") and task.rescore(inp, out, out) == scores[0]
     assert task.rescore(inp, out[:4] + out[4:][::-1], None)["sorted_rate"] == float(out[4] == out[7])

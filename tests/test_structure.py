@@ -150,3 +150,70 @@ def test_the_checks_see_a_circle_and_a_private_import(tmp_path):
     p = tmp_path / "x.py"
     p.write_text(src)
     assert imports("study.x", p, {"study.spec.grid": p}) == [("study.spec.grid", ["_hidden"], 2)]
+
+
+# ---- the task contract: study/ and analysis/ name no task --------------------------------------------
+# modules that are one task's by nature (a figure of one task's runs) and what else they may import of it
+ONE_TASK_MODULES = {"analysis.figures.text8", "analysis.figures.mask_rate"}
+ONE_TASK_IMPORTS = {("study.cli", "tasks.text8")}  # `study text8-download`: fetching one task's corpus
+
+
+def task_words() -> dict[str, str]:
+    """Every name a task owns (its name, run columns, short grid keys, its module) -> the task that owns it."""
+    import tasks
+
+    out = {}
+    for name, (_, cls) in tasks.TASKS.items():
+        out.update({w: name for w in (name, *cls.run_column_names, *cls.aliases, cls.__module__)})
+    return out
+
+
+def task_names_in(name: str, path: Path, words: dict[str, str], known: dict[str, Path]) -> list[str]:
+    """'file:line: ...' for each string constant that is a task's own name, and each import of a task module."""
+    bad, where = [], path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words:
+            bad.append(f"{where}:{node.lineno}: {node.value!r} (task {words[node.value]})")
+    for target, _, line in imports(name, path, known):
+        if target in words and (name, target) not in ONE_TASK_IMPORTS:
+            bad.append(f"{where}:{line}: imports {target} (ask the registry, `tasks`)")
+    return bad
+
+
+def test_study_and_analysis_name_no_task():
+    """Tasks own their names, run columns, aliases and metrics: nothing in study/ or analysis/ compares a
+    task's name or keys a table by it (only a figure of one task's runs by nature, listed above)."""
+    known, words = modules(), task_words()
+    assert {"sudoku", "text8", "countdown", "sudoku_n", "mask_rate"} <= set(words)
+    bad = [b for m, p in known.items() if m.split(".")[0] in ("study", "analysis") and m not in ONE_TASK_MODULES
+           for b in task_names_in(m, p, words, known)]
+    assert bad == []
+
+
+def test_the_task_name_check_sees_a_name_and_a_column(tmp_path):
+    p = tmp_path / "x.py"
+    p.write_text('d = agg[agg["task"] == "text8"]\nCOLS = ("sudoku_n",)\n"""text8 in a docstring"""\n'
+                 "from tasks.sudoku import Sudoku\n")
+    bad = task_names_in("analysis.x", p, task_words(), {"tasks.sudoku": p})
+    assert sorted(bad) == ["x.py:1: 'text8' (task text8)", "x.py:2: 'sudoku_n' (task sudoku)",
+                           "x.py:4: imports tasks.sudoku (ask the registry, `tasks`)"]
+
+
+def test_describing_tasks_and_reading_results_import_no_torch_nor_ray():
+    """In a fresh interpreter: every task describes itself (metrics, run columns, aliases, data bounds, split
+    sizes, sequence) and the report and the Python API load, without torch or ray."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, tasks\n"
+            "for name, (cfg, cls) in tasks.TASKS.items():\n"
+            "    t = tasks.make_task(cfg())\n"
+            "    t.describe(), t.seq_len, t.vocab_size, t.free_positions(), t.max_examples(), cfg().split_size('val')\n"
+            "    cls.metric_names_of(), cls.run_column_names, cls.likelihood_metrics(), tasks.metric('exact', name)\n"
+            "tasks.run_column_names(), tasks.aliases()\n"
+            "import analysis.report, analysis.load, analysis.tables, rmdm_study\n"
+            "print(json.dumps(sorted(m for m in ('torch', 'ray', 'model', 'study') if m in sys.modules)))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == []

@@ -165,3 +165,19 @@ def test_val_split_is_the_held_out_valid_slice():
     # eval_split: valid makes the reported evaluation read the validation slice, and says so
     v = make_task(Text8Config(seq_len=32, n_test=10, eval_split="valid"))
     assert v.cfg.split_of("test") == "val"
+
+
+def test_verify_agrees_with_a_likelihood_store(tmp_path):
+    """The samples rows' `score` is the metric the task declares (Text8.sample_score: bpc), and verify checks
+    it against that one (it compared it with nll, and named every sequence of every text8 store a problem)."""
+    from study.commands.verify import verify_study
+
+    grid = {**GRID, "task": {**GRID["task"], "n_test": 8, "n_t": 4}, "train": {**GRID["train"], "steps": 5},
+            "eval": {"T": [4], "n_examples": 8, "n_samples_kept": 2}}
+    store = Store(str(tmp_path), "t8")
+    execute(expand(grid, "t8.yaml").runs[0], store, code_version="test")
+    v = verify_study(store)
+    assert v.problems == [] and v.counts["metrics_recomputed"] == 3, v.problems[:3]
+    samples = store.read("samples")
+    per_seq = samples[~samples.eval_key.str.endswith("-gen")]
+    assert [json.loads(s)["bpc"] for s in per_seq.scores] == per_seq.score.tolist()

@@ -10,12 +10,13 @@ A task's `eval_mode` says how its points are evaluated:
   of the samples rows' per-example scores (95% interval: Wilson for 0/1 scores, else normal), and a
   samples row per example: its scores and cost (block passes, denoising steps), its text for the
   first `eval.n_samples_kept` examples only.
-- 'likelihood' (Text8): the NLL bound per character (nats) and bits per character of the evaluation
-  sequences, and a few unconditional samples (T steps, L_s loops) for a look. Two eval keys per point:
-  `<key>`: evals rows nll and bpc; samples, one row per evaluated sequence, `scores` = {"nll": its
-  NLL bound per character, "bpc": that / ln 2}, `reference` = its text for the first n_samples_kept
-  sequences (input and output null: nothing is generated). Perplexity is exp(nll), a transform of
-  the mean and not a mean itself: the analysis derives it from nll.
+- 'likelihood': the NLL bound per position of the evaluation sequences in each unit the task's likelihood
+  metrics declare (Metric.likelihood: nats, bits), and a few unconditional samples (T steps, L_s loops)
+  for a look. Two eval keys per point: `<key>`: one evals row per likelihood metric; samples, one row
+  per evaluated sequence, `scores` = {metric: its NLL bound per position in that metric's unit},
+  `score` = the task's `sample_score` of them, `reference` = its text for the first n_samples_kept
+  sequences (input and output null: nothing is generated). A transform of the mean that is not a mean
+  itself (a perplexity, exp of the nats) is a derived metric (Metric.stored False): the analysis's.
   `<key>-gen` (when any sample is kept): the evals row known_words of min(n_samples_kept, 16)
   unconditional generations (no interval), and their samples rows (text, scores, cost).
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import math
 import time
 from dataclasses import dataclass
 
@@ -195,12 +195,13 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     base = {"run_id": run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
             "split": pt.split, "eval_seconds": seconds, "created_at": now(), "forward_passes_mean": None,
             **likelihood_cost(model, n_t, pt.L_s, n)}
-    ln2 = math.log(2)
-    point = Evaluation(pt.key, [EvalRow(**r) for r in likelihood_rows(per_char, base)], [
+    metrics, shown = task.likelihood_metrics(), task.sample_score or task.primary_metric
+    scores = [{m.name: v / m.likelihood for m in metrics} for v in per_char]
+    point = Evaluation(pt.key, [EvalRow(**r) for r in likelihood_rows(per_char, base, metrics)], [
         SampleRow(run_id, pt.key, pt.T, pt.L_s, example=i, input=None, output=None,
-                  reference=task.render(ev.x0[i]) if i < keep else None, score=v / ln2,
-                  scores=json.dumps({"nll": v, "bpc": v / ln2}), passes=n_t * pt.L_s, steps=None)
-        for i, v in enumerate(per_char)], [{"nll": v, "bpc": v / ln2} for v in per_char])
+                  reference=task.render(ev.x0[i]) if i < keep else None, score=sc[shown],
+                  scores=json.dumps(sc), passes=n_t * pt.L_s, steps=None)
+        for i, sc in enumerate(scores)], scores)
     if gen is None:
         return [point]
     # the generations' known_words carry no interval, the point's timing, and nothing as their input
@@ -256,11 +257,11 @@ def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
     return rows
 
 
-def likelihood_rows(per_char: list[float], base: dict) -> list[dict]:
-    """The evals rows nll and bpc of per-sequence NLL bounds (nats per character): their mean and its
-    normal 95% interval (bpc: the same in bits)."""
+def likelihood_rows(per_char: list[float], base: dict, metrics) -> list[dict]:
+    """One evals row per likelihood metric (Task.likelihood_metrics) of per-sequence NLL bounds (nats per
+    position): their mean and its normal 95% interval over the sequences, each in its metric's unit (the
+    nats divided by Metric.likelihood: 1 for nats, ln 2 for bits)."""
     n = len(per_char)
     nll, lo, hi = mean_ci(per_char)
-    ln2 = math.log(2)
-    return [{**base, "n_examples": n, "metric": "nll", "value": nll, "ci_low": lo, "ci_high": hi},
-            {**base, "n_examples": n, "metric": "bpc", "value": nll / ln2, "ci_low": lo / ln2, "ci_high": hi / ln2}]
+    return [{**base, "n_examples": n, "metric": m.name, "value": nll / m.likelihood, "ci_low": lo / m.likelihood,
+             "ci_high": hi / m.likelihood} for m in metrics]

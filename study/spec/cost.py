@@ -60,8 +60,7 @@ def facts(run: Run) -> dict:
 # ---- FLOPs ------------------------------------------------------------------------------------
 def eval_examples(run: Run, n_examples: int) -> int:
     """Examples an evaluation point reads: its n_examples, at most the split's size (the task's config)."""
-    cfg = run.task
-    size = getattr(cfg, "n_test", None) if run.eval.split == "test" else getattr(cfg, "val_size", None)
+    size = run.task.split_size(run.eval.split)
     return min(n_examples, size) if size else n_examples
 
 

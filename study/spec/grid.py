@@ -29,8 +29,8 @@ from model.rmdm import RecursiveDenoiser, SeqSpec
 from store import NAME_RULE, is_safe_name
 from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
 from study.spec.search import Search, load_best
-from study.spec.sections import (ALIASES, GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
-                            GridError, Resources, canonical, cut, short, validate)
+from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
+                            GridError, Resources, aliases, canonical, cut, short, validate)
 from tasks import TASKS, TaskConfig, make_task
 
 
@@ -197,7 +197,7 @@ class SearchGroup:
 
 def search_group_name(grid_group: str | None, point: dict, study: str) -> str:
     """Name of a search group: the grid group's name and the values of its point, e.g. 'K1_L3'."""
-    short_names = {v: k for k, v in ALIASES.items()}
+    short_names = {v: k for k, v in aliases().items()}
     parts = [grid_group] if grid_group is not None else []
     for k, v in point.items():
         parts.append(f"{short_names.get(k, k)}{v}")

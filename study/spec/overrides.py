@@ -2,7 +2,8 @@
 
     KEY=VALUE    set KEY (a dotted path: `train.steps`, `task.mask_rate`, `groups.0.train.lr` or
                  `groups[0].train.lr`; a short name such as `L` or `steps` is its field, see
-                 study/spec/sections.py ALIASES) to VALUE, read as YAML (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
+                 study/spec/sections.py aliases(), a task's own among them) to VALUE, read as YAML
+                 (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
                  `null`, `{a: 1}`); whether the file sets KEY or not: the schema decides what is allowed
     +KEY=VALUE   the same, and KEY must not be in the file yet (a key the file lacks, added)
     ~KEY         delete KEY, which the file must set (e.g. `~groups.1.train.steps`)
@@ -129,7 +130,9 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     """A copy of `raw` with `overrides` applied in order, and per override the keys it claims (for
     naming it in a validation error): [(override, {"train.steps", ...}), ...]. OverrideError on a
     structural problem (a `+` key present, a `~` key absent, a path through a non-mapping)."""
-    from study.spec.sections import ALIASES, SECTIONS, TOP_KEYS
+    from study.spec.sections import SECTIONS, TOP_KEYS, aliases
+
+    short_keys = aliases()
 
     raw = copy.deepcopy(raw)
     claims: list[tuple] = []
@@ -139,8 +142,8 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
             raise OverrideError(f"override {show(ov.text)} (on {source}): {msg}")
 
         path = list(ov.path)
-        if isinstance(path[0], str) and path[0] not in TOP_KEYS and path[0] in ALIASES:
-            path = ALIASES[path[0]].split(".") + path[1:]  # `L=...` is model.L, `steps=...` train.steps
+        if isinstance(path[0], str) and path[0] not in TOP_KEYS and path[0] in short_keys:
+            path = short_keys[path[0]].split(".") + path[1:]  # `L=...` is model.L, `steps=...` train.steps
         keys = set()
         # an axis key is one (possibly dotted) name: axes.model.L is the axis `model.L`
         ax = _axes_at(path)
@@ -209,9 +212,9 @@ def _axes_at(path: list) -> int | None:
 
 
 def _canon(key: str) -> str:
-    from study.spec.sections import ALIASES
+    from study.spec.sections import aliases
 
-    return ALIASES.get(key, key)
+    return aliases().get(key, key)
 
 
 def _walk(raw: dict, head: list, bad, create: bool):

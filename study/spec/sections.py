@@ -93,10 +93,21 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "eval": EvalConfig,
     "resources": Resources,
 }
-ALIASES = {
+ALIASES = {  # short grid keys of any task; a task adds its own (Task.aliases): see aliases()
     "K": "model.K", "L": "model.L", "d_model": "model.d_model", "seed": "train.seed", "lr": "train.lr",
-    "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps", "mask_rate": "task.mask_rate",
+    "loss": "train.loss", "schedule": "train.schedule", "steps": "train.steps",
 }
+
+
+def aliases() -> dict[str, str]:
+    """Every short grid key: the generic ones above, then the registered tasks' (`mask_rate`: task.mask_rate)."""
+    import tasks
+
+    own = tasks.aliases()
+    clash = sorted(set(own) & set(ALIASES))
+    if clash:
+        raise ValueError(f"task aliases {clash} clash with the generic short names {sorted(ALIASES)}")
+    return {**ALIASES, **own}
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
             "search", "defaults_from", "claims", "seeds", *SECTIONS}  # search / defaults_from: see study/spec/search.py;
 # claims / seeds: study/spec/claims.py
@@ -208,11 +219,12 @@ def canonical(key: Any) -> str:
     if not isinstance(key, str):  # `axes: {1: [1]}`: YAML reads the key as a number
         raise BadKey(short(key), f"an axis key is a name ('section.field' or a short name such as K), "
                                  f"not {type(key).__name__} {short(key)}")
-    key = ALIASES.get(key, key)
+    names = aliases()
+    key = names.get(key, key)
     sec, _, fld = key.partition(".")
     if sec not in SECTIONS or not fld:
         raise BadKey(key, f"axis keys are 'section.field' with section in {sorted(SECTIONS)} "
-                          f"or one of the short names {sorted(ALIASES)}")
+                          f"or one of the short names {sorted(names)}")
     if sec == "eval":
         raise BadKey(key, "evaluation points are listed in the `eval` section (T, L_s, sampler), not as axes: "
                           "they do not define new runs")

@@ -77,7 +77,7 @@ def declared_metrics(task, kind: str) -> set[str]:
     if kind == "gen":
         return {"known_words"}
     if kind == "likelihood":  # ppl (exp nll) and a generations row inside the point: older stores
-        return {"nll", "bpc", "ppl", "known_words"}
+        return {x.name for x in task.likelihood_metrics()} | {"ppl", "known_words"}
     return set(task.metric_names)
 
 
@@ -138,14 +138,14 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict) -> Non
     scores = sample_scores(v, spath, srows)
     if scores is None:
         return
-    primary = "known_words" if kind == "gen" else task.primary_metric
+    primary = "known_words" if kind == "gen" else task.sample_score or task.primary_metric
     for s, sc in zip(srows, scores):
         if primary in sc and not same(s["score"], sc[primary]):
             v.problems.append(f"{spath} example {s['example']}: field score is {s['score']} but its scores say "
                               f"{primary} = {sc[primary]}")
     m = len(srows)
     check_texts(v, spath, srows, scores, task, row, run, kind, m, legacy)
-    check_values(v, path, spath, rows, scores, kind, legacy)
+    check_values(v, path, spath, rows, scores, kind, legacy, task)
     if not legacy and m:
         check_cost(v, path, spath, rows, srows, kind, pt, run, task)
 

@@ -54,7 +54,7 @@ def sample_scores(v: Verdict, spath: str, srows: list[dict]) -> list[dict] | Non
 
 
 def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: list[dict], kind: str,
-                  legacy: bool) -> None:
+                 legacy: bool, task) -> None:
     """Each evals row's value derived again from the per-example scores, where the samples hold every example."""
     m = len(scores)
     partial = []
@@ -66,7 +66,7 @@ def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: li
                 v.problems.append(f"{path}: field n_examples is {r['n_examples']} but {spath} holds {m} evaluated "
                                   f"examples")
             continue
-        _check_value(v, path, r, scores, kind)
+        _check_value(v, path, r, scores, kind, task)
     if partial:
         v.underived.add("values of eval points whose samples keep only some examples (written before "
                         "per-example scores were stored for every example)")
@@ -74,19 +74,22 @@ def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: li
                        f"({m} examples kept of {rows[0]['n_examples']})")
 
 
-def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str) -> None:
+def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, task) -> None:
     """value, ci_low, ci_high of one evals row, derived again from the per-example scores."""
     from study.engine.evaluate import likelihood_rows, metric_rows
 
     m = r["metric"]
-    if kind == "likelihood" and m in ("nll", "bpc") and all("nll" in s for s in scores):
-        want = next(w for w in likelihood_rows([s["nll"] for s in scores], {}) if w["metric"] == m)
-        if m == "bpc" and all("bpc" in s for s in scores):
-            mean = sum(s["bpc"] for s in scores) / len(scores)  # the contract: the mean of the per-example scores
+    declared = {x.name: x for x in task.likelihood_metrics()}  # a likelihood point's rows: from the nats
+    nats = next((x.name for x in declared.values() if x.likelihood == 1.0), None)
+    if kind == "likelihood" and m in declared and all(nats in s for s in scores):
+        want = likelihood_rows([s[nats] for s in scores], {}, [declared[m]])[0]
+        if m != nats and all(m in s for s in scores):
+            mean = sum(s[m] for s in scores) / len(scores)  # the contract: the mean of the per-example scores
             if not same(mean, want["value"]):
-                v.problems.append(f"{path}: bpc per-example scores average {mean}, not nll / ln 2 = {want['value']}")
-    elif kind == "likelihood" and m == "ppl" and all("nll" in s for s in scores):  # older stores: exp(nll)
-        nll = next(w for w in likelihood_rows([s["nll"] for s in scores], {}) if w["metric"] == "nll")
+                v.problems.append(f"{path}: {m} per-example scores average {mean}, not {nats} / "
+                                  f"{declared[m].likelihood:.6g} = {want['value']}")
+    elif kind == "likelihood" and m == "ppl" and all(nats in s for s in scores):  # older stores: exp(nll)
+        nll = likelihood_rows([s[nats] for s in scores], {}, [declared[nats]])[0]
         want = {"value": math.exp(nll["value"]), "ci_low": math.exp(nll["ci_low"]), "ci_high": math.exp(nll["ci_high"])}
     elif all(m in s for s in scores):
         want = metric_rows(scores, [m], {})[0]
