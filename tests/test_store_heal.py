@@ -21,7 +21,7 @@ import torch
 from store import QUARANTINE, DiskFull, OutsideStore, Store
 from store import index as store_index
 from study.spec.grid import load_grid
-from study.engine.runner import classify, heal_and_plan
+from study.engine.health import classify, heal_and_plan
 from study.commands.status import counts, render, snapshot
 from study.engine.trial import execute, previous_checkpoint_path
 from study.commands.verify import verify_study

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flop
 from model.precision import MEASURE_MIN_FLOPS
 from model.rmdm import flops_per_forward
 from study.spec.grid import Run, config_hash
+from study.spec.sections import N_GENERATE
 from tasks import TASKS, make_task
 
 # dense bf16 tensor-core peaks, FLOP/s (vendor data sheets, without sparsity)
@@ -65,13 +65,6 @@ def eval_examples(run: Run, n_examples: int) -> int:
     return min(n_examples, size) if size else n_examples
 
 
-@functools.cache
-def _n_generate() -> int:
-    from study.engine.evaluate import evaluate_likelihood  # the unconditional samples a likelihood eval draws
-
-    return inspect.signature(evaluate_likelihood).parameters["n_generate"].default
-
-
 def eval_flops(run: Run) -> int:
     """Upper bound of the FLOPs of every evaluation point of `run` (see the module docstring)."""
     f = facts(run)
@@ -82,7 +75,7 @@ def eval_flops(run: Run) -> int:
         if f["likelihood"]:
             # one model call of L_s loops per noise level and sequence
             total += n * f["n_t"] * flops_per_forward(run.model, N, V, pt.L_s, heads=1)
-            total += min(run.eval.n_samples_kept, _n_generate(), n) * per
+            total += min(run.eval.n_samples_kept, N_GENERATE, n) * per
         else:
             total += n * per
     return total
