@@ -131,3 +131,77 @@ class PlacementWatch:
                 return watch.reason is not None
 
         return PlacementStop()
+
+
+NEVER_STARTED_LIMIT = 3  # trials in a row that fail before their code runs: the sweep stops
+
+
+class StartFailures:
+    """Trials that fail before their code runs (a worker that cannot import the project, a broken worker
+    environment): Tune takes them as any failed trial, retries them and starts the next, and every one
+    fails alike. A trial failed before its code ran when its run's attempts file (logs/<run_id>.attempts,
+    one line per start of the trainable) did not grow; after NEVER_STARTED_LIMIT such failures in a row
+    (a trial reporting a result resets the count) the experiment stops, and `reason` says why in one line."""
+
+    def __init__(self, store, run_ids):
+        from study.engine.trial import attempts_so_far
+
+        self.store, self.attempts = store, attempts_so_far
+        self.starts = {rid: attempts_so_far(store, rid) for rid in run_ids}
+        self.in_a_row, self.reason = 0, None
+
+    def failed(self, trial) -> None:
+        rid = trial.config["run"]["run_id"]
+        now = self.attempts(self.store, rid)
+        if now > self.starts.get(rid, 0):  # its code ran: the run's own failure, not the workers'
+            self.starts[rid] = now
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        if self.in_a_row >= NEVER_STARTED_LIMIT and self.reason is None:
+            self.reason = (f"{self.in_a_row} trials in a row failed before their code started (the last, run {rid}: "
+                           f"{trial_error(trial)})")
+
+    def callback(self):
+        from ray.tune import Callback
+
+        watch = self
+
+        class StartCheck(Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                watch.in_a_row = 0
+
+            def on_trial_recover(self, iteration, trials, trial, **info):
+                watch.failed(trial)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                watch.failed(trial)
+
+        return StartCheck()
+
+    def stopper(self):
+        from ray.tune import Stopper
+
+        watch = self
+
+        class StartStop(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return watch.reason is not None
+
+        return StartStop()
+
+
+def trial_error(trial) -> str:
+    """The root cause of a Tune trial's last error, one line, from the error text Tune keeps beside the trial
+    on the driver (written before its callbacks are called): its last line that reads as an exception (an
+    actor that died at start quotes the worker's traceback, whose last such line is the import's)."""
+    from study.engine.errors import root_cause
+
+    try:
+        with open(trial.error_file, encoding="utf-8", errors="replace") as f:
+            return root_cause(f.read()) or "no error recorded"
+    except (OSError, TypeError):  # no error file (TypeError: its path is None)
+        return "no error recorded"

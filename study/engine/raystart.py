@@ -2,9 +2,29 @@
 cluster's address checked before it is joined; and a SIGTERM to the driver turned into Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+
+# the directory that holds the installed project's packages (study/, store/, ...): the source tree of an
+# editable install, site-packages otherwise
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@contextlib.contextmanager
+def workers_import_the_project():
+    """Ray puts the driver's working directory first on every worker's sys.path (ray.init records it in the
+    job's config): a folder there named like one of the project's packages (a results folder `store`)
+    shadows the package, and every trial fails on import. While ray.init runs, the driver stands in
+    PROJECT_ROOT instead, so that is what the workers put first; the working directory comes back after.
+    (Tune moves each trial into its own trial directory anyway: no trial reads the driver's.)"""
+    here = os.getcwd()
+    os.chdir(PROJECT_ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def _loopback_only() -> None:
@@ -49,7 +69,8 @@ def init_ray(address: str | None, num_cpus: int | None = None):
             try:
                 # "local": a new Ray, never a `ray start` cluster that ray.init(address=None) would join
                 # (it reads /tmp/ray/ray_current_cluster) and that refuses num_cpus
-                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
+                with workers_import_the_project():
+                    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
                 break
             except Exception as e:
                 # Ray gives a raylet a hard-coded 30 s to register; a crowded machine can miss it.
@@ -63,7 +84,8 @@ def init_ray(address: str | None, num_cpus: int | None = None):
         check_address(address)
         reachable(address)
         try:
-            _join(ray, address, kw)
+            with workers_import_the_project():
+                _join(ray, address, kw)
         except (ConnectionError, TimeoutError) as e:
             raise ClusterError(f"--address {address}: could not join the Ray cluster ({_first_line(e)})") from None
     return ray, True

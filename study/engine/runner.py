@@ -11,7 +11,7 @@ from study.spec.grid import Grid, Run
 from study.engine.health import Plan, classify, heal_and_plan, quarantined
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
-from study.engine.placement import PlacementWatch, refuse_unplaceable, trial_resources, waiting_note_of
+from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, trial_resources, waiting_note_of
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
 from study.engine.raytune import fit, make_tuner, record_unfinished
 from study.engine.version import code_version, record_grid_file
@@ -113,9 +113,10 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
               log: list) -> int:
     """One Tune experiment over the runs still to do; their outcome, as `study run` says it."""
     from ray import tune
+    from ray.tune.stopper import CombinedStopper
 
     by_id = {r.run_id: r for r in plan.todo}
-    placement = PlacementWatch(ray, by_id)
+    placement, starts = PlacementWatch(ray, by_id), StartFailures(store, list(by_id))
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                     every_s=progress_every_s)
     trials: list = []  # Tune's trials as of its last step (their status is live)
@@ -126,9 +127,10 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
         f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, trial_resources,
         param_space={"run": tune.grid_search(payloads), **trial_config},
         # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
-        callbacks=[run_events(view, trials), watcher(store), placement.callback(),
+        callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
                    *logger_callbacks(log, store, "run", echo)],  # --log (study/engine/loggers.py)
-        max_failures=max(r.retries for r in plan.todo), stop=placement.stopper())
+        max_failures=max(r.retries for r in plan.todo),
+        stop=CombinedStopper(placement.stopper(), starts.stopper()))
     try:
         aside = quarantined(store)
         result_grid = fit(tuner, store)
@@ -138,13 +140,18 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
         if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
             echo(f"study {grid.study}: stopped: the lease was taken over by {lease.lost.describe()}")
             return 1
+        if starts.reason:
+            echo(f"error: {starts.reason}; is the project installed alike where Ray runs its workers? "
+                 f"(nothing of these runs was recorded: fix it, then run again)")
+            return 2
         if placement.reason:
             echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
                  f"`resources`, then run again (finished runs are kept)")
             return 2
         for res in result_grid:
-            if res.error is not None:
-                record_unfinished(store, by_id[res.config["run"]["run_id"]], "failed", res.error,
+            rid = ((res.config or {}).get("run") or {}).get("run_id")  # no config: the trial never started
+            if res.error is not None and rid in by_id:
+                record_unfinished(store, by_id[rid], "failed", res.error,
                                   trial_config["code_version"], trial_config["grid"])
         return _outcome(grid, store, echo)
     finally:
