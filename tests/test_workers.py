@@ -66,3 +66,14 @@ def test_trials_that_fail_before_their_code_starts_stop_the_sweep_with_one_line(
     assert "\n" not in errors[0]
     runs = Store(str(tmp_path / "res"), "shadow").read("runs")
     assert runs is None or runs.empty
+
+
+def test_plan_measures_whatever_the_working_directory_holds(tmp_path):
+    """`study plan --measure` times a step in a child `python -c`, which put its working directory first on
+    sys.path: beside a results folder `store` it failed with `cannot import name 'NAME_RULE' from 'store'`."""
+    (tmp_path / "g.yaml").write_text(GRID)
+    (tmp_path / "store").mkdir()
+    p = subprocess.run([STUDY, "plan", "g.yaml", "--remeasure"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=GUARD_S, env={**os.environ, "RMDM_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "measured" in p.stdout and "ImportError" not in p.stdout + p.stderr

@@ -222,14 +222,16 @@ def measure(runs: list[Run], echo: Callable[[str], None] = lambda s: None, refre
 
 
 def _measure_child(shape: dict) -> dict:
-    """Runs `_child` in a fresh interpreter (its own memory high-water mark, its own CUDA context)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """Runs `_child` in a fresh interpreter (its own memory high-water mark, its own CUDA context), in the
+    directory that holds the project's packages: `python -c` puts its working directory first on sys.path,
+    where a folder named like a package (a results folder `store`) would shadow it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            # glibc: a fixed mmap threshold (else it grows after the first free) returns every large block
            # to the system when freed, so the warmed-up resident memory holds no step's activations
            "MALLOC_MMAP_THRESHOLD_": "131072"}
     p = subprocess.run([sys.executable, "-c", "from study.spec.cost import _child; _child()"], input=json.dumps(shape),
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, cwd=root)
     if p.returncode != 0:
         tail = " ".join(p.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"measuring a training step failed (exit {p.returncode}): {tail}")
