@@ -12,7 +12,7 @@ and a config file. Timed in-process (typer's CliRunner, output captured):
 - status: `study status GRID`;
 - report: `study report --figure all` (every figure and table, report.html and .md; figures drawn
   in one worker per core, the default from 200 runs);
-- plan:   `study.engine.runner.classify`, what `study run` does before dispatching anything.
+- plan:   `study.engine.health.classify`, what `study run` does before dispatching anything.
 `--s3` builds and reads the stores on moto's S3 server on 127.0.0.1 (as tests/test_s3.py does;
 needs the test extra). Each step runs twice: cold (the store's read index, store/index.py, absent:
 every file parsed, in parallel, and the index written) and warm (only files new since the index).
@@ -178,7 +178,7 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
     from store import Store
     from study.cli import app
     from study.spec.grid import load_grid
-    from study.engine.runner import classify
+    from study.engine.health import classify
 
     gpath = os.path.join(tmp, f"scale{n_runs}.yaml")
     with open(gpath, "w") as f:

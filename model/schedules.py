@@ -28,16 +28,25 @@ def depth_at(step: int, total_steps: int, max_depth: int, cfg: TrainConfig) -> i
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
 
 
-def check_loss_weights(cfg: TrainConfig, max_depth: int) -> None:
-    """An explicit weighted loss gives one weight per loop of the full depth L: anything else would
-    silently weight other loops than the grid says (a shorter list drops loops, a longer one shifts)."""
+def loss_weights_problem(cfg: TrainConfig, max_depth: int) -> str | None:
+    """The one rule of an explicit weighted loss's length (the grid's check and the trainer's both ask
+    it): one weight per loop of the full depth L; anything else would silently weight other loops than
+    the grid says (a shorter list drops loops, a longer one shifts). What is wrong, or None."""
     if cfg.loss == "weighted" and cfg.loss_weights is not None and len(cfg.loss_weights) != max_depth:
-        raise ValueError(f"loss_weights needs one weight per loop: {max_depth} values for L={max_depth} "
-                         f"(got {len(cfg.loss_weights)})")
+        return f"needs one weight per loop: {max_depth} values for L={max_depth} (got {len(cfg.loss_weights)})"
+    return None
+
+
+def check_loss_weights(cfg: TrainConfig, max_depth: int) -> None:
+    """loss_weights_problem, raised (ValueError)."""
+    problem = loss_weights_problem(cfg, max_depth)
+    if problem:
+        raise ValueError(f"loss_weights {problem}")
 
 
 def loop_weights(n_loops: int, cfg: TrainConfig) -> list[float]:
     """Weight of each loop's loss (sums to 1) for a forward of n_loops loops."""
+    # not the length rule (loss_weights_problem) but what this forward needs of any list it is given
     if cfg.loss == "weighted" and cfg.loss_weights is not None and len(cfg.loss_weights) < n_loops:
         raise ValueError(f"loss_weights has {len(cfg.loss_weights)} weights for a forward of {n_loops} loops")
     if cfg.loss == "all":

@@ -454,7 +454,8 @@ def run(
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
     _refuse_if_leased(grid, results, wait, overrides)  # first: a second driver is refused before torch is imported
-    from study.engine.runner import check_address, run_grid
+    from study.engine.raystart import check_address
+    from study.engine.runner import run_grid
 
     if not (math.isfinite(progress_every) and progress_every > 0):
         _fail(f"--progress-every {progress_every}: must be a number of seconds > 0")

@@ -361,7 +361,7 @@ def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid, other
     import subprocess
     import sys
 
-    from study.engine.runner import init_ray
+    from study.engine.raystart import init_ray
     from tests.helpers import ROOT
 
     with socket.socket() as s:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from study.spec.grid import load_grid
-from study.engine.runner import _loopback_only
+from study.engine.raystart import _loopback_only
 from store import Store
 from tests.helpers import alive, held, kill_driver, start_driver, tiny_grid, wait_training
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from study.spec.grid import Resources, load_grid
-from study.engine.runner import _loopback_only, run_grid
+from study.engine.raystart import _loopback_only
+from study.engine.runner import run_grid
 from study.commands.status import snapshot
 from study.engine.trial import attempts_path, pick_device
 from store import Store

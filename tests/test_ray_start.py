@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from study.engine.runner import init_ray
+from study.engine.raystart import init_ray
 
 
 def test_embedded_ray_start_that_times_out_is_tried_again(monkeypatch, capsys):
@@ -118,17 +118,18 @@ def test_embedded_ray_never_joins_a_ray_start_cluster(monkeypatch):
 def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkeypatch):
     """Resources are checked again while trials wait: when no alive node can hold a pending run any
     more (here: the cluster reports no node after dispatch), `study run` ends with exit 2 and says why."""
+    import study.engine.placement as placement
     import study.engine.runner as runner
     from study.spec.grid import load_grid
 
-    real, calls = runner.node_resources, []
+    real, calls = placement.node_resources, []
 
     def shrinking(ray):
         calls.append(1)
         return real(ray) if len(calls) == 1 else []  # the pre-dispatch check sees the node; later, it is gone
 
-    monkeypatch.setattr(runner, "node_resources", shrinking)
-    monkeypatch.setattr(runner._PlacementWatch, "EVERY_S", 0.0)
+    monkeypatch.setattr(placement, "node_resources", shrinking)
+    monkeypatch.setattr(placement.PlacementWatch, "EVERY_S", 0.0)
     g = tmp_path / "g.yaml"
     g.write_text("study: shrink\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
     lines: list[str] = []
@@ -161,11 +162,11 @@ def test_study_tune_refuses_resources_the_cluster_lacks(tmp_path):
 
 def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
     """More runs than CPUs: while one trains the others wait, and the live line says for what."""
-    import study.engine.runner as runner
+    import study.engine.placement as placement
     from study.spec.grid import load_grid
     from study.engine.runner import run_grid
 
-    monkeypatch.setattr(runner, "WAITING_EVERY_S", 0.0)  # every line asks Ray (however fast the runs end)
+    monkeypatch.setattr(placement, "WAITING_EVERY_S", 0.0)  # every line asks Ray (however fast the runs end)
 
     g = tmp_path / "g.yaml"
     g.write_text("study: waits\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
@@ -177,7 +178,7 @@ def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
 
 
 def test_waiting_note_names_each_short_resource():
-    from study.engine.runner import waiting_note
+    from study.engine.placement import waiting_note
 
     assert waiting_note([(1, 0), (2, 0)], {"CPU": 1.0}, {"CPU": 2.0}) == "waiting for cpu: 1 free of 2"
     assert waiting_note([(1, 0.5)], {"CPU": 0.0, "GPU": 0.25}, {"CPU": 4.0, "GPU": 1.0}) == \

@@ -12,7 +12,7 @@ import pytest
 
 from store import Store
 from study.spec.grid import load_grid
-from study.engine.runner import classify
+from study.engine.health import classify
 from study.commands.status import counts, render, snapshot
 from study.engine.trial import execute
 from tests.helpers import study, tiny_grid

@@ -21,8 +21,9 @@ import torch
 from store import QUARANTINE, DiskFull, OutsideStore, Store
 from store import index as store_index
 from study.spec.grid import load_grid
-from study.engine.runner import classify, heal_and_plan
+from study.engine.health import classify, heal_and_plan
 from study.commands.status import counts, render, snapshot
+from study.engine.faults import Faults
 from study.engine.trial import execute, previous_checkpoint_path
 from study.commands.verify import verify_study
 from tests.helpers import study, tiny_grid
@@ -120,7 +121,7 @@ def interrupted(tmp_path_factory):
     a, b = grid.runs
     execute(a, store, "test")
     with pytest.raises(Exception):
-        execute(b, store, "test", nan_at_step=25)
+        execute(b, store, "test", faults=Faults(nan_at_step=25))
     assert store.exists(store.checkpoint_path(b.run_id)) and store.exists(previous_checkpoint_path(store, b.run_id))
     return gpath, grid, store
 

@@ -217,3 +217,36 @@ def test_describing_tasks_and_reading_results_import_no_torch_nor_ray():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1]) == []
+
+
+# study/'s own layers, bottom up (docs/DESIGN.md): a sub-package imports only those below it and itself
+STUDY_LAYERS = ("study.spec", "study.engine", "study.commands", "study.cli")
+
+
+def study_layer(module: str) -> int | None:
+    """The index in STUDY_LAYERS of a study module (None for study/__init__ and modules outside study)."""
+    return next((i for i, top in enumerate(STUDY_LAYERS) if module == top or module.startswith(top + ".")), None)
+
+
+def upward_in_study(known: dict[str, Path]) -> list[str]:
+    bad = []
+    for m, p in known.items():
+        mine = study_layer(m)
+        if mine is None:
+            continue
+        for target, _, line in imports(m, p, known):
+            theirs = study_layer(target)
+            if theirs is not None and theirs > mine:
+                bad.append(f"{m}:{line}: {STUDY_LAYERS[mine]} imports {target}")
+    return bad
+
+
+def test_study_sub_packages_import_only_downwards():
+    assert upward_in_study(modules()) == []
+
+
+def test_the_study_layer_check_sees_an_engine_reaching_up(tmp_path):
+    p = tmp_path / "x.py"
+    p.write_text("def f():\n    from study.commands.status import LiveView\n")
+    known = {"study.engine.x": p, "study.commands.status": p}
+    assert upward_in_study(known) == ["study.engine.x:2: study.engine imports study.commands.status"]

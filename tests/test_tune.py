@@ -40,7 +40,7 @@ def write(path, raw) -> str:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from study.engine.runner import init_ray
+    from study.engine.raystart import init_ray
 
     ray, started = init_ray(None, num_cpus=2)
     yield ray

@@ -40,10 +40,10 @@ from model.sampler import Sampled, sample_all
 from stats import mean_ci, wilson
 from store import Store
 from study.spec.grid import EvalPoint, Run
+from study.spec.sections import N_GENERATE
 from tasks import EvalSet
 
 GEN_SUFFIX = "-gen"  # eval key of a likelihood point's unconditional generations: `<key>-gen`
-N_GENERATE = 16  # the most unconditional generations a likelihood point draws (fewer if fewer are kept)
 NLL_BATCH = 64  # sequences per call of the NLL bound
 
 

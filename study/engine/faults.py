@@ -1,14 +1,16 @@
 """Fault injection for tests: the one place the product reads it, off unless an environment variable says.
 
 Each variable holds "RUN_ID:STEP[,RUN_ID:STEP...]". The driver (`study run`, `study tune`) reads them
-(`fault_config`, in the trials' param space: the trials may run on other nodes, where the driver's
-environment is not), a trial takes its run's steps (`fault_steps`, as `study.engine.trial.execute`'s arguments)
-and its training calls `before_step` before every step.
+(`fault_config`: one key of the trials' param space, as the trials may run on other nodes, where the
+driver's environment is not); a trial takes its run's hooks (`run_faults`, one `Faults` object, the one
+argument `study.engine.trial.execute` takes for them) and its training calls `Faults.before_step`
+before every step.
 """
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -36,22 +38,36 @@ def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, 
 
 
 def fault_config() -> dict:
-    """The faults this environment injects, as a driver sends them to its trials (in the param space)."""
-    return {"faults": injected_faults(), "holds": injected_faults(env=HOLD_ENV),
-            "release": os.environ.get(RELEASE_ENV) or None}
+    """The faults this environment injects, as a driver sends them to its trials: {"faults": {...}} (the one
+    key of the param space they take)."""
+    return {"faults": {"nan": injected_faults(), "holds": injected_faults(env=HOLD_ENV),
+                       "release": os.environ.get(RELEASE_ENV) or None}}
 
 
-def fault_steps(config: dict, run_id: str) -> dict:
-    """`execute`'s fault arguments for one run, from a trial's config (see fault_config)."""
-    return {"nan_at_step": config.get("faults", {}).get(run_id), "hold_at_step": config.get("holds", {}).get(run_id),
-            "hold_release": config.get("release")}
+@dataclass(frozen=True)
+class Faults:
+    """The fault hooks of one run's trial (none by default): its weights turn to NaN before step
+    `nan_at_step`; its first attempt waits before step `hold_at_step` until killed, or until the file
+    `hold_release` exists."""
+
+    nan_at_step: int | None = None
+    hold_at_step: int | None = None
+    hold_release: str | None = None
+
+    def before_step(self, step: int, attempt: int, model: torch.nn.Module) -> None:
+        """Called before every training step: holds, then poisons, when the step is the one given."""
+        hold(step, attempt, self.hold_at_step, self.hold_release)
+        poison(step, model, self.nan_at_step)
 
 
-def before_step(step: int, attempt: int, model: torch.nn.Module, nan_at_step: int | None,
-                hold_at_step: int | None, hold_release: str | None = None) -> None:
-    """Called before every training step: holds, then poisons, when the step is the one given."""
-    hold(step, attempt, hold_at_step, hold_release)
-    poison(step, model, nan_at_step)
+NO_FAULTS = Faults()
+
+
+def run_faults(config: dict, run_id: str) -> Faults:
+    """One run's hooks, from a trial's config (see fault_config)."""
+    f = config.get("faults") or {}
+    return Faults(nan_at_step=f.get("nan", {}).get(run_id), hold_at_step=f.get("holds", {}).get(run_id),
+                  hold_release=f.get("release"))
 
 
 def hold(step: int, attempt: int, at: int | None, release: str | None = None) -> None:

@@ -16,7 +16,7 @@ import traceback
 
 from store import Store
 from study.engine.errors import error_line, root_cause
-from study.engine.faults import fault_steps
+from study.engine.faults import run_faults
 from study.spec.grid import Run
 from study.engine.trial import attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt
 
@@ -96,7 +96,7 @@ def trainable(config: dict, objective=None) -> None:
 
     try:
         row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                      **fault_steps(config, run.run_id), grid=config.get("grid"))
+                      faults=run_faults(config, run.run_id), grid=config.get("grid"))
         final = final_metrics(store, run, row)  # final_loss, each eval point's primary metric (for --log)
         held()
         tune.report(final if scored is None else scored.final(row, final))

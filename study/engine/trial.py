@@ -20,7 +20,7 @@ import torch
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store, digest
-from study.engine import faults
+from study.engine.faults import NO_FAULTS, Faults
 from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
@@ -92,11 +92,10 @@ def gpu_ids() -> str | None:
 
 
 def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
-            nan_at_step: int | None = None, hold_at_step: int | None = None, hold_release: str | None = None,
-            grid: str | None = None) -> dict:
+            faults: Faults = NO_FAULTS, grid: str | None = None) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
-    `nan_at_step`, `hold_at_step`, `hold_release`: fault injection for tests (study/engine/faults.py).
+    `faults`: the run's fault hooks, for tests (study/engine/faults.py; none by default).
     `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
     device = pick_device(run.resources)
@@ -109,7 +108,7 @@ def execute(run: Run, store: Store, code_version: str, report=None, attempt: int
     costs = run.costs()
 
     def batch(step: int, g: torch.Generator):
-        faults.before_step(step, attempt, trainer.model, nan_at_step, hold_at_step, hold_release)
+        faults.before_step(step, attempt, trainer.model)
         return task.train_batch(run.train.batch_size, g)
 
     trainer = Trainer(run.model, run.train, spec, batch, device)

@@ -48,7 +48,9 @@ from study.engine.evaluate import evaluate
 from study.spec.grid import Grid, Run, SearchGroup, sampling_depth
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
-from study.engine.runner import code_version, init_ray, record_grid_file, refuse_unplaceable, sigterm_as_ctrl_c
+from study.engine.placement import refuse_unplaceable
+from study.engine.raystart import init_ray, sigterm_as_ctrl_c
+from study.engine.version import code_version, record_grid_file
 from study.spec.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
 from study.engine.trial import trial_payload
 
@@ -350,7 +352,7 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
     from ray.tune.search import ConcurrencyLimiter
 
     from study.engine.searcher import RecordingAsha, ResumableOptunaSearch, has_value
-    from study.commands.status import LiveView, trial_progress
+    from study.engine.progress import LiveView, trial_progress
 
     search, store = session.grid.search, session.store
     base = tuning_run(group.run, search)

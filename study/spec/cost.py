@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flop
 from model.precision import MEASURE_MIN_FLOPS
 from model.rmdm import flops_per_forward
 from study.spec.grid import Run, config_hash
+from study.spec.sections import N_GENERATE
 from tasks import TASKS, make_task
 
 # dense bf16 tensor-core peaks, FLOP/s (vendor data sheets, without sparsity)
@@ -64,13 +64,6 @@ def eval_examples(run: Run, n_examples: int) -> int:
     return min(n_examples, size) if size else n_examples
 
 
-@functools.cache
-def _n_generate() -> int:
-    from study.engine.evaluate import evaluate_likelihood  # the unconditional samples a likelihood eval draws
-
-    return inspect.signature(evaluate_likelihood).parameters["n_generate"].default
-
-
 def eval_flops(run: Run) -> int:
     """Upper bound of the FLOPs of every evaluation point of `run` (see the module docstring)."""
     f = facts(run)
@@ -81,7 +74,7 @@ def eval_flops(run: Run) -> int:
         if f["likelihood"]:
             # one model call of L_s loops per noise level and sequence
             total += n * f["n_t"] * flops_per_forward(run.model, N, V, pt.L_s, heads=1)
-            total += min(run.eval.n_samples_kept, _n_generate(), n) * per
+            total += min(run.eval.n_samples_kept, N_GENERATE, n) * per
         else:
             total += n * per
     return total
@@ -228,14 +221,16 @@ def measure(runs: list[Run], echo: Callable[[str], None] = lambda s: None, refre
 
 
 def _measure_child(shape: dict) -> dict:
-    """Runs `_child` in a fresh interpreter (its own memory high-water mark, its own CUDA context)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """Runs `_child` in a fresh interpreter (its own memory high-water mark, its own CUDA context), in the
+    directory that holds the project's packages: `python -c` puts its working directory first on sys.path,
+    where a folder named like a package (a results folder `store`) would shadow it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            # glibc: a fixed mmap threshold (else it grows after the first free) returns every large block
            # to the system when freed, so the warmed-up resident memory holds no step's activations
            "MALLOC_MMAP_THRESHOLD_": "131072"}
     p = subprocess.run([sys.executable, "-c", "from study.spec.cost import _child; _child()"], input=json.dumps(shape),
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, cwd=root)
     if p.returncode != 0:
         tail = " ".join(p.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"measuring a training step failed (exit {p.returncode}): {tail}")

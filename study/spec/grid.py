@@ -26,6 +26,7 @@ import yaml
 from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_total
 from model.rmdm import RecursiveDenoiser, SeqSpec
+from model.schedules import loss_weights_problem
 from store import NAME_RULE, is_safe_name
 from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
 from study.spec.search import Search, load_best
@@ -549,9 +550,8 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
                                    "set eval.at_checkpoints to 0 (its training curves show the loss)")
     if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id
         train = single_loop(train)
-    if train.loss == "weighted" and train.loss_weights is not None and len(train.loss_weights) != model.L:
-        err("train.loss_weights", f"needs one weight per loop: {model.L} values for L={model.L} "
-                                  f"(got {len(train.loss_weights)})")
+    if loss_weights_problem(train, model.L):
+        err("train.loss_weights", loss_weights_problem(train, model.L))
     if train.loss == "truncated" and train.truncate_k > model.L:
         err("train.truncate_k", f"must be <= L ({model.L}) (got {train.truncate_k})")
     if train.min_depth > model.L:

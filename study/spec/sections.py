@@ -45,6 +45,9 @@ class Adaptive(Strict):
         return v
 
 
+N_GENERATE = 16  # the most unconditional generations a likelihood point draws (fewer if fewer are kept)
+
+
 class EvalConfig(Strict):
     """Evaluation points of every run; not part of the run id."""
 
