@@ -182,3 +182,13 @@ def test_python_blocks(work, page, i, body):
                          timeout=300)
     assert run.returncode == 0, f"{page}\n{body}\n{run.stderr[-3000:]}"
     assert run.stdout.strip(), page
+
+
+def test_schema_page_names_every_column_and_no_other():
+    from store import SCHEMAS
+
+    text = open(os.path.join(ROOT, "docs", "guide", "schema.md"), encoding="utf-8").read()
+    for table, schema in SCHEMAS.items():
+        section = text.split(f"\n## {table}:", 1)[1].split("\n## ", 1)[0]
+        named = re.findall(r"^\| `(\w+)` \|", section, re.M)
+        assert named == schema.names, (table, set(named) ^ set(schema.names))
