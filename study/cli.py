@@ -8,8 +8,10 @@ import os
 import sys
 from typing import Optional
 
+import re
+
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from analysis.catalog import figure_names
 
@@ -65,6 +67,38 @@ class _Commands(TyperGroup):
             typer.echo(f"error: {what}; rerun as `study --debug ...` for the traceback", err=True)
             raise typer.Exit(2 if user else 1) from None
 
+    def format_commands(self, ctx, formatter):
+        """Each command's first sentence, wrapped at the help's width, never cut with '...'."""
+        rows = [(name, self.get_command(ctx, name).get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+_TYPE_TAG = re.compile(r" <[^<>]*>(\.\.\.)?")
+
+
+class _Command(TyperCommand):
+    """Plain-text help (click's, no rich box): a value option shows a metavar named for it (`--results RESULTS`)
+    and an argument its name (`GRID`), never typer's type tags (`<str>`, `<bool>`); text wraps at the terminal's
+    width (at most 80 columns) and is never cut."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for p in self.params:
+            if p.metavar is None and not getattr(p, "is_flag", False):  # --L-s: L_S, grid: GRID
+                p.metavar = (p.opts[0].lstrip("-") if p.param_type_name == "option" else p.name).upper().replace("-", "_")
+
+    def format_options(self, ctx, formatter):
+        rows = {"argument": [], "option": []}
+        for p in self.get_params(ctx):
+            rec = p.get_help_record(ctx)
+            if rec is not None:
+                rows[p.param_type_name].append((_TYPE_TAG.sub("", rec[0]), rec[1]))
+        for title, kind in (("Arguments", "argument"), ("Options", "option")):
+            if rows[kind]:
+                with formatter.section(title):
+                    formatter.write_dl(rows[kind])
+
 
 def _pipe_closed():
     """The reader of stdout went away (`study status GRID | head -1`): not a mistake of the user's, so nothing
@@ -97,7 +131,7 @@ def _one_line(e: BaseException, limit: int = 500) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-app = typer.Typer(cls=_Commands, add_completion=False, help=__doc__)
+app = typer.Typer(cls=_Commands, help=__doc__, rich_markup_mode=None)
 RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
 
 
@@ -151,7 +185,7 @@ def load_grid(path: str, overrides=()):
 
 
 # Hydra-style `key=value` after the grid (study/spec/overrides.py), on plan, run, status and tune
-OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE | +KEY=VALUE | ~KEY]...", show_default=False,
+OVERRIDES = typer.Argument(None, metavar="KEY=VALUE | +KEY=VALUE | ~KEY", show_default=False,
                            help="overrides of the grid, applied before validation: train.steps=10, axes.L=[1,2], "
                                 "task.mask_rate=0.3 (values are YAML); +KEY=VALUE adds a key the file lacks, "
                                 "~KEY deletes one; recorded in the study's grid.yaml")
@@ -316,11 +350,14 @@ def _log_or_exit(values: list[str], results: str) -> list:
         _fail(str(e))
 
 
-@app.command()
+@app.command(cls=_Command)
 def plan(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
     json_out: bool = typer.Option(False, "--json", help="one JSON object per run, then one with \"totals\": true"),
+    resolved: bool = typer.Option(False, "--resolved", help="print each run's fully resolved configuration (every "
+                                  "default filled in, overrides applied: what the run stores as its config) as one "
+                                  "YAML document per run, or with --json one JSON object per run"),
     measure: bool = typer.Option(False, "--measure", help="time a few training steps of each distinct shape here "
                                  "(cached per machine and shape) for time and peak memory"),
     remeasure: bool = typer.Option(False, "--remeasure", help="--measure, ignoring the cache"),
@@ -337,6 +374,8 @@ def plan(
     from study.spec import cost
 
     g = _grid_or_exit(grid, overrides=overrides)
+    if resolved:
+        return _echo_resolved(g, json_out)
     try:
         rate = cost.given_rate(flops_per_s, mfu, device, peak_flops)
     except ValueError as e:
@@ -372,6 +411,19 @@ def _echo_claims_plan(g, results: str) -> None:
             evals = None
     for line in plan_lines(g.claims.spec(), evals):
         typer.echo(line)
+
+
+def _echo_resolved(g, json_out: bool) -> None:
+    """`study plan --resolved`: each run's resolved configuration (Run.resolved, as stored in configs/), YAML or JSON."""
+    import yaml
+
+    for i, r in enumerate(g.runs):
+        conf = json.loads(json.dumps(r.resolved(), default=str))
+        if json_out:
+            typer.echo(json.dumps(conf, sort_keys=True))
+        else:
+            typer.echo(("---\n" if i else "") + f"# run {r.run_id} of study {g.study}\n"
+                       + yaml.safe_dump(conf, sort_keys=False), nl=False)
 
 
 def _plan_row(g, r, m: dict | None, rate) -> dict:
@@ -437,7 +489,7 @@ def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
                    f"({totals['memory_how']}; run {totals['memory_run_id']})")
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
@@ -484,7 +536,7 @@ def run(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def status(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
@@ -516,7 +568,7 @@ def status(
         typer.echo(status_line(store))  # which driver holds the study, and whether it still beats
 
 
-@app.command()
+@app.command(cls=_Command)
 def prune(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
@@ -539,7 +591,7 @@ def prune(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def tune(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
@@ -566,7 +618,7 @@ def tune(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     figure: str = typer.Option("iso-param", "--figure", help=", ".join(figure_names()) + ", or 'all' (every "
                                "figure the data supports, report.html/.md and the verdicts)"),
@@ -724,7 +776,7 @@ def _print_comparisons(data, opts, derived) -> None:
                    f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def verify(
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
@@ -750,7 +802,7 @@ def verify(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def predict(
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,
@@ -795,7 +847,7 @@ def predict(
         _fail(str(e))
 
 
-@app.command("eval")
+@app.command("eval", cls=_Command)
 def eval_cmd(
     run_id: str,
     puzzles: str = typer.Option(..., "--puzzles", help="the examples to solve, in the run's task's format (Sudoku: "
@@ -836,7 +888,7 @@ def eval_cmd(
         typer.echo(f"completed grids: {out}")
 
 
-@app.command("text8-download")
+@app.command("text8-download", cls=_Command)
 def text8_download(
     dest: str = typer.Option("data", "--dest", help="directory for the unpacked `text8` file"),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="also require this SHA-256 of text8.zip"),

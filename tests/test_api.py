@@ -1,4 +1,4 @@
-"""The Python API (rmdm_study): the README's example runs as written and gives the numbers `study report`
+"""The Python API (rmdm_study): the guide's example (docs/guide/api.md) runs as written and gives the numbers `study report`
 prints; figures come back as matplotlib Figures with nothing written; a shadowing package is named.
 Run: .venv/bin/python -m pytest tests/test_api.py -q
 """
@@ -17,14 +17,13 @@ from test_analysis_data import write_paper
 
 
 def readme_example() -> str:
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("### Results in Python", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    text = open(os.path.join(ROOT, "docs", "guide", "api.md"), encoding="utf-8").read()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """A results directory holding a hand-made study under the README's name (demo_sudoku)."""
+    """A results directory holding a hand-made study under the example's name (demo_sudoku)."""
     base = tmp_path_factory.mktemp("api")
     root = str(base / "results")
     store = write_paper(root)

@@ -17,12 +17,23 @@ def _blocks() -> list[str]:
     return re.findall(r"```bash\n(.*?)\n```", setup, re.S)
 
 
+def _one_line(cmd: str) -> str:
+    """A command shown over several lines (`\\` continuations) as the one line the shell runs."""
+    return " ".join(cmd.replace("\\\n", " ").split())
+
+
 def test_readme_test_command_is_ci_run_and_both_use_the_constraints():
     demo, tests = _blocks()[:2]
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
-    assert tests in ci.splitlines()
+    assert tests in ci  # exactly as written, over the same lines
+    start = ci.index(tests)
+    assert ci[:start].endswith("\n") and ci[start + len(tests)] == "\n"  # whole lines, none of them a comment
+    assert not any(line.lstrip().startswith("#") for line in tests.splitlines())
+    assert "\\\n" in tests and len(tests.splitlines()) > 1  # shown over lines
     for cmd in (demo, tests):
-        assert "pip install torch==2.13.0 && .venv/bin/pip install -c constraints.txt -e " in cmd
+        assert "pip install torch==2.13.0 && .venv/bin/pip install -c constraints.txt -e " in _one_line(cmd)
+    assert _one_line(tests).endswith("&& .venv/bin/python -m pytest")
+    assert _one_line(demo).endswith("&& .venv/bin/study report --study demo_sudoku --figure all")
 
 
 def test_installed_versions_are_the_constrained_ones():
