@@ -26,6 +26,8 @@ class _Commands(TyperGroup):
         range) is one line `error: ...` and exit 2, like every other mistake, not click's boxed usage text."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        if os.environ.get(complete_var or "_STUDY_COMPLETE"):  # the shell asking for completions: click answers
+            return super().main(args, prog_name, complete_var, standalone_mode=True, **extra)
         from typer._click import exceptions as cx  # the click that typer carries (its own copy)
 
         if not (sys.argv[1:] if args is None else list(args)):

@@ -205,7 +205,7 @@ def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
 # ---- usage mistakes (issue 33): one line, exit 2, never click's boxed usage text ----------------------------
 @pytest.mark.parametrize("args,words", [
     ((), ("give a command: plan, run, status", "study --help")),
-    (("run",), ("study run: Missing argument 'grid'", "study run --help")),
+    (("run",), ("study run: Missing argument 'GRID'", "study run --help")),
     (("frobnicate",), ("study: No such command 'frobnicate'",)),
     (("--bogus",), ("study: No such option: --bogus",)),
     (("run", "g.yaml", "--num-cpus", "-1"), ("study run: Invalid value for '--num-cpus'",)),
