@@ -127,7 +127,7 @@ def with_run_columns(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """A table's rows (the store's names, kept) with the columns of their run that the table lacks: no
     name means two things and a join leaves no _x/_y. In history, `loss` is the training loss, `L_t` the
     depth of that step and `lr` the step's learning rate; the run's loss variant, training depth and
-    configured lr are in the runs table under the same names (docs/schema.md)."""
+    configured lr are in the runs table under the same names (docs/guide/schema.md)."""
     if rows.empty:
         return rows
     extra = [c for c in run_cols() if c == "run_id" or c not in rows.columns]

@@ -5,7 +5,7 @@
     res = rs.open("results")                  # a local results directory, or "s3://bucket/prefix"
     res.studies()                             # ['demo_sudoku', ...], oldest first
     s = res.study("demo_sudoku")              # default: the most recently written study
-    s.runs, s.evals, s.history                # the store's tables and names (docs/schema.md), with each run's columns
+    s.runs, s.evals, s.history                # the store's tables and names (docs/guide/schema.md), with each run's columns
     s.not_done                                # runs left out: failed or pruned (only done runs are analysed)
     s.samples()                               # per-example outputs and scores (s.samples(run_id) for one run)
     s.table()                                 # aggregated over seeds: value, ci_low, ci_high, ci_method, n_seeds
@@ -98,7 +98,7 @@ class Study:
     @property
     def history(self) -> pd.DataFrame:
         """The history table as stored (`loss` the training loss, `L_t` that step's depth, `lr` its learning
-        rate), with the columns of its run it lacks (model_key, seed, task_variant...); docs/schema.md."""
+        rate), with the columns of its run it lacks (model_key, seed, task_variant...); docs/guide/schema.md."""
         return self.data.history
 
     def samples(self, run_id: str | None = None) -> pd.DataFrame:

@@ -106,7 +106,7 @@ def test_a_package_shadowing_one_of_ours_is_named(tmp_path):
 
 
 def test_the_api_uses_the_stores_names_and_no_join_leaves_x_or_y(results):
-    """One set of names, the store's (docs/schema.md): in history `loss` is the training loss (a number),
+    """One set of names, the store's (docs/guide/schema.md): in history `loss` is the training loss (a number),
     `L_t` that step's depth and `lr` that step's learning rate, as in the Parquet files; the run's loss
     variant, depth and configured lr are the runs table's `loss`, `L_t`, `lr`. No column ends in _x or _y."""
     import pandas as pd
