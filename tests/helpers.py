@@ -216,3 +216,16 @@ def full_row(table: str, **values) -> dict:
     unknown = set(values) - set(SCHEMAS[table].names)
     assert not unknown, f"not columns of {table}: {sorted(unknown)}"
     return {**dict.fromkeys(SCHEMAS[table].names), **values}
+
+
+def edit(path: str, column: str, value, row: int | None = None) -> None:
+    """Set `column` of every row (or of row `row`) of a Parquet file, keeping its schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    rows = t.to_pylist()
+    for i, r in enumerate(rows):
+        if row is None or i == row:
+            r[column] = value(r[column]) if callable(value) else value
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import study, tiny_grid
+from tests.helpers import edit, study, tiny_grid
 
 STUDY = "vdg"
 GRID = tiny_grid(STUDY, retries=0, axes="K: [1, 2]\n  seed: [0, 1]", eval_extra=", n_samples_kept: 16")
@@ -68,15 +68,6 @@ def runs(results) -> dict[tuple[int, int], str]:
         row = pq.read_table(p).to_pylist()[0]
         out[(row["K"], row["seed"])] = row["run_id"]
     return out
-
-
-def edit(path, column: str, value, row: int | None = None) -> None:
-    t = pq.read_table(path)
-    rows = t.to_pylist()
-    for i, r in enumerate(rows):
-        if row is None or i == row:
-            r[column] = value(r[column]) if callable(value) else value
-    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
 
 
 def a_point(results, rid: str) -> tuple[str, str]:

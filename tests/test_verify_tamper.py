@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import study, tiny_grid
+from tests.helpers import edit, study, tiny_grid
 
 STUDY = "vtp"
 # grid A: 9 eval points (enough files for the read index); 16 examples evaluated, 5 outputs kept
@@ -81,16 +81,6 @@ def eval_file(results, L: int = 2, T: int = 2, table: str = "evals") -> str:
     rid = runs_by_L(results)[L]
     (p,) = [p for p in (results / STUDY / "evals" / rid).glob(f"T{T}-Ls{L}-*.parquet")]
     return str(results / STUDY / table / rid / p.name)
-
-
-def edit(path: str, column: str, value, row: int | None = None) -> None:
-    """Set `column` of every row (or of row `row`) of a Parquet file, keeping its schema."""
-    t = pq.read_table(path)
-    rows = t.to_pylist()
-    for i, r in enumerate(rows):
-        if row is None or i == row:
-            r[column] = value(r[column]) if callable(value) else value
-    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
 
 
 def failed_naming(results, path: str, fld: str) -> str:
