@@ -245,16 +245,19 @@ def _results_or_exit(results: str, create: bool = False) -> None:
 
 
 def _store_found_or_exit(results: str, study: str, grid: str) -> None:
-    """`study status` says where it looked: a local --results that does not exist is exit 2 (naming the
-    absolute path and, when the grid's own directory holds the study, that store); a store without the
-    study is a note on stderr naming the studies it holds (every run then reads pending)."""
+    """`study status` says where it looked, on stderr (the table stays what it is: every run pending): a local
+    --results that does not exist is named by its absolute path (and, when the grid's own directory holds
+    the study, that store); a store without the study is named with the studies it holds. A grid that has
+    not run yet is a fair question (exit 0)."""
     if "://" in results:
         return
     if not os.path.isdir(results):
         near = os.path.join(os.path.dirname(os.path.abspath(grid)), "results")
         hint = (f"; the grid's directory has it: --results {near}"
                 if os.path.isdir(os.path.join(near, study)) and os.path.abspath(results) != near else "")
-        _fail(f"--results {_where(results)}: no such directory, so study {study!r} has not run there{hint}")
+        typer.echo(f"note: --results {_where(results)}: no such directory, so study {study!r} has not run there "
+                   f"(every run pending){hint}", err=True)
+        return
     if not os.path.isdir(os.path.join(results, study)):
         typer.echo(f"note: no study {study!r} under {_where(results)} yet (every run pending); "
                    f"{_studies_there(results)}", err=True)
