@@ -1,0 +1,93 @@
+"""The one ETA of `study run` (the live view) and `study status`, on a fake clock: a sweep of a few runs
+trains at a steady pace on fewer slots than runs; its runs' heartbeats are written to a real store as the
+trials write them (progress/<run_id>.json, every 5 s), and at every report and between reports both
+commands must show the same ETA, within 25% of the true time left from the first report on, counting
+down (never frozen, never jumping up); the live bar counts training steps done, not finished runs.
+No sleeps, no timing: the clock is a number the test moves.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from store import Store
+from study.commands.status import eta_seconds, snapshot
+from study.engine.progress import LiveView
+from study.spec.grid import load_grid
+from tests.helpers import tiny_grid
+
+RATE = 2.0  # training steps per second of every run
+EVERY = 5.0  # seconds between heartbeats (the trials' own interval)
+
+
+def schedule(n_runs: int, slots: int, steps: int) -> dict[int, tuple[float, float]]:
+    """run index -> (start, end) seconds: the first `slots` runs start at 0, each next one when one ends."""
+    free, out = [0.0] * slots, {}
+    for i in range(n_runs):
+        k = min(range(slots), key=free.__getitem__)
+        out[i] = (free[k], free[k] + steps / RATE)
+        free[k] = out[i][1]
+    return out
+
+
+@pytest.mark.parametrize("axes,slots", [("L: [1, 2, 3]", 2), ("L: [1, 2, 3, 4]", 2), ("L: [1, 2, 3]", 3)])
+def test_run_and_status_show_one_eta_within_25_percent_counting_down(tmp_path, axes, slots):
+    steps = 100
+    g = tmp_path / "g.yaml"
+    g.write_text(tiny_grid("etaclock", steps=steps, axes=axes))
+    grid = load_grid(str(g))
+    store = Store(str(tmp_path / "res"), grid.study)
+    ids = [r.run_id for r in grid.runs]
+    when = schedule(len(ids), slots, steps)
+    end = max(e for _, e in when.values())
+    clock = [0.0]
+    view = LiveView(len(ids), {r: steps for r in ids}, echo=lambda _: None, tty=False,
+                    beats=lambda: store.read_progress(set(ids)), clock=lambda: clock[0])
+    me = {"pid": os.getpid(), "node": socket.gethostname(), "steps": steps, "attempt": 0}
+    started, ended, etas, bars = set(), set(), [], []
+    t = 0.0
+    while t < end:
+        clock[0] = t
+        for i, rid in enumerate(ids):
+            start, stop = when[i]
+            if start <= t and rid not in started:
+                started.add(rid)
+                view.started(rid)
+            if rid in started and rid not in ended:
+                if t >= stop:
+                    store.write_progress(rid, {**me, "phase": "done", "step": steps, "train_seconds": steps / RATE,
+                                               "time": t})
+                    ended.add(rid)
+                    view.finished(rid, ok=True)
+                elif (t - start) % EVERY == 0:  # the trial's heartbeat: steps done, training seconds spent
+                    done = int(RATE * (t - start))
+                    store.write_progress(rid, {**me, "phase": "train", "step": done, "train_seconds": t - start,
+                                               "time": t})
+                    view.result(rid, done - 1 if done else None)
+        live = view.eta()
+        view.read_at = None  # (the view rereads the store at most once a second: here at every look)
+        status = eta_seconds(snapshot(grid, store, now=t), now=t)
+        if t >= EVERY:  # from the first report on
+            assert live is not None and status is not None, (t, live, status)
+            assert live == pytest.approx(status, rel=1e-9), f"run says {live:.1f}s, status {status:.1f}s at t={t}"
+            assert abs(live - (end - t)) <= 0.25 * (end - t), f"eta {live:.1f}s, truly {end - t:.1f}s left at t={t}"
+            etas.append(live)
+            bars.append(view.steps_done())
+        t += EVERY / 2  # at every report and half-way between two
+    assert all(b <= a + 1e-9 for a, b in zip(etas, etas[1:])), f"the ETA went up: {etas}"
+    assert len(set(etas)) == len(etas), f"the ETA froze: {etas}"
+    total = steps * len(ids)
+    assert 0 < bars[0] < total and bars == sorted(bars), bars  # the bar fills as the runs train
+    assert bars[len(bars) // 2] >= total // 4, bars
+
+
+def test_eta_is_unknown_before_any_run_has_trained_a_measured_step():
+    from study.engine.progress import eta
+
+    beats = {"a": {"step": 0, "train_seconds": 0.0, "time": 0.0}}
+    assert eta({"a": 10, "b": 10}, beats, {"a"}, 1.0) is None
+    assert eta({"a": 10}, {"a": {"step": 5, "train_seconds": 5.0, "time": 0.0}}, set(), 1.0) is None  # none running
+    # one slot: a's 5 steps left at 1 step/s (2 s since its heartbeat: 3 left), then b's 10
+    assert eta({"a": 10, "b": 10}, {"a": {"step": 5, "train_seconds": 5.0, "time": 0.0}}, {"a"}, 2.0) == 13.0
