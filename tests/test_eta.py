@@ -91,3 +91,36 @@ def test_eta_is_unknown_before_any_run_has_trained_a_measured_step():
     assert eta({"a": 10}, {"a": {"step": 5, "train_seconds": 5.0, "time": 0.0}}, set(), 1.0) is None  # none running
     # one slot: a's 5 steps left at 1 step/s (2 s since its heartbeat: 3 left), then b's 10
     assert eta({"a": 10, "b": 10}, {"a": {"step": 5, "train_seconds": 5.0, "time": 0.0}}, {"a"}, 2.0) == 13.0
+
+
+def test_plan_and_status_say_what_is_resumed_and_what_is_trained(tmp_path):
+    """`study run` says which runs resume and from which step, and which are trained and only evaluate;
+    `study status` reads a trained run as "trained, evaluating" (or "to evaluate" once stopped), not as
+    "interrupted step 40/40 (100%)"."""
+    import time
+
+    from study.commands.status import render
+    from study.engine.health import Plan, todo_note
+
+    g = tmp_path / "g.yaml"
+    g.write_text(tiny_grid("resumenote", steps=40, axes="L: [1, 2, 3, 4]"))
+    grid = load_grid(str(g))
+    store = Store(str(tmp_path / "res"), grid.study)
+    fresh, a, b, trained = (r.run_id for r in grid.runs)
+    me = {"pid": os.getpid(), "node": socket.gethostname(), "steps": 40, "attempt": 1, "phase": "train"}
+    for rid, step in ((a, 30), (b, 20)):  # interrupted after their checkpoints at 30 and 20 (of 40 steps)
+        store.write_text(store.checkpoint_path(rid), "a checkpoint")
+        store.write_progress(rid, {**me, "step": step + 3, "checkpoint": step, "time": 0.0})
+    store.write_text(store.weights_path(trained), "final weights")
+    store.write_progress(trained, {**me, "step": 40, "checkpoint": 40, "phase": "eval", "time": 0.0})
+    plan = Plan(done=[], todo=list(grid.runs), failed=[])
+    assert todo_note(store, plan) == "1 to run, 2 to resume (from steps 20 to 30), 1 trained, evaluating"
+    assert todo_note(store, Plan([], [r for r in grid.runs if r.run_id == a], [])) == "1 to resume (from step 30)"
+    assert todo_note(store, Plan([], [], [])) == "0 to run"
+
+    text = render(grid, store, snapshot(grid, store))  # every heartbeat stale: stopped
+    line = next(ln for ln in text.splitlines() if trained in ln)
+    assert "trained, to evaluate" in line and "100" not in line, text
+    store.write_progress(trained, {**me, "step": 40, "train_seconds": 4.0, "phase": "eval", "time": time.time()})
+    line = next(ln for ln in render(grid, store, snapshot(grid, store)).splitlines() if trained in ln)
+    assert "running" in line and "trained, evaluating" in line, line
