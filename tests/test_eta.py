@@ -108,9 +108,15 @@ def test_plan_and_status_say_what_is_resumed_and_what_is_trained(tmp_path):
     store = Store(str(tmp_path / "res"), grid.study)
     fresh, a, b, trained = (r.run_id for r in grid.runs)
     me = {"pid": os.getpid(), "node": socket.gethostname(), "steps": 40, "attempt": 1, "phase": "train"}
+    import torch
+
+    from study.engine.trial import STATE_KEYS
+
     for rid, step in ((a, 30), (b, 20)):  # interrupted after their checkpoints at 30 and 20 (of 40 steps)
-        store.write_text(store.checkpoint_path(rid), "a checkpoint")
+        os.makedirs(os.path.dirname(store.checkpoint_path(rid)), exist_ok=True)
+        torch.save({k: step for k in STATE_KEYS}, store.checkpoint_path(rid))
         store.write_progress(rid, {**me, "step": step + 3, "checkpoint": step, "time": 0.0})
+    store.write_text(store.checkpoint_path(fresh), "a damaged checkpoint")  # set aside by its trial: step 0
     store.write_text(store.weights_path(trained), "final weights")
     store.write_progress(trained, {**me, "step": 40, "checkpoint": 40, "phase": "eval", "time": 0.0})
     plan = Plan(done=[], todo=list(grid.runs), failed=[])
@@ -124,3 +130,22 @@ def test_plan_and_status_say_what_is_resumed_and_what_is_trained(tmp_path):
     store.write_progress(trained, {**me, "step": 40, "train_seconds": 4.0, "phase": "eval", "time": time.time()})
     line = next(ln for ln in render(grid, store, snapshot(grid, store)).splitlines() if trained in ln)
     assert "running" in line and "trained, evaluating" in line, line
+
+
+def test_the_terminal_bar_fills_as_runs_train_before_any_ends(capsys):
+    """On a terminal the bar is training steps done of the steps owed: a 3-run sweep's bar is a third
+    full once every run is a third trained, while no run has ended (it counted finished runs before)."""
+    clock, beats = [0.0], {}
+    view = LiveView(3, {"a": 30, "b": 30, "c": 30}, echo=lambda _: None, tty=True, beats=lambda: dict(beats),
+                    clock=lambda: clock[0])
+    for rid in "abc":
+        view.started(rid)
+    clock[0] = 10.0
+    for rid in "abc":
+        beats[rid] = {"step": 10, "train_seconds": 10.0, "time": 10.0, "phase": "train"}
+    view.read_at = None
+    view.show()
+    assert view.done == 0 and (view.bar.n, view.bar.total) == (30, 90), (view.bar.n, view.bar.total)
+    assert "eta 0m20s" in str(view.bar.desc)
+    view.close()
+    assert "eta 0m20s" in capsys.readouterr().err
