@@ -1,6 +1,6 @@
 """The live view of a sweep or search (`study run`, `study tune`), fed by Ray Tune's trial events, and the
-summary line it shares with `study status` (study/commands/status.py); whether a failed run's trial
-started again since its row was written (a `--retry-failed` under way)."""
+summary line and the one ETA (`eta`) it shares with `study status` (study/commands/status.py); whether a
+failed run's trial started again since its row was written (a `--retry-failed` under way)."""
 from __future__ import annotations
 
 import math
