@@ -63,6 +63,7 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
         kill_driver(drv, [])  # Ray's agents outlive the driver for a while: end what this test started
 
     killed = [rid for rid, b in store.read_progress().items() if b.get("phase") == "train" and b.get("checkpoint")]
+    at = sorted({int(store.read_progress()[rid]["checkpoint"]) for rid in killed})  # where the rerun resumes
     assert killed and store.read("runs").empty
     after_kill = snapshot(grid, store)
     assert {s.state for s in after_kill} <= {"interrupted", "pending"}, after_kill
@@ -75,6 +76,10 @@ def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
     r = subprocess.run(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2"), cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600, start_new_session=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the rerun says what it resumes, and from which step (the killed runs' checkpoints)
+    said = f"{len(killed)} to resume (from step {at[0]})" if len(at) == 1 else \
+        f"{len(killed)} to resume (from steps {at[0]} to {at[-1]})"
+    assert said in r.stdout, r.stdout
 
     runs, evals, hist = check_resumed(store, grid, killed, steps=120)
     assert runs.node_id.notna().all() and (runs.node_ip == "127.0.0.1").all() and (runs.device == "cpu").all()

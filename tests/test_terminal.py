@@ -24,7 +24,7 @@ DUR = r"(?:\d+h\d\dm|\d+m\d\ds)"
 PROGRESS = (rf"\[{DUR}\] done \d+/\d+  running \d+  pending \d+(?: \([^)]*\))?(?:  interrupted \d+)?  "
             rf"failed \d+  eta (?:\?|{DUR})")
 LINE = re.compile(rf"^{PROGRESS}$")
-BAR_LINE = re.compile(rf"^{PROGRESS} \|[^|]*\|$")  # on a terminal: the line, then a bar of finished runs
+BAR_LINE = re.compile(rf"^{PROGRESS} \|[^|]*\|$")  # on a terminal: the line, then a bar of training steps done
 # what Ray or Tune print on their own, which must never reach the terminal of `study run` / `study tune`
 RAY_TEXT = ("Configuration for experiment", "╭", "╰", "│", "View detailed results", "Trial status",
             "tensorboard --logdir", "Training started", "Training finished", "(pid=", "Traceback",

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from study.engine.errors import root_cause
-from study.engine.progress import retried_since, summary_line
+from study.engine.progress import eta, pace_of, retried_since, summary_line
 from study.spec.grid import Grid
 from store import Store
 
@@ -33,6 +33,9 @@ class RunStatus:
     node: str | None = None
     error: str | None = None
     rate: float | None = None  # training steps per second of this run
+    beat_time: float | None = None  # when its latest heartbeat was written
+    phase: str | None = None  # its heartbeat's phase (start, train, eval, done, error)
+    trained: bool = False  # its final weights are there: what is left of it is evaluation
 
 
 def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float = STALE_S) -> list[RunStatus]:
@@ -52,7 +55,8 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
         ckpt = hb.get("checkpoint")
         fresh = (bool(hb) and now - float(hb.get("time", 0)) < stale_s and hb.get("phase") not in ("error",)
                  and _maybe_alive(hb))
-        rate = step / hb["train_seconds"] if hb.get("train_seconds") and step else None
+        rate = pace_of(hb)
+        trained = store.exists(store.weights_path(rid))
         status = row["status"] if row else None
         error = root_cause(row.get("error")) if row else None  # one plain line, also of rows stored whole
         if status == "failed" and retried_since(store, rid, row):  # a later attempt (--retry-failed) started:
@@ -66,12 +70,13 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
             state = "running"
         elif hb or store.exists(store.checkpoint_path(rid)) or store.exists(store.weights_path(rid)):
             state = "interrupted"  # started, then stopped: a rerun resumes it
-            if store.exists(store.weights_path(rid)):
+            if trained:
                 step = steps
         else:
             state = "pending"
         out.append(RunStatus(rid, state, step, steps, n_eval, len(keys), ckpt, hb.get("node_ip") or hb.get("node"),
-                             error, rate))
+                             error, rate, hb.get("time"), hb.get("phase"),
+                             trained and state != "done"))
     return out
 
 
@@ -93,13 +98,14 @@ def _maybe_alive(hb: dict) -> bool:
         return True
 
 
-def eta_seconds(statuses: list[RunStatus]) -> float | None:
-    """Seconds of training left at the current pace (running runs' summed step rates); None if unknown."""
-    rates = [s.rate for s in statuses if s.state == "running" and s.rate]
-    if not rates:
-        return None
-    left = sum(s.steps - s.step for s in statuses if s.state in ("running", "pending", "interrupted"))
-    return left / sum(rates)
+def eta_seconds(statuses: list[RunStatus], now: float | None = None) -> float | None:
+    """Seconds of training left at the measured pace: study.engine.progress.eta, as `study run` shows it
+    live, over the runs not done nor failed; None if unknown (nothing running, or no pace measured yet)."""
+    owed = {s.run_id: s.steps for s in statuses if s.state in ("running", "pending", "interrupted")}
+    beats = {s.run_id: {"step": s.step, "time": s.beat_time, "phase": s.phase,
+                        **({"train_seconds": s.step / s.rate} if s.rate else {})} for s in statuses}
+    running = {s.run_id for s in statuses if s.state == "running"}
+    return eta(owed, beats, running, time.time() if now is None else now)
 
 
 def counts(statuses: list[RunStatus]) -> dict[str, int]:
@@ -109,10 +115,11 @@ def counts(statuses: list[RunStatus]) -> dict[str, int]:
     return c
 
 
-def render(grid: Grid, store: Store, statuses: list[RunStatus]) -> str:
-    """The `study status` text: one summary line, then one line per run not done."""
+def render(grid: Grid, store: Store, statuses: list[RunStatus], now: float | None = None) -> str:
+    """The `study status` text: one summary line, then one line per run not done (a trained one: "trained,
+    evaluating" while it runs, "trained, to evaluate" when stopped; a rerun only evaluates it)."""
     lines = [f"study {grid.study} ({store.dir}): " + summary_line(counts(statuses), len(statuses),
-                                                                    eta_seconds(statuses))]
+                                                                    eta_seconds(statuses, now))]
     for path, why in sorted(store.unreadable.items()):
         lines.append(f"  unreadable, skipped: {path} ({why})")
     for s in statuses:
@@ -122,6 +129,8 @@ def render(grid: Grid, store: Store, statuses: list[RunStatus]) -> str:
         extra = f"  checkpoint@{s.checkpoint}" if s.checkpoint else ""
         extra += f"  on {s.node}" if s.node and s.state == "running" else ""
         extra += f"  error: {root_cause(s.error)}" if s.error and s.state == "failed" else ""
-        lines.append(f"  {s.run_id}  {s.state:<11} step {s.step:>6}/{s.steps:<6} ({pct:5.1f}%)  "
-                     f"evals {s.evals_done}/{s.evals_total}{extra}")
+        where = (("trained, evaluating" if s.state == "running" else "trained, to evaluate")
+                 if s.trained and s.state in ("running", "interrupted")
+                 else f"step {s.step:>6}/{s.steps:<6} ({pct:5.1f}%)")
+        lines.append(f"  {s.run_id}  {s.state:<11} {where}  evals {s.evals_done}/{s.evals_total}{extra}")
     return "\n".join(lines)

@@ -51,6 +51,36 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
     return Plan(done, todo, failed, why)
 
 
+def todo_note(store: Store, plan: Plan) -> str:
+    """What the runs to do start from, as `study run` says it: "2 to run, 1 to resume (from step 30),
+    1 trained, evaluating" (a run with a whole checkpoint resumes from it; one whose final weights are there and
+    not to be retrained only evaluates; the others start at step 0). The step is the checkpoint's as the
+    run's heartbeat recorded it."""
+    from study.engine.trial import previous_checkpoint_path
+
+    beats = store.read_progress({r.run_id for r in plan.todo})
+    fresh, resumed, trained = 0, [], 0
+    for run in plan.todo:
+        rid = run.run_id
+        if not plan.why.get(rid, "").startswith("retrain") and store.exists(store.weights_path(rid)):
+            trained += 1
+        elif weights_problem(store, store.checkpoint_path(rid)) is None:  # a damaged one is set aside
+            resumed.append((beats.get(rid) or {}).get("checkpoint"))
+        elif weights_problem(store, previous_checkpoint_path(store, rid)) is None:
+            resumed.append(None)  # from the one kept before it: its step is not recorded
+        else:
+            fresh += 1
+    parts = [f"{fresh} to run"] if fresh or not (resumed or trained) else []
+    if resumed:
+        known = sorted({int(s) for s in resumed if isinstance(s, (int, float))})
+        at = ("" if not known else f" (from step {known[0]})" if len(known) == 1
+              else f" (from steps {known[0]} to {known[-1]})")
+        parts.append(f"{len(resumed)} to resume{at}")
+    if trained:
+        parts.append(f"{trained} trained, evaluating")
+    return ", ".join(parts)
+
+
 def not_whole(store: Store, run: Run) -> str | None:
     """What a run whose row says done lacks, as "retrain: ..." (its final weights are missing or do not load)
     or "re-evaluate: ..." (its config file is missing, garbled or of another run); None when whole."""

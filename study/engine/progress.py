@@ -1,6 +1,6 @@
 """The live view of a sweep or search (`study run`, `study tune`), fed by Ray Tune's trial events, and the
-summary line it shares with `study status` (study/commands/status.py); whether a failed run's trial
-started again since its row was written (a `--retry-failed` under way)."""
+summary line and the one ETA (`eta`) it shares with `study status` (study/commands/status.py); whether a
+failed run's trial started again since its row was written (a `--retry-failed` under way)."""
 from __future__ import annotations
 
 import math
@@ -51,90 +51,145 @@ def summary_line(c: dict[str, int], total: int, eta: float | None, elapsed: floa
             f"failed {c['failed']}  eta {fmt_duration(eta)}")
 
 
+def pace_of(hb: dict | None) -> float | None:
+    """Training steps per second of one run from its heartbeat (progress/<run_id>.json): steps done over
+    training seconds spent, both counted over all its attempts; None before it has trained a step."""
+    if not hb:
+        return None
+    step, secs = hb.get("step"), hb.get("train_seconds")
+    ok = isinstance(step, (int, float)) and isinstance(secs, (int, float)) and step > 0 and secs > 0
+    return float(step) / float(secs) if ok and math.isfinite(step / secs) else None
+
+
+def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: float) -> float | None:
+    """Seconds until the runs still owed (`owed`: run_id -> its training steps) have trained: the one ETA
+    of `study run` and `study status`.
+
+    Each run's steps left are its steps less those its latest heartbeat (`beats`) says are done, carried
+    forward to `now` at its own pace for a running run (so the ETA counts down between heartbeats). The
+    runs `running` keep their slots (a heartbeat saying "done" frees its slot); the others wait and take
+    the first slot that frees, longest first, as the runner orders them. A run not measured yet trains at
+    the mean pace of the runs measured (any of `beats`, finished ones too). None while no pace is
+    measured or nothing runs."""
+    measured = [p for p in (pace_of(hb) for hb in beats.values()) if p]
+    running = {r for r in running if r in owed and (beats.get(r) or {}).get("phase") != "done"}
+    if not measured or not running:
+        return None
+    mean = sum(measured) / len(measured)
+    slots, waiting = [], []
+    for rid, steps in owed.items():
+        hb = beats.get(rid) or {}
+        pace = pace_of(hb) or mean
+        done = float(hb.get("step") or 0)
+        if rid in running and isinstance(hb.get("time"), (int, float)):
+            done += pace * max(0.0, now - float(hb["time"]))
+        left = max(0.0, steps - min(done, steps)) / pace
+        (slots if rid in running else waiting).append(left)
+    for left in sorted(waiting, reverse=True):  # each into the slot that frees first
+        i = min(range(len(slots)), key=slots.__getitem__)
+        slots[i] += left
+    return max(slots)
+
+
 class LiveView:
     """The live line of `study run` and `study tune`, fed by Tune trial events.
 
-    On a terminal it is one tqdm line over finished runs, redrawn in place, with this line's own elapsed
-    time and ETA only (tqdm's own rate and remaining time are left out: one ETA); otherwise (logs, tests)
-    one line per change of state, and at most one progress line every `every_s` seconds in between.
-    The ETA is "?" until a pace is measured: a run's steps between two of its own reports, never the
-    time the trials took to start.
+    On a terminal it is one tqdm line redrawn in place, with this line's own elapsed time and ETA only
+    (tqdm's own rate and remaining time are left out: one ETA), and a bar of the training steps done of
+    the steps the sweep owes; otherwise (logs, tests) one line per change of state, and at most one
+    progress line every `every_s` seconds in between.
+
+    `beats`: () -> the runs' heartbeats (store.read_progress), read at most once a second; the ETA is then
+    `eta` over them, as `study status` computes it. Without it (a search's trials) the heartbeats are the
+    trials' own reports. The ETA is "?" until a run has trained a measured step. `clock`: for tests.
     """
 
-    BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of finished runs
+    BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of training steps done of steps owed
 
-    def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None):
+    def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None,
+                 beats=None, clock=time.time):
         self.total, self.steps, self.echo, self.every_s = total, steps, echo, every_s
-        self.t0 = self.last = time.time()
-        self.step: dict[str, int] = {}
-        self.step0: dict[str, int] = {}  # first reported step of each run here (resumed runs start > 0)
-        self.seen0: dict[str, float] = {}  # when each run first reported a step here
-        self.seen: dict[str, float] = {}  # when each run last reported a step
-        self.pace: float | None = None  # steps per second of the runs last measured (kept between runs)
+        self.clock, self.read_beats = clock, beats
+        self.t0 = self.last = clock()
+        self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat (or, without `beats`, its reports)
+        self.read_at: float | None = None
+        self.step0: dict[str, tuple[int, float]] = {}  # first (step, time) reported here (no `beats`)
         self.running: set[str] = set()
+        self.since: dict[str, float] = {}  # when each run started here (with `beats`)
+        self.ended: set[str] = set()
         self.done = self.failed = 0
         self.waiting = None  # () -> why the pending runs wait ('' when they do not); set by the runner
         self.bar = None  # drawn at the first update (lines printed before it, as --log's, keep their own lines)
         self.tty = tty if tty is not None else sys.stderr.isatty()
 
-    def rate(self, run_id: str) -> float | None:
-        """Training steps per second of one run, between its first and its latest report here."""
-        dt = self.seen.get(run_id, 0.0) - self.seen0.get(run_id, 0.0)
-        trained = self.step.get(run_id, 0) - self.step0.get(run_id, 0)
-        return trained / dt if dt > 0 and trained > 0 else None
+    def _refresh(self) -> None:
+        now = self.clock()
+        if self.read_beats is not None and (self.read_at is None or now - self.read_at >= 1.0):
+            self.read_at = now
+            try:
+                self.beats = self.read_beats()
+            except OSError:
+                pass  # a missed read only makes the line less precise
 
-    def eta(self) -> float | None:
-        # the pace of the runs training now (their rates add up: they train side by side), over the
-        # steps every run still owes; None until some run has reported twice
-        rates = [r for r in (self.rate(rid) for rid in self.running) if r]
-        if rates:
-            self.pace = sum(rates)
-        if not self.pace:
-            return None
-        left = sum(max(0, n - self.step.get(r, 0)) for r, n in self.steps.items())
-        return left / self.pace
+    def current(self) -> dict[str, dict]:
+        """The heartbeats as of now; a running run's heartbeat of an earlier attempt (older than its start
+        here) counts as its checkpoint's step, unmeasured, until its new attempt writes one."""
+        self._refresh()
+        return {r: ({"step": hb.get("checkpoint") or 0} if r in self.since and isinstance(hb.get("time"), (int, float))
+                    and hb["time"] < self.since[r] else hb) for r, hb in self.beats.items()}
+
+    def eta(self, beats: dict[str, dict] | None = None) -> float | None:
+        owed = {r: n for r, n in self.steps.items() if r not in self.ended}
+        return eta(owed, self.current() if beats is None else beats, self.running, self.clock())
+
+    def steps_done(self, beats: dict[str, dict] | None = None) -> int:
+        """Training steps done of those the sweep owes (a finished run: all of its steps)."""
+        beats = self.current() if beats is None else beats
+        return sum(n if r in self.ended else min(n, int((beats.get(r) or {}).get("step") or 0))
+                   for r, n in self.steps.items())
 
     def line(self) -> str:
         c = {"done": self.done, "running": len(self.running), "failed": self.failed,
              "pending": self.total - self.done - self.failed - len(self.running), "interrupted": 0}
         waiting = self.waiting() if self.waiting is not None and c["pending"] > 0 else ""
-        return summary_line(c, self.total, self.eta(), time.time() - self.t0, waiting)
+        return summary_line(c, self.total, self.eta(), self.clock() - self.t0, waiting)
 
     def show(self, force: bool = True) -> None:
         if self.tty and self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True, file=sys.stderr,
-                            bar_format=self.BAR_FORMAT, desc=self.line())  # never drawn without the line
+            self.bar = tqdm(total=max(1, sum(self.steps.values())), unit="step", dynamic_ncols=True,
+                            file=sys.stderr, bar_format=self.BAR_FORMAT, desc=self.line())  # never without the line
         if self.bar is not None:
-            self.bar.n = self.done + self.failed
-            self.bar.set_description_str(self.line(), refresh=True)
+            text = self.line()
+            self.bar.total = max(1, sum(self.steps.values()))
+            self.bar.n = self.steps_done()
+            self.bar.set_description_str(text, refresh=True)
             return
-        if force or time.time() - self.last >= self.every_s:
-            self.last = time.time()
+        if force or self.clock() - self.last >= self.every_s:
+            self.last = self.clock()
             self.echo(self.line())
 
     # ---- events ----------------------------------------------------------------------------
     def started(self, run_id: str) -> None:
         self.running.add(run_id)
+        if self.read_beats is not None:
+            self.since[run_id] = self.clock()
         self.show()
 
     def result(self, run_id: str, step: int | None) -> None:
-        if step is not None:
-            now = time.time()
-            self.step0.setdefault(run_id, step + 1)
-            self.seen0.setdefault(run_id, now)
-            self.step[run_id], self.seen[run_id] = step + 1, now
+        if step is not None and self.read_beats is None:  # a search's trial: its reports are its heartbeats
+            now, n = self.clock(), step + 1
+            s0, t0 = self.step0.setdefault(run_id, (n, now))
+            rate = (n - s0) / (now - t0) if now > t0 and n > s0 else None
+            self.beats[run_id] = {"step": n, "time": now, **({"train_seconds": n / rate} if rate else {})}
         self.show(force=False)
 
     def finished(self, run_id: str, ok: bool) -> None:
         self.running.discard(run_id)
+        self.ended.add(run_id)
         if ok:
             self.done += 1
-            if run_id in self.step0:
-                self.step[run_id] = self.steps.get(run_id, 0)
-            else:  # evaluated only, or finished before reporting: no pace to learn from it
-                self.steps.pop(run_id, None)
         else:
             self.failed += 1
             self.steps.pop(run_id, None)

@@ -8,7 +8,7 @@ from store import Store
 from study.engine.errors import root_cause
 from study.engine.faults import fault_config
 from study.spec.grid import Grid, Run
-from study.engine.health import Plan, classify, heal_and_plan, quarantined
+from study.engine.health import Plan, classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
 from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, trial_resources, waiting_note_of
@@ -79,7 +79,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
         return 2
     grid_sha = record_grid_file(store, grid, "run")
     plan = heal_and_plan(grid, store, retry_failed, echo)
-    echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {len(plan.todo)} to run, "
+    echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
          f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
     if not plan.todo:
         return 1 if plan.failed else 0
@@ -118,7 +118,7 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
     by_id = {r.run_id: r for r in plan.todo}
     placement, starts = PlacementWatch(ray, by_id), StartFailures(store, list(by_id))
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
-                    every_s=progress_every_s)
+                    every_s=progress_every_s, beats=lambda: store.read_progress(set(by_id)))  # status's ETA
     trials: list = []  # Tune's trials as of its last step (their status is live)
     view.waiting = waiting_note_of(ray, trials, by_id)
     payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
