@@ -10,6 +10,8 @@ Run: .venv/bin/python benchmarks/cli_latency.py [--reps 5] [--quick]
 The store is synthetic, built with the store's own writer as benchmarks/store_scale.py builds its
 stores (no training): the demo's three models ((1 x 1), (1 x 2), (2 x 1), grids/demo_sudoku.yaml's
 task and evaluation points), each done, with runs, evals, samples, history, config and weights files.
+Its samples and weights are made up: `study verify` reports them (exit 1) after running every check, as
+on a real store; the status's, plan's, report's and prune's exit codes are 0.
 Targets (issue 34): status, plan, verify < 1.0 s; a one-figure report < 1.5 s; each within 2x the
 pandas + pyarrow floor. The last line is machine-readable: <command>_s=<median> ... floor_s=<median>.
 """

@@ -6,6 +6,7 @@ done 3-run store (benchmarks/cli_latency.py's), imports only the heavy modules i
   analysis/plotting.py), scipy (through them), never torch or ray;
 - verify (without --deep): torch, for the done runs' weights (read with torch.load, weights_only) and the
   sampler's cost rule; never ray or the drawing stack.
+The Python API's tables (rmdm_study: runs, evals, history, table, compare) import none of them.
 Also: the parameter counts `study plan` gives without torch (model/flops.py) are the built model's.
 Run: .venv/bin/python -m pytest tests/test_imports.py -q
 """
@@ -70,3 +71,15 @@ def test_param_counts_without_torch_are_the_built_models():
             with torch.device("meta"):
                 model = RecursiveDenoiser(cfg, SeqSpec(vocab, tuple((0,) * len(sizes) for _ in range(81)), sizes))
             assert param_counts(cfg, vocab, sizes) == model.param_counts(), kw
+
+
+def test_python_api_tables_import_no_heavy_module(store):
+    _, root, _ = store
+    code = ("import sys, rmdm_study\n"
+            f"s = rmdm_study.open({root!r}).study('latency')\n"
+            "assert len(s.table()) and len(s.runs) and len(s.evals) and len(s.history)\n"
+            "s.compare()\n"
+            f"print('HEAVY=' + ','.join(sorted(m for m in sys.modules if m in {HEAVY!r})))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert p.stdout.strip().splitlines()[-1] == "HEAVY=", p.stdout
