@@ -8,7 +8,7 @@ from study.spec.grid import Run
 
 class _Counted:
     """What `sampling_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
-    RecursiveDenoiser.flops_per_forward is model.rmdm.flops_per_forward of its config and sequence spec."""
+    RecursiveDenoiser.flops_per_forward is model.flops.flops_per_forward of its config and sequence spec."""
 
     def __init__(self, run: Run, task):
         self.cfg, self.seq_len, self.vocab = run.model, len(task.pos_ids()), task.vocab_size
