@@ -16,7 +16,6 @@ from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 from analysis.derived import Derived  # noqa: E402
 from analysis.load import MissingData, StudyData  # noqa: E402
@@ -259,6 +258,8 @@ def tight(fig) -> None:
 
 
 def palette(keys) -> dict:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     keys = list(dict.fromkeys(keys))
     return dict(zip(keys, sns.color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
 
@@ -270,6 +271,8 @@ def needs_T(d: pd.DataFrame, what: str) -> None:
 
 
 def theme() -> None:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     sns.set_theme(style="whitegrid", context="notebook")
     # titles at a fixed height above their axes: matplotlib's automatic placement lays out the whole
     # y axis on every draw of every titled panel, only to dodge tick labels on top (we never put any

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from model.config import ModelConfig, TrainConfig
-from model.rmdm import flops_per_forward
+from model.flops import flops_per_forward
 from model.schedules import depth_at, loop_weights
 
 # dense bf16 peak of accelerators (vendor datasheets, TFLOP/s without sparsity): (--device key, a

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model.config import ModelConfig
+from model.flops import flops_per_forward  # noqa: F401 (model.rmdm.flops_per_forward: the API)
 
 
 @dataclass(frozen=True)
@@ -218,11 +219,3 @@ class RecursiveDenoiser(nn.Module):
         """
         return flops_per_forward(self.cfg, self.spec.seq_len, self.spec.vocab_size, n_loops, heads)
 
-
-def flops_per_forward(cfg: ModelConfig, seq_len: int, vocab_size: int, n_loops: int | None = None, heads: int = 1) -> int:
-    n_loops = n_loops or cfg.L
-    d, N = cfg.d_model, seq_len
-    hidden = int(cfg.mlp_ratio * d)
-    per_layer = N * (2 * 4 * d * d + 2 * 2 * d * hidden) + 2 * 2 * N * N * d
-    head = 2 * N * d * vocab_size
-    return n_loops * cfg.K * per_layer + heads * head

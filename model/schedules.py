@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from model.config import TrainConfig
 
 
@@ -19,6 +17,8 @@ def depth_at(step: int, total_steps: int, max_depth: int, cfg: TrainConfig) -> i
         return max_depth
     frac = step / max(total_steps - 1, 1)  # 0 at the first step, 1 at the last
     if cfg.schedule == "stochastic":
+        import torch  # only here: a grid is read without torch
+
         g = torch.Generator().manual_seed(derive_seed(cfg.seed, step, 0x5EED))
         return int(torch.randint(lo, max_depth + 1, (1,), generator=g))
     if cfg.schedule == "curriculum":  # grows lo -> max_depth in equal stages

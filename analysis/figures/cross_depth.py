@@ -6,7 +6,6 @@ import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 import tasks
 from analysis.derived import Derived
@@ -93,6 +92,8 @@ def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str | None):
     draws it, without its whole-figure draw to test whether tick labels overlap (a few short labels
     here never do; that draw would be a third of a large study's cross-depth figure). label=None: no
     colorbar (the caller draws one for several panels). Returns the mesh."""
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     values = np.ma.masked_invalid(m.to_numpy(dtype=float))
     mesh = ax.pcolormesh(values, cmap="viridis", vmin=vmin, vmax=vmax, linewidths=0.5, edgecolors="white")
     for side in ax.spines.values():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 import tasks
 from analysis.effective import ABOVE, IN_RANGE, effective_tables
@@ -25,6 +24,8 @@ COST = 4
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     eff = derived.effective(opts.split)
     table, beta = effective_tables(eff)
     panels = list(eff.table.groupby(["task_variant", "family"], sort=True))

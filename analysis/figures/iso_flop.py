@@ -6,7 +6,6 @@ import math
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
@@ -19,6 +18,8 @@ COST = 5
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     pairs = derived.pairs()
     if pairs.empty:
         have = sorted({shape_label(k, l) for k, l in zip(data.runs["K"], data.runs["L_t"])})

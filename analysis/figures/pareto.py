@@ -2,8 +2,6 @@
 models as two series; the non-dominated front (fewest parameters and fewest steps) drawn."""
 from __future__ import annotations
 
-import seaborn as sns
-
 import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
@@ -15,6 +13,8 @@ COST = 1
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     table = derived.crossings(opts.threshold, opts.pareto_x, opts.split)
     reached = table[table["reached"]]
     if reached.empty:

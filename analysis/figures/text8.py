@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import seaborn as sns
 
 from analysis.derived import Derived
 from analysis.load import StudyData
@@ -14,6 +13,8 @@ COST = 2
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     table = text8_table(derived.aggregated(), split=opts.split)
     theme()
     labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]

@@ -6,7 +6,6 @@ with the best so far, and the parameters' importances.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import seaborn as sns
 
 from analysis.derived import Derived
 from analysis.load import StudyData
@@ -18,6 +17,8 @@ COST = 0
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    import seaborn as sns  # here, not at the top: the module loads without it
+
     searches = load_searches(data.dir)
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = plt.subplots(len(searches), 2, figsize=(11, 3.8 * len(searches)), squeeze=False)

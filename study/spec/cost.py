@@ -30,8 +30,7 @@ from typing import Callable
 
 from model.config import ModelConfig, TrainConfig
 from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flops_per_step, train_step_memory
-from model.precision import MEASURE_MIN_FLOPS
-from model.rmdm import flops_per_forward
+from model.flops import flops_per_forward
 from study.spec.grid import Run, config_hash
 from study.spec.sections import N_GENERATE
 from tasks import TASKS, make_task
@@ -188,6 +187,8 @@ def shape_of(run: Run) -> dict:
     threads = max(1, int(run.resources.cpu))
     pt_n = max((eval_examples(run, p.n_examples) for p in run.eval_points()), default=1)
     train = run.train.model_dump(include={"batch_size", "loss", "loss_weights", "truncate_k", "precision", "grad_clip"})
+    from model.precision import MEASURE_MIN_FLOPS  # here: `study plan` without --measure needs no torch
+
     # whether the trainer measures the fastest attention/precision path or takes the rule (model.precision)
     paths_measured = run.train_flops() >= MEASURE_MIN_FLOPS
     return {"v": CACHE_VERSION, "machine": _machine(device, threads), "device": device, "threads": threads,
@@ -249,7 +250,7 @@ def _child() -> None:
     """Measure one shape (read as JSON from stdin), print the result as one JSON line."""
     import torch
 
-    from model.precision import autocast
+    from model.precision import MEASURE_MIN_FLOPS, autocast
     from model.rmdm import SeqSpec
     from model.train import Trainer
 

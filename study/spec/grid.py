@@ -20,12 +20,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import yaml
 
 from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_total
-from model.rmdm import RecursiveDenoiser, SeqSpec
+from model.flops import flops_per_forward, param_counts
 from model.schedules import loss_weights_problem
 from store import NAME_RULE, is_safe_name
 from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
@@ -143,12 +142,10 @@ def _train_flops(task_name: str, task_json: str, model_json: str, train_json: st
 @functools.lru_cache(maxsize=4096)
 def _costs(task_name: str, task_json: str, model_json: str) -> tuple:
     task = make_task(TASKS[task_name][0].model_validate_json(task_json))
-    with torch.device("meta"):
-        m = RecursiveDenoiser(ModelConfig.model_validate_json(model_json),
-                              SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
-    counts = m.param_counts()
+    cfg = ModelConfig.model_validate_json(model_json)  # counted from the config: no torch (model/flops.py)
+    counts = param_counts(cfg, task.vocab_size, task.pos_sizes())
     return (("n_params", counts["total"]), ("n_params_non_embedding", counts["non_embedding"]),
-            ("flops_per_forward", m.flops_per_forward()))
+            ("flops_per_forward", flops_per_forward(cfg, len(task.pos_ids()), task.vocab_size)))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ import pyarrow.fs as pafs
 from store import SCHEMAS, Store, is_safe_name
 from study.commands.verify.configs import check_run_configs
 from study.commands.verify.context import Context, Verdict
-from study.commands.verify.deep import check_deep
 from study.commands.verify.digests import check_digests
 from study.commands.verify.evals import check_evals_and_samples
 from study.commands.verify.grids import check_grids, expected_points
@@ -64,6 +63,8 @@ def verify_study(store: Store, deep: bool = False, fraction: float = 1.0, points
     check_index(c)
     check_leftovers(c)
     if deep:
+        from study.commands.verify.deep import check_deep  # torch: only --deep evaluates again
+
         check_deep(c, fraction, points)
     return c.v
 

@@ -2,21 +2,19 @@
 passes and steps."""
 from __future__ import annotations
 
-import torch
-
 from study.commands.verify.context import Verdict, same
 from study.spec.grid import Run
 
 
 class _Counted:
     """What `sampling_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
-    RecursiveDenoiser.flops_per_forward is model.rmdm.flops_per_forward of its config and sequence spec."""
+    RecursiveDenoiser.flops_per_forward is model.flops.flops_per_forward of its config and sequence spec."""
 
     def __init__(self, run: Run, task):
         self.cfg, self.seq_len, self.vocab = run.model, len(task.pos_ids()), task.vocab_size
 
     def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
-        from model.rmdm import flops_per_forward
+        from model.flops import flops_per_forward
 
         return flops_per_forward(self.cfg, self.seq_len, self.vocab, n_loops, heads)
 
@@ -43,6 +41,8 @@ def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[
                                   f"n_t x L_s = {n_t * rows[0]['L_s']}")
                 break
     else:
+        import torch  # the sampler's own cost rule reads tensors of the per-example steps
+
         from model.sampler import Sampled
         from study.engine.evaluate import sampling_cost
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import io
 
-import torch
-
-from model import RecursiveDenoiser, SeqSpec
-from model.train import CheckpointError, load_state
 from store.digest import OLD, weights_mismatch
 from study.commands.verify.context import Context
 
 
 def check_weights(c: Context) -> None:
+    """Torch is imported here, on the first done run: the weights are read with torch.load (weights_only)."""
+    from model.train import CheckpointError, load_state
     from study.engine.trial import STATE_KEYS
 
     store, v = c.store, c.v
@@ -49,6 +47,10 @@ def check_weights(c: Context) -> None:
 
 def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of the model a run's config makes (built on the meta device: no memory, no time)."""
+    import torch
+
+    from model import RecursiveDenoiser, SeqSpec
+
     with torch.device("meta"):
         model = RecursiveDenoiser(run.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
     return {k: tuple(t.shape) for k, t in model.state_dict().items()}
