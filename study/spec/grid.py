@@ -273,16 +273,8 @@ def _expand_with(raw: dict, path: str, texts: typing.Sequence[str]) -> Grid:
     return grid
 
 
-def expand(raw: dict, path: str = "grid.yaml") -> Grid:
-    err = Err(path)
-    _check_keys(raw, TOP_KEYS, "", err)
-    study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
-    if not is_safe_name(study):  # the store's rule: a name that passes here opens as a Store
-        err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
-    retries = raw.get("retries", 2)
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        err("retries", f"must be an integer >= 0 (got {short(retries)})")
-    base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
+def _group_specs(raw: dict, err: Err) -> list[tuple[str | None, dict, str]]:
+    """(group name, its mapping, its key prefix) of each group of the grid (the grid itself without `groups`)."""
     groups = raw.get("groups")
     if groups is None:
         specs = [(None, raw, "")]
@@ -304,10 +296,11 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         for k in ("axes", "couple", "constraints", "include", "exclude"):
             if k in raw:
                 err(k, "cannot be used at the top level together with `groups`: put it in each group")
-    search = validate(Search, raw["search"], "search", err) if "search" in raw else None
-    runs: dict[str, Run] = {}
-    search_groups: dict[str, SearchGroup] = {}
-    tuned: dict[str, dict] = {}
+    return specs
+
+
+def _check_count(specs: list[tuple[str | None, dict, str]], err: Err) -> None:
+    """Refuse a grid of more points than BOUNDS['grid.runs'], counted before anything is expanded."""
     cap, counted = max_runs(), 0
     for _, spec, where in specs:  # counted before anything is expanded (a 6 KB grid can ask for 10^6 runs)
         counted += _count_points(spec, where, err)
@@ -316,6 +309,24 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                                         f"plus include, before constraints and exclude), beyond the bound "
                                         f"{cap:,} (study/spec/grid.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to "
                                         f"allow more)")
+
+
+def expand(raw: dict, path: str = "grid.yaml") -> Grid:
+    err = Err(path)
+    _check_keys(raw, TOP_KEYS, "", err)
+    study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
+    if not is_safe_name(study):  # the store's rule: a name that passes here opens as a Store
+        err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
+    retries = raw.get("retries", 2)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        err("retries", f"must be an integer >= 0 (got {short(retries)})")
+    base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
+    specs = _group_specs(raw, err)
+    search = validate(Search, raw["search"], "search", err) if "search" in raw else None
+    runs: dict[str, Run] = {}
+    search_groups: dict[str, SearchGroup] = {}
+    tuned: dict[str, dict] = {}
+    _check_count(specs, err)
     for name, spec, where in specs:
         sections = copy.deepcopy(base)
         if name is not None:
