@@ -119,18 +119,22 @@ class PlacementWatch:
         return PlacementCheck()
 
     def stopper(self):
-        from ray.tune import Stopper
+        return stop_on_reason(self)
 
-        watch = self
 
-        class PlacementStop(Stopper):
-            def __call__(self, trial_id, result):
-                return False
+def stop_on_reason(watch):
+    """A Tune stopper that ends the whole experiment once `watch.reason` is set (a watch of the sweep that
+    found why it cannot go on: a trial no node can hold, trials that cannot start)."""
+    from ray.tune import Stopper
 
-            def stop_all(self):
-                return watch.reason is not None
+    class StopOnReason(Stopper):
+        def __call__(self, trial_id, result):
+            return False
 
-        return PlacementStop()
+        def stop_all(self):
+            return watch.reason is not None
+
+    return StopOnReason()
 
 
 NEVER_STARTED_LIMIT = 3  # trials in a row that fail before their code runs: the sweep stops
@@ -180,18 +184,7 @@ class StartFailures:
         return StartCheck()
 
     def stopper(self):
-        from ray.tune import Stopper
-
-        watch = self
-
-        class StartStop(Stopper):
-            def __call__(self, trial_id, result):
-                return False
-
-            def stop_all(self):
-                return watch.reason is not None
-
-        return StartStop()
+        return stop_on_reason(self)
 
 
 def trial_error(trial) -> str:
