@@ -765,6 +765,7 @@ def _print_claims(data) -> None:
 def _print_comparisons(data, opts, derived) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
     from analysis.load import MissingData
+    from analysis.summary import comparison_lines
     from stats import VERDICT_RULE
 
     try:
@@ -775,10 +776,8 @@ def _print_comparisons(data, opts, derived) -> None:
     if c.empty:
         return
     typer.echo(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):")
-    for r in c.itertuples(index=False):
-        typer.echo(f"  {r.comparison:13s} {r.task_variant}: {r.A} vs {r.B}, {r.metric} T={r.T}: "
-                   f"{r.value_A:.3f} vs {r.value_B:.3f}, difference {r.difference:+.3f} "
-                   f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}")
+    for line in comparison_lines(c):
+        typer.echo(line)
 
 
 @app.command(cls=_Command)
