@@ -75,6 +75,11 @@ def test_run_prints_one_clean_progress_line_per_update(tmp_path):
     assert "done 2/2" in progress[-1], out
     assert lines[-1].startswith("study termrun: 2 done, 0 failed, 0 incomplete"), out
     check_result(result, "termrun", str(tmp_path / "res"))
+    # Tune's trial folders: <run_id>_<trial id>, not the whole config strung together
+    folders = [p for p in (tmp_path / "res" / "termrun" / ".ray").glob("*/*") if p.is_dir()]
+    assert sorted(p.name.split("_")[0] for p in folders) == sorted(Store(str(tmp_path / "res"), "termrun")
+                                                                 .read("runs")["run_id"]), folders
+    assert all(len(p.name) <= 40 for p in folders), folders
     etas = [p.rsplit("eta ", 1)[1] for p in progress]
     assert etas[0] == "?", out  # no pace measured before the first trial reported twice
 
