@@ -46,9 +46,10 @@ def headline_lines(derived: Derived, split: str = "test") -> list[str]:
             r0 = g.iloc[0]
             label = shape_label(r0["K"], r0["L_t"]) + (f" {names[key]}" if names.get(key) else "")
             by_T = {r.T: _cell(r, marks[r.ci_method]) for r in g.itertuples(index=False)}
-            rows.append((label, f"{fmt_params(r0['n_params'])} params, {int(g['n_seeds'].max())} seed(s)",
+            rows.append(((int(r0["K"]), int(r0["L_t"]), label), label,
+                         f"{fmt_params(r0['n_params'])} params, {int(g['n_seeds'].max())} seed(s)",
                          [by_T.get(T, "-") for T in Ts]))
-        rows.sort(key=lambda r: r[0])
+        rows = [r[1:] for r in sorted(rows, key=lambda r: r[0])]  # by K, L, then what else differs
         w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
         ws = [max([len(f"T={T}")] + [len(r[2][i]) for r in rows]) for i, T in enumerate(Ts)]
         out.append(f"  {variant}: {metric}")
@@ -86,14 +87,15 @@ def result_lines(data: StudyData, split: str = "test") -> list[str]:
 
 
 def print_result(store: Store, echo) -> None:
-    """Echo the study's result (result_lines) and the command that reports the rest; a store that cannot be
-    read yet says why in one line (the run's own outcome is already said)."""
+    """Echo the study's result (result_lines) and the command that reports the rest; a store it cannot
+    summarise says why in one line (the run's own outcome is already said, and its exit code stands)."""
     try:
-        data = load_study(store.root, store.study)
-    except (MissingData, ValueError) as e:
-        echo(f"result of study {store.study}: none yet ({e})")
+        lines = result_lines(load_study(store.root, store.study))
+    except Exception as e:  # noqa: BLE001 -- the runs are done and kept whatever this summary meets
+        what = str(e) if isinstance(e, (MissingData, ValueError)) else f"{type(e).__name__}: {e}"
+        echo(f"result of study {store.study}: not available ({what}); `study report` says more")
         return
-    for line in result_lines(data):
+    for line in lines:
         echo(line)
     where = "" if store.root == "results" else f" --results {store.root}"
     echo(f"report: study report --study {store.study}{where} --figure all")
