@@ -151,6 +151,10 @@ def test_terminal_shows_one_line_redrawn_and_nothing_inside_it(tmp_path):
     wall = time.time() - t0
     assert code == 0, out
     drawn = [s.strip() for s in re.split(r"[\r\n]", ANSI.sub("", out)) if s.strip()]
+    at = next(i for i, ln in enumerate(drawn) if ln.startswith("result of study termtty (test split; "))
+    drawn, result = drawn[:at], drawn[at:]  # the result: each line of its own, after the live line ended
+    assert [r.split("  ")[0] for r in result[3:5]] == ["(1 x 1)", "(1 x 2)"], result
+    assert result[-1].startswith("report: study report --study termtty"), result
     progress = check_lines(drawn, wall, BAR_LINE)
     assert progress and "done 2/2" in progress[-1], out
     assert "study termtty: 2 done, 0 failed, 0 incomplete; results in" in " ".join(drawn), out
