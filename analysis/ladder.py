@@ -813,6 +813,6 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
                 handles.append(h)
                 labels.append(lb)
     seen = dict(zip(labels, handles))
-    fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=7)
+    fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=9)
     fig.suptitle(f"{law.variant}: {law.form.name} law", fontsize=10)
     return fig

@@ -50,7 +50,13 @@ class Drawing:
 def ylabel(metric: str) -> str:
     # the band is the seed interval of stats.seed_interval (none where the seeds tie: ci_method says why)
     ci = "95% CI over seeds; 1 seed: Wilson" if tasks.is_rate(metric) else "95% CI over seeds"
-    return f"{tasks.metric(metric).label}  (band: {ci})"
+    return wrap_label(f"{tasks.metric(metric).label}\n(band: {ci})")
+
+
+def wrap_label(text: str) -> str:
+    """An axis label in lines of at most LABEL_CHARS characters (a y label longer than its axes runs off
+    the figure)."""
+    return "\n".join(textwrap.fill(part, LABEL_CHARS) for part in text.split("\n"))
 
 
 def model_names(d: pd.DataFrame, shown=SHAPE_FIELDS) -> dict[str, str]:
@@ -79,15 +85,14 @@ def facets(d: pd.DataFrame, shown=SHAPE_FIELDS, cap: int = MAX_MODELS) -> list[t
     return [(e, d[tag == e]) for e in extras]
 
 
-LEGEND_INSIDE = 6  # entries a legend may have inside its axes; a longer one goes beside them
-
-
-LEGEND_WIDTH = 2.4  # inches a panel grows by to make room for a legend beside it
+LEGEND_WIDTH = 2.4  # inches a panel grows by to make room for its legend beside it
+LEGEND_FONT, LEGEND_TITLE_FONT = 9, 10  # points: readable beside the theme's 11-point ticks
+LABEL_CHARS = 30  # characters per line of a y label: a longer one is wrapped, never taller than its axes
 
 
 def panel_width(w: float, most_entries: int) -> float:
-    """A panel's width, grown by LEGEND_WIDTH when some panel's legend goes beside it (see legend)."""
-    return w + (LEGEND_WIDTH if most_entries > LEGEND_INSIDE else 0.0)
+    """A panel's width, grown by LEGEND_WIDTH when it has a legend (beside it: see legend)."""
+    return w + (LEGEND_WIDTH if most_entries > 0 else 0.0)
 
 
 def facet_title(ax, title: str, extra: str) -> None:
@@ -95,10 +100,14 @@ def facet_title(ax, title: str, extra: str) -> None:
     ax.set_title(title + (f"\n{extra}" if extra else ""), fontsize=10 if extra else None)
 
 
-def legend(ax, n_entries: int, **kw) -> None:
-    """A legend inside the axes while it is short, beside them (right) when it would cover the lines."""
-    if n_entries > LEGEND_INSIDE:
-        kw = {**kw, "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
+def legend(ax, n_entries: int, below: bool = False, **kw) -> None:
+    """The panel's legend outside its axes, beside them (right) or `below` them (under the x label):
+    inside, a legend covers the lines it names wherever they run. Its text at LEGEND_FONT points."""
+    at = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.2)} if below else \
+        {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)}
+    kw = {**kw, **at, "borderaxespad": 0.0, "fontsize": LEGEND_FONT, "title_fontsize": LEGEND_TITLE_FONT}
+    if n_entries > 24:  # a tall legend in two columns rather than past the panel's bottom
+        kw.setdefault("ncol", 2)
     ax.legend(**kw)
 
 
@@ -185,11 +194,6 @@ def thin(values: list[int], n: int, log: bool) -> list[int]:
         if pos[i] - pos[kept[-1]] >= gap * 0.999 and pos[-1] - pos[i] >= gap * 0.5:
             kept.append(i)
     return [values[i] for i in kept + [len(values) - 1]]
-
-
-def legend_corner(metric: str) -> str:
-    """Legend corner away from the curves: metrics rise with T (rates) or fall (likelihoods)."""
-    return "upper right" if tasks.lower_is_better(metric) else "lower right"
 
 
 RATE_TICKS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
@@ -299,7 +303,7 @@ def ablation(data: StudyData, derived: Derived, opts: Options, axis: str, file: 
         raise MissingData(f"{file} needs one recursive model (L > 1) trained with two or more {axis} values, other "
                           f"settings equal (have {'; '.join(have) or 'no recursive model evaluated at L_s = L_t'})")
     theme()
-    fig, axes = grid(len(panels), cols=3)
+    fig, axes = grid(len(panels), w=panel_width(4.6, 1), cols=3)
     for ax, (variant, metric, (K, L, oth, width), g) in zip(axes, panels):
         # one line per model: the label names the fields that differ (the axis, and any other, e.g. truncate_k)
         names = model_names(g)
@@ -311,7 +315,7 @@ def ablation(data: StudyData, derived: Derived, opts: Options, axis: str, file: 
         rate_ylim(ax, metric)
         ax.set_ylabel(ylabel(metric))
         ax.set_title(f"{variant}, {shape_label(K, L)}, {other} {oth}\nL_s = L_t = {L}", fontsize=10)
-        ax.legend(title=what, fontsize=8, loc=legend_corner(metric))
+        legend(ax, len(lines), title=what)
     fig.suptitle(f"{data.name}: {what} ablation{seed_note(panels[0][3])}")
     tight(fig)
     return Drawing(fig, file)

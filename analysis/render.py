@@ -12,9 +12,12 @@ MissingData message, as it does in one process.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
+import shutil
+import signal
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
@@ -73,6 +76,55 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
         derived.computed.update(computed)
         out[n] = got
     return out
+
+
+@contextlib.contextmanager
+def staged(out_dir: str):
+    """A private folder beside `out_dir` to write a report's files into: moved into `out_dir` once the block
+    ends (Ctrl-C and SIGTERM held off meanwhile), removed if it raises (an interrupted report leaves `out_dir`
+    as it was, never half of a new set of figures beside an old one)."""
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=os.path.dirname(out_dir))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        _move_into(tmp, out_dir)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _move_into(src: str, dst: str) -> None:
+    """Every file of `src` into `dst` (each replaced whole), then `src` removed."""
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        a, b = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.isdir(a) and not os.path.islink(a):
+            _move_into(a, b)
+        else:
+            os.replace(a, b)
+    os.rmdir(src)
+
+
+def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, derived: Derived,
+             report: bool) -> tuple[dict[str, list[str] | str], list[str]]:
+    """draw() and, with `report`, report.html and report.md (analysis.report), all staged (staged): written into
+    `out_dir` only once every one is. (what draw returns, the report's paths), every path in `out_dir`."""
+    out_dir = os.path.abspath(out_dir)
+    with staged(out_dir) as tmp:
+        drawn = draw(data, names, tmp, opts, jobs, derived)
+        pages = []
+        if report:
+            from analysis.report import write_report
+
+            pages = list(write_report(data, tmp, drawn, opts, derived))
+    moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
+    return {n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()}, \
+        [moved(p) for p in pages]
 
 
 def _context():

@@ -232,8 +232,7 @@ def profile_step(K: int, L: int, precision: str, B: int, rows: int = 15) -> None
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
-def main() -> None:
-    global BATCH
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per config (after one warm-up)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -245,7 +244,12 @@ def main() -> None:
     ap.add_argument("--use-cache", action="store_true",
                     help="let auto read its cached choice (default: measure afresh, in this run's conditions)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    global BATCH
+    a = parse_args()
     if not a.use_cache:  # auto_vs_best judges the measurement itself, not one made earlier on a busier machine
         os.environ["RMDM_CACHE_DIR"] = tempfile.mkdtemp(prefix="rmdm-bench-")
     BATCH = a.batch
@@ -262,18 +266,37 @@ def main() -> None:
           "data_vs_step <= 0.05, sample_vs_train >= 0.67" + (
               ", bf16_vs_fp32 >= 3 and bf16_vs_peak >= 0.50 (bf16_vs_fp32 >= 3 needs AMX: see the bf16 peak below)"
               if native else "; not the bf16 targets (no bf16 units: bf16 is emulated, auto never picks it)"))
+    m = measure(a, native)
+    r = ratios(m)
+    print_ratios(m, r)
+    smp = sample_speed(m["auto_row"]["precision"], 1, a.sample_puzzles, attention=m["auto_row"]["attention"])
+    r["sample_vs_train"] = smp["gflops"] / m["auto_row"]["gflops"]
+    print(f"sampling {smp['model']} T={smp['T']} L_s={smp['L_s']} batch {smp['puzzles']}: "
+          f"{smp['puzzles_per_s']:.1f} puzzles/s, {smp['gflops']:.1f} GFLOP/s, {r['sample_vs_train']:.2f} of "
+          f"training's (target >= 0.67: within 1.5x)")
+    if not a.no_memory:
+        print_memory(a.threads)
+    if a.profile:
+        profile_step(4, 1, "float32", BATCH)
+        if native:
+            profile_step(4, 1, "bf16", BATCH)
+    print(" ".join(f"{k}={r[k]:.3f}" for k in ("fp32_vs_peak", "bf16_vs_fp32", "bf16_vs_peak", "vs_baseline",
+                                                "auto_vs_best", "data_vs_step", "sample_vs_train"))
+          + f" sample_puzzles_per_s={smp['puzzles_per_s']:.2f}")
 
+
+def measure(a: argparse.Namespace, native: bool) -> dict:
+    """Every timing of the run: the matmul peaks (measured before and after the runs; the best of both is
+    the one peak every ratio uses), each path at (4 x 1), the other shapes, auto's choice, the baseline, data."""
     peak32 = matmul_peak(torch.float32)
     peak16 = matmul_peak(torch.bfloat16) if native else float("nan")
     print(f"matmul peak, first measurement: float32 {peak32:.1f} GFLOP/s, bf16 {peak16:.1f} GFLOP/s "
           "(measured again after the runs; the ratio is printed once, from the best of both)")
-
     # every path at the (4 x 1) shape, then the other shapes on float32 sdpa
     precs = ["float32", "bf16"] if native else ["float32"]
     paths = [train_speed(4, 1, p, a.reps, attention=att) for p in precs for att in ATTENTIONS]
     rows = paths + [train_speed(K, L, "float32", a.reps) for K, L in SHAPES[1:]]
     auto = auto_choice(4, 1, BATCH)
-    best = min(paths, key=lambda r: r["step_s"])
     auto_row = next(r for r in paths if (r["attention"], r["precision"]) == (auto["attention"], auto["precision"]))
     print(f"\nauto picks attention {auto['attention']}, precision {auto['precision']} ({auto['how']}, "
           f"{auto['choose_s']:.1f} s)" + (f"; its measured step seconds {auto['times']}" if auto["times"] else ""))
@@ -282,9 +305,8 @@ def main() -> None:
     peak32 = max(peak32, matmul_peak(torch.float32))
     peak16 = max(peak16, matmul_peak(torch.bfloat16)) if native else peak16
     print(f"\nmatmul peak, best of two measurements: float32 {peak32:.1f} GFLOP/s, bf16 {peak16:.1f} GFLOP/s "
-          f"({peak16 / peak32:.2f}x float32)")
+          f"(bf16 peak = {peak16 / peak32:.2f}x float32's: the one ratio of the two peaks this run uses)")
     step_data = data_time(BATCH)
-
     print("\nshape              attention precision  batch  step_s  tokens/s  GFLOP/s  vs fp32 peak")
     for r in rows:
         print(f"{r['shape']:<18} {r['attention']:<9} {r['precision']:<10} {r['batch']:>5} {r['step_s']:7.2f} "
@@ -292,47 +314,38 @@ def main() -> None:
     for b in base:
         print(f"{b['shape']:<18} {'sdpa':<9} {b['precision']:<10} {b['batch']:>5} {b['step_s']:7.2f} "
               f"{b['tokens_per_s']:9.0f}")
+    return {"peak32": peak32, "peak16": peak16, "paths": paths, "rows": rows, "auto_row": auto_row, "base": base,
+            "step_data": step_data}
 
-    fp32 = [r for r in rows if r["precision"] == "float32"]
-    fp32_vs_peak = max(r["gflops"] for r in fp32) / peak32
+
+def ratios(m: dict) -> dict:
+    """The run's figures of merit, each a ratio of two of its own measurements."""
+    paths, rows = m["paths"], m["rows"]
+    best = min(paths, key=lambda r: r["step_s"])
     best32 = min((r for r in paths if r["precision"] == "float32"), key=lambda r: r["step_s"])
     bf16 = [r for r in paths if r["precision"] == "bf16"]
-    bf16_vs_fp32 = best32["step_s"] / min(r["step_s"] for r in bf16) if bf16 else float("nan")
-    bf16_vs_peak = max(r["gflops"] for r in bf16) / peak16 if bf16 else float("nan")
-    theirs = min(base, key=lambda r: r["step_s"])
-    vs_baseline = theirs["step_s"] / auto_row["step_s"]
-    auto_vs_best = best["step_s"] / auto_row["step_s"]
-    data_vs_step = step_data / best["step_s"]
-    print(f"\nfloat32 training: best {fp32_vs_peak:.2f} of the float32 matmul peak (target >= 0.60)")
-    if bf16:
-        print(f"bf16 / float32 step speed at (4 x 1): {bf16_vs_fp32:.2f}x (target >= 3 where AMX; "
-              f"bf16 matmul peak is {peak16 / peak32:.2f}x float32 here); best bf16 path at {bf16_vs_peak:.2f} "
-              f"of the bf16 matmul peak (target >= 0.50)")
+    theirs = min(m["base"], key=lambda r: r["step_s"])
+    return {"fp32_vs_peak": max(r["gflops"] for r in rows if r["precision"] == "float32") / m["peak32"],
+            "bf16_vs_fp32": best32["step_s"] / min(r["step_s"] for r in bf16) if bf16 else float("nan"),
+            "bf16_vs_peak": max(r["gflops"] for r in bf16) / m["peak16"] if bf16 else float("nan"),
+            "vs_baseline": theirs["step_s"] / m["auto_row"]["step_s"],
+            "auto_vs_best": best["step_s"] / m["auto_row"]["step_s"],
+            "data_vs_step": m["step_data"] / best["step_s"], "best": best, "theirs": theirs}
+
+
+def print_ratios(m: dict, r: dict) -> None:
+    auto_row, best, theirs = m["auto_row"], r["best"], r["theirs"]
+    print(f"\nfloat32 training: best {r['fp32_vs_peak']:.2f} of the float32 matmul peak (target >= 0.60)")
+    if any(x["precision"] == "bf16" for x in m["paths"]):
+        # the peaks' ratio is said once (the "best of two" line above): a step-speed ratio is not a peak's
+        print(f"bf16 / float32 step speed at (4 x 1): {r['bf16_vs_fp32']:.2f}x (target >= 3 where AMX); best bf16 "
+              f"path at {r['bf16_vs_peak']:.2f} of the bf16 matmul peak (target >= 0.50)")
     print(f"auto ({auto_row['attention']}, {auto_row['precision']}) vs the best path measured here "
-          f"({best['attention']}, {best['precision']}): {auto_vs_best:.2f} (target >= 0.95)")
+          f"({best['attention']}, {best['precision']}): {r['auto_vs_best']:.2f} (target >= 0.95)")
     print(f"(4 x 1) auto vs nn.TransformerEncoderLayer baseline ({theirs['precision']}): "
-          f"{vs_baseline:.2f}x (target >= 1.25)")
-    print(f"data: a Sudoku batch of {BATCH} takes {step_data * 1e3:.1f} ms, {data_vs_step:.3f} of the best step "
-          f"(target <= 0.05)")
-
-    smp = sample_speed(auto_row["precision"], 1, a.sample_puzzles, attention=auto_row["attention"])
-    sample_vs_train = smp["gflops"] / auto_row["gflops"]
-    print(f"sampling {smp['model']} T={smp['T']} L_s={smp['L_s']} batch {smp['puzzles']}: "
-          f"{smp['puzzles_per_s']:.1f} puzzles/s, {smp['gflops']:.1f} GFLOP/s, {sample_vs_train:.2f} of training's "
-          f"(target >= 0.67: within 1.5x)")
-
-    if not a.no_memory:
-        print_memory(a.threads)
-
-    if a.profile:
-        profile_step(4, 1, "float32", BATCH)
-        if native:
-            profile_step(4, 1, "bf16", BATCH)
-
-    print(f"fp32_vs_peak={fp32_vs_peak:.3f} bf16_vs_fp32={bf16_vs_fp32:.3f} bf16_vs_peak={bf16_vs_peak:.3f} "
-          f"vs_baseline={vs_baseline:.3f} "
-          f"auto_vs_best={auto_vs_best:.3f} data_vs_step={data_vs_step:.3f} sample_vs_train={sample_vs_train:.3f} "
-          f"sample_puzzles_per_s={smp['puzzles_per_s']:.2f}")
+          f"{r['vs_baseline']:.2f}x (target >= 1.25)")
+    print(f"data: a Sudoku batch of {BATCH} takes {m['step_data'] * 1e3:.1f} ms, {r['data_vs_step']:.3f} of the best "
+          f"step (target <= 0.05)")
 
 
 if __name__ == "__main__":

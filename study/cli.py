@@ -661,21 +661,26 @@ def report(
     if out is not None or data.store.local:
         _writable_dir_or_exit(out_dir, "--out")  # before drawing anything
     from analysis.derived import Derived
-    from analysis.render import auto_jobs, draw
+    from analysis.render import auto_jobs, draw_all
+    from study.engine.raystart import sigterm_as_ctrl_c
 
     derived = Derived(data)  # the tables figures, report and verdicts share, each computed once
-    drawn = draw(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)), derived)
+    sigterm_as_ctrl_c()  # a SIGTERM (`kill`, a scheduler) stops the report as Ctrl-C does
+    try:  # files are written into out_dir only once all are (analysis.render.staged)
+        drawn, pages = draw_all(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)),
+                                derived, report=figure == "all")
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: nothing written to {out_dir} (it is as it was); `study report` again draws it all",
+                   err=True)
+        raise typer.Exit(130)
     for n, got in drawn.items():
         if isinstance(got, str):
             typer.echo(f"{n}: not drawn: {got}", err=True)
         else:
             for p in got:
                 typer.echo(p)
-    if figure == "all":
-        from analysis.report import write_report
-
-        for p in write_report(data, out_dir, drawn, opts, derived):
-            typer.echo(p)
+    for p in pages:
+        typer.echo(p)
     if figure == "all" or named:
         _print_comparisons(data, opts, derived)
     _print_claims(data)
@@ -765,6 +770,7 @@ def _print_claims(data) -> None:
 def _print_comparisons(data, opts, derived) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
     from analysis.load import MissingData
+    from analysis.summary import comparison_lines
     from stats import VERDICT_RULE
 
     try:
@@ -775,10 +781,8 @@ def _print_comparisons(data, opts, derived) -> None:
     if c.empty:
         return
     typer.echo(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):")
-    for r in c.itertuples(index=False):
-        typer.echo(f"  {r.comparison:13s} {r.task_variant}: {r.A} vs {r.B}, {r.metric} T={r.T}: "
-                   f"{r.value_A:.3f} vs {r.value_B:.3f}, difference {r.difference:+.3f} "
-                   f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}")
+    for line in comparison_lines(c):
+        typer.echo(line)
 
 
 @app.command(cls=_Command)

@@ -66,6 +66,23 @@ def mlflow_server(tmp_path):
         log.close()
 
 
+def event_tags(path: str) -> set[str]:
+    """The scalar tags of a TensorBoard event file (TFRecords of Event protos: length, its CRC, the proto,
+    its CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    tags, data = set(), open(path, "rb").read()
+    at = 0
+    while at + 12 <= len(data):
+        (n,) = struct.unpack("<Q", data[at:at + 8])
+        ev = event_pb2.Event.FromString(data[at + 12:at + 12 + n])
+        tags |= {v.tag for v in ev.summary.value}
+        at += 12 + n + 4
+    return tags
+
+
 @pytest.mark.slow  # a real MLflow server and a two-run sweep: 1.5 min on a loaded 2-core machine
 def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflow_server):
     from mlflow.tracking import MlflowClient
@@ -125,6 +142,17 @@ def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflo
     assert f"tensorboard --logdir {results}/mlf/.ray" in r.stdout, r.stdout
     events = glob.glob(f"{results}/mlf/.ray/*/*/events.out.tfevents.*")
     assert len(events) == len(grid.runs) and all(os.path.getsize(e) > 0 for e in events), events
+    # our tags apart from Ray's: study/<MLflow's name>, Ray Tune's bookkeeping under ray/tune/ (and the trial's
+    # parameters in TensorBoard's HParams records, _hparams_/); short trial folders
+    by_run = {os.path.basename(os.path.dirname(e)).split("_")[0]: event_tags(e) for e in events}
+    assert sorted(by_run) == sorted(x.run_id for x in grid.runs), events
+    for rid, tags in by_run.items():
+        assert {"study/loss", "study/final_loss", "study/train_seconds", "study/vpr/T1", "study/vpr/T2",
+                "study/vpr/T1/ci_low"} <= tags, tags
+        assert all(t.startswith(("study/", "ray/tune/", "_hparams_/")) for t in tags), tags  # _hparams_: Tune's
+        ray_tags = {t for t in tags if t.startswith("ray/tune/")}
+        assert ray_tags and not {t.removeprefix("ray/tune/") for t in ray_tags} & {"loss", "final_loss", "step"}, tags
+    assert all(len(os.path.basename(os.path.dirname(e))) <= 40 for e in events), events
     assert "/tmp/ray" not in r.stdout + r.stderr  # no hint pointing at Ray's temporary staging directory
     assert "INFO mlflow" not in r.stdout + r.stderr
 

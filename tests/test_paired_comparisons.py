@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/test_paired_comparisons.py -q
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -192,3 +193,23 @@ def test_failed_and_pruned_runs_are_left_out_and_listed(tmp_path, status):
     assert gone["run_id"].iloc[0] in left and status in left and "stopped at step 40" in left
     assert f"left out, not finished: 1 {status}: {gone['run_id'].iloc[0]}" in r.output
     assert pd.read_csv(tmp_path / "rep-st" / "threshold_crossings.csv")["best"].tolist() == pytest.approx([0.6])
+
+
+def test_the_run_ends_with_the_headline_table_and_verdicts(tmp_path):
+    """What `study run` prints at its end (analysis.summary, from the report's own tables): each model's vpr at
+    T = 1 with its interval and the interval's method, and the headline verdict of two matched seeds."""
+    from analysis.load import load_study
+    from analysis.summary import result_lines
+
+    _store(str(tmp_path), {0: (20, 2), 1: (21, 1)})
+    lines = result_lines(load_study(str(tmp_path), "pairs"))
+    assert lines[:2] == ["result of study pairs (test split; mean over seeds [95% interval]):",
+                         "  sudoku 9x9, 30% masked: vpr"], lines
+    assert lines[2].split() == ["T=1"], lines
+    rows = lines[3:5]
+    assert rows[0].startswith("    (1 x 1) ") and rows[1].startswith("    (1 x 2) "), lines  # by K, then L
+    assert all(" 2 seed(s)  " in r and re.search(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]$", r) for r in rows), lines
+    assert lines[5] == "    interval: t over seed logit rates (n_seeds - 1 df), mapped to the mean rate", lines
+    assert lines[6].startswith("  verdicts (") and len(lines) == 8, lines
+    assert re.fullmatch(r"    iso-parameter sudoku 9x9, 30% masked: \(1 x 2\) vs \(1 x 1\), vpr T=1: 0\.854 vs 0\.062, "
+                        r"difference \+0\.792 \[\+\d\.\d{3}, \+\d\.\d{3}\] seeds 2 / 2 \(2 paired\): ahead", lines[7]), lines

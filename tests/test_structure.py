@@ -250,3 +250,30 @@ def test_the_study_layer_check_sees_an_engine_reaching_up(tmp_path):
     p.write_text("def f():\n    from study.commands.status import LiveView\n")
     known = {"study.engine.x": p, "study.commands.status": p}
     assert upward_in_study(known) == ["study.engine.x:2: study.engine imports study.commands.status"]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(paths) -> list[str]:
+    """`path:line name (n lines)` of every function (methods and nested ones too) over MAX_FUNCTION_LINES."""
+    out = []
+    for p in paths:
+        for node in ast.walk(ast.parse(Path(p).read_text(), filename=str(p))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"{Path(p).name}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def test_no_function_over_80_lines():
+    """The project's modules and the benchmarks (benchmarks/train_throughput.py's main() was 101 lines)."""
+    assert long_functions([*modules().values(), *sorted((ROOT / "benchmarks").glob("*.py"))]) == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    p = tmp_path / "x.py"
+    body = lambda n: "    x = 1\n" * (n - 1)  # a function of n lines with its def line
+    p.write_text(f"def ok():\n{body(MAX_FUNCTION_LINES)}\nclass C:\n    def long(self):\n{'    ' + body(81).replace(chr(10), chr(10) + '    ')}")
+    assert long_functions([p]) == [f"x.py:{MAX_FUNCTION_LINES + 3} long (81 lines)"]

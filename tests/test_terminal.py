@@ -68,12 +68,35 @@ def test_run_prints_one_clean_progress_line_per_update(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     lines = [ln for ln in out.splitlines() if ln.strip()]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("result of study termrun (test split; "))
+    lines, result = lines[:at], lines[at:]
     progress = check_lines(lines, wall)
     assert len(progress) >= 3, out  # one per trial started or ended at least
     assert "done 2/2" in progress[-1], out
     assert lines[-1].startswith("study termrun: 2 done, 0 failed, 0 incomplete"), out
+    check_result(result, "termrun", str(tmp_path / "res"))
+    # Tune's trial folders: <run_id>_<trial id>, not the whole config strung together
+    folders = [p for p in (tmp_path / "res" / "termrun" / ".ray").glob("*/*") if p.is_dir()]
+    assert sorted(p.name.split("_")[0] for p in folders) == sorted(Store(str(tmp_path / "res"), "termrun")
+                                                                 .read("runs")["run_id"]), folders
+    assert all(len(p.name) <= 40 for p in folders), folders
     etas = [p.rsplit("eta ", 1)[1] for p in progress]
     assert etas[0] == "?", out  # no pace measured before the first trial reported twice
+
+
+def check_result(result: list[str], name: str, results: str) -> None:
+    """The lines `study run` ends with for tiny_grid's (1 x 1) and (1 x 2), one seed each: the headline table
+    (vpr at T = 1 and 2, each value with its interval, each interval's method named), the verdicts it
+    supports (none: one matched seed) and the report's command."""
+    assert result[1] == "  sudoku 4x4, 40% masked: vpr" and result[2].split() == ["T=1", "T=2"], result
+    cell = r"\d\.\d{3} \[(?:\d\.\d{3}, \d\.\d{3}|not estimable)\](?: \([a-z]\))?"
+    for row, shape in zip(result[3:5], ("(1 x 1)", "(1 x 2)")):
+        assert re.fullmatch(rf"    {re.escape(shape)}  \S+ params, 1 seed\(s\)  {cell}  {cell}", row), result
+    methods = result[5:-2]  # one seed: that evaluation's own interval (named once per method)
+    assert methods and all(re.fullmatch(r"    interval(?: \([a-z]\))?: \S.*", m) for m in methods), result
+    assert result[-2] == ("  2 of 2 comparisons have fewer than 2 matched seeds: no verdict about the recipes (train "
+                          "more seeds of both models)"), result
+    assert result[-1] == f"report: study report --study {name} --results {results} --figure all", result
 
 
 def run_in_pty(cmd: list[str], cwd, env: dict, timeout: float = 600) -> tuple[int, str]:
@@ -128,6 +151,10 @@ def test_terminal_shows_one_line_redrawn_and_nothing_inside_it(tmp_path):
     wall = time.time() - t0
     assert code == 0, out
     drawn = [s.strip() for s in re.split(r"[\r\n]", ANSI.sub("", out)) if s.strip()]
+    at = next(i for i, ln in enumerate(drawn) if ln.startswith("result of study termtty (test split; "))
+    drawn, result = drawn[:at], drawn[at:]  # the result: each line of its own, after the live line ended
+    assert [r.split("  ")[0] for r in result[3:5]] == ["(1 x 1)", "(1 x 2)"], result
+    assert result[-1].startswith("report: study report --study termtty"), result
     progress = check_lines(drawn, wall, BAR_LINE)
     assert progress and "done 2/2" in progress[-1], out
     assert "study termtty: 2 done, 0 failed, 0 incomplete; results in" in " ".join(drawn), out

@@ -10,7 +10,7 @@ import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
 from analysis.plotting import (Drawing, Options, MAX_MODELS, facet_title, facets, grid, legend,
-                               legend_corner, line, model_label, model_names, palette, panel_width,
+                               line, model_label, model_names, palette, panel_width,
                                rate_ylim, seed_note, theme, tight, x_axis, ylabel)
 
 ORDER = 40
@@ -70,8 +70,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         handles += [Line2D([], [], color="0.35", marker=ADAPTIVE_MARKERS[i % len(ADAPTIVE_MARKERS)], ls=":",
                            label=f"{a}, L_s <= {c}")
                     for i, (a, c) in enumerate(kinds)]
-        legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth", fontsize=7,
-               loc=legend_corner(metric))
+        legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth")
     fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t; stars: adaptive depth, "
                  f"at its mean passes){seed_note(panels[0][3])}")
     tight(fig)

@@ -17,7 +17,7 @@ import tasks
 from analysis.effective import ABOVE, IN_RANGE, effective_tables
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import Drawing, Options, legend_corner, rate_ylim, theme, tight
+from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, rate_ylim, theme, tight, wrap_label
 
 ORDER = 110
 COST = 4
@@ -30,7 +30,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     table, beta = effective_tables(eff)
     panels = list(eff.table.groupby(["task_variant", "family"], sort=True))
     theme()
-    fig, axes = plt.subplots(len(panels), 2, figsize=(12.5, 4.6 * len(panels) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12.5 + 2 * LEGEND_WIDTH, 4.6 * len(panels) + 0.6), squeeze=False)
     for (ax, bx), ((variant, fam), t) in zip(axes, panels):
         c = eff.curves[(eff.curves["task_variant"] == variant) & (eff.curves["family"] == fam)]
         Ts = sorted(t["T"].unique())
@@ -67,13 +67,13 @@ def _curves(ax, variant: str, fam: str, t: pd.DataFrame, c: pd.DataFrame, colors
         # block of overlapping labels)
         for r in tt[tt["T"] == last_T[tt["model"]].to_numpy()].itertuples():
             ax.annotate(r.model, (r.equiv_params if r.where == IN_RANGE else edge(r.where), r.value),
-                        textcoords="offset points", xytext=(5, -10), fontsize=7)
+                        textcoords="offset points", xytext=(5, -10), fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("parameters (single-pass models; looped models at the parameters they perform like)")
+    ax.set_xlabel(wrap_label("parameters (single-pass models; looped models at the parameters they perform like)"))
     ax.set_ylabel(tasks.metric(metric).label)
     rate_ylim(ax, metric)
     ax.set_title(f"{variant}{' ' + fam if fam else ''}: metric vs parameters, L_s = L_t", fontsize=10)
-    ax.legend(fontsize=7, loc=legend_corner(metric))
+    legend(ax, len(colors))
 
 
 def _multipliers(bx, t: pd.DataFrame, b: pd.Series, colors: dict) -> None:
@@ -103,8 +103,8 @@ def _multipliers(bx, t: pd.DataFrame, b: pd.Series, colors: dict) -> None:
     ticks = [v for v in (0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 50, 100) if y0 <= v <= y1]
     bx.set_yticks(ticks, [f"{v:g}" for v in ticks])
     bx.set_xlabel("loops L (sampled at L_s = L)")
-    bx.set_ylabel("parameter multiplier m (95% bootstrap interval)")
+    bx.set_ylabel(wrap_label("parameter multiplier m (95% bootstrap interval)"))
     out = int(b["out_of_range"])
     bx.set_title("what a loop is worth" + (f" ({out} point{'s' if out > 1 else ''} beyond the single-pass range left out)"
                                            if out else ""), fontsize=10)
-    bx.legend(fontsize=7, loc="upper left")
+    legend(bx, 3)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, line, needs_T, rate_ylim, seed_note, theme, tight, x_axis,
+from analysis.plotting import (Drawing, Options, legend, line, needs_T, rate_ylim, seed_note, theme, tight, x_axis,
                                ylabel)
 from analysis.tables import fmt_params, shape_label
 
@@ -42,7 +42,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     n = len(panels)
     cols = min(n, 4)  # panels wrap into rows of four; the parameter table spans the rows on the right
     rows = math.ceil(n / cols)
-    fig = plt.figure(figsize=(4.6 * cols + 5.2, 4.4 * rows + 0.4 * max(0, n - 8) / cols))
+    fig = plt.figure(figsize=(4.6 * cols + 5.2, 5.2 * rows + 0.4 * max(0, n - 8) / cols))
     gs = fig.add_gridspec(rows, cols + 1, width_ratios=[1] * cols + [1.15])
     c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
     for i, (p, metric, rec, single) in enumerate(panels):
@@ -55,7 +55,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         rate_ylim(ax, metric)
         ax.set_ylabel(ylabel(metric))
         ax.set_title(f"{i + 1}. {p.task_variant}: K*L = {p.KL}", fontsize=10)
-        ax.legend(fontsize=8, loc="lower right")
+        legend(ax, 2, below=True)
     tab = fig.add_subplot(gs[:, cols])
     tab.axis("off")
     cells = [[str(i + 1), shape_label(p.K, p.L), fmt_params(p.params_recursive), shape_label(p.KL, 1),
@@ -63,7 +63,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     t = tab.table(cellText=cells, colLabels=["panel", "(K x L)", "params", "(KL x 1)", "params", "ratio"],
                   loc="center", cellLoc="center")
     t.auto_set_font_size(False)
-    t.set_fontsize(8)
+    t.set_fontsize(9)
     t.scale(1, 1.4)
     tab.set_title("parameters (same FLOPs per step)", fontsize=10)
     fig.suptitle(f"{data.name}: iso-FLOP — (K x L) vs (KL x 1) at equal compute{seed_note(panels[0][2])}")

@@ -5,7 +5,7 @@ import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, facet_title, facets, grid, legend, legend_corner, line,
+from analysis.plotting import (Drawing, Options, facet_title, facets, grid, legend, line,
                                model_label, model_names, needs_T, palette, panel_width, rate_ylim, seed_note,
                                theme, tight, x_axis, ylabel)
 
@@ -40,7 +40,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         rate_ylim(ax, metric)
         ax.set_ylabel(ylabel(metric))
         facet_title(ax, f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""), extra)
-        legend(ax, len(lines), title="model (K x L)", fontsize=8, loc=legend_corner(metric))
+        legend(ax, len(lines), title="model (K x L)")
     fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{seed_note(panels[0][-1])}")
     tight(fig)
     return Drawing(fig, "iso_param")

@@ -5,8 +5,8 @@ import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, grid, line, model_label, model_names, needs_T, palette,
-                               rate_ylim, seed_note, theme, tight, x_axis, ylabel)
+from analysis.plotting import (Drawing, Options, grid, legend, line, model_label, model_names, needs_T, palette,
+                               panel_width, rate_ylim, seed_note, theme, tight, x_axis, ylabel)
 from analysis.tables import SHAPE_FIELDS, select
 
 ORDER = 60
@@ -31,7 +31,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     panels = [(n, r, s[(s["sudoku_n"] == n) & (s["mask_rate"] == r)]) for n, rates in sizes.items() for r in rates]
     needs_T(pd.concat([g for *_, g in panels]), "mask-rate")
     theme()
-    fig, axes = grid(len(panels), cols=3)
+    fig, axes = grid(len(panels), w=panel_width(4.6, 1), cols=3)
     labels = {}
     for n, rate, g in panels:  # one label per model; the mask rate is the panel's title
         names = model_names(g, (*SHAPE_FIELDS, "task.mask_rate"))
@@ -44,7 +44,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         rate_ylim(ax, "vpr")
         ax.set_ylabel(ylabel("vpr"))
         ax.set_title(f"sudoku {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
-        ax.legend(title="model (K x L), L_s = L_t", fontsize=8, loc="lower right")
+        legend(ax, g["model_key"].nunique(), title="model (K x L), L_s = L_t")
     fig.suptitle(f"{data.name}: mask rate — VPR vs T per depth L{seed_note(panels[0][2])}")
     tight(fig)
     return Drawing(fig, "mask_rate")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import Drawing, Options, grid, theme, tight
+from analysis.plotting import Drawing, Options, grid, legend, panel_width, theme, tight, wrap_label
 from analysis.tables import fmt_params
 
 ORDER = 30
@@ -25,7 +25,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         "fewest forward passes (steps run x L_s) reaching the threshold"
     variants = list(dict.fromkeys(reached["task_variant"]))
     theme()
-    fig, axes = grid(len(variants), w=5.2, h=4.2, cols=3)
+    fig, axes = grid(len(variants), w=panel_width(5.2, 1), h=4.2, cols=3)
     for ax, variant in zip(axes, variants):
         t = table[table["task_variant"] == variant]
         r = t[t["reached"]]
@@ -42,7 +42,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
                 label="non-dominated front", zorder=2)
         ax.set_xscale("log")
         ax.set_xlabel("parameters (log scale)")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(wrap_label(ylabel))
         ys = sorted({int(v) for v in r["crossing"]})
         if len(ys) > 1 and ys[-1] / ys[0] >= 4:
             ax.set_yscale("log", base=2)
@@ -60,7 +60,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
             top = never.sort_values("best", ascending=tasks.lower_is_better(metric)).iloc[0]
             title += f"\nnever reached by {len(never)} models (closest: {top.model}, best {top.best:.2f})"
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8, loc="upper right")
+        legend(ax, 3)
     unreached = [v for v in dict.fromkeys(table["task_variant"]) if v not in variants]
     note = f"\nnot shown (no model reaches the threshold): {', '.join(unreached)}" if unreached else ""
     fig.suptitle(f"{data.name}: Pareto — parameters vs steps needed to reach the threshold{note}")

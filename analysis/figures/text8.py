@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import Drawing, Options, theme, tight
+from analysis.plotting import Drawing, Options, theme, tight, wrap_label
 from analysis.tables import text8_table
 
 ORDER = 90
@@ -23,8 +23,8 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     bars = ax.bar(labels, table["nll"], color=colors)
     for b, nll, bpc, ppl in zip(bars, table["nll"], table["bpc"], table["ppl"]):
         ax.annotate(f"{nll:.3f} nats\n{bpc:.3f} bpc\nppl {ppl:.1f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=7, textcoords="offset points", xytext=(0, 2))
-    ax.set_ylabel("NLL bound (nats / char), lower is better")
+                    ha="center", va="bottom", fontsize=8, textcoords="offset points", xytext=(0, 2))
+    ax.set_ylabel(wrap_label("NLL bound (nats / char), lower is better"))
     ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
     ax.set_ylim(0, table["nll"].max() * 1.3)
     ax.set_title(f"{data.name}: text8 likelihood")

@@ -15,7 +15,7 @@ import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData, training_curves
 from analysis.plotting import (Drawing, Options, band, facet_title, facets, grid, legend, model_label,
-                               model_names, palette, panel_width, rate_ylim, theme, tight)
+                               model_names, palette, panel_width, rate_ylim, theme, tight, wrap_label)
 
 ORDER = 100
 COST = 0
@@ -52,15 +52,14 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
                      curve["max"].to_numpy(dtype=float), colors[key])
         ax.set_xlabel("training step")
         if score is None:
-            ax.set_ylabel("training loss (ELBO, mean over loops)")
+            ax.set_ylabel(wrap_label("training loss (ELBO, mean over loops)"))
             facet_title(ax, variant, extra)
         else:
             metric, T = re.fullmatch(r"val_(.+)_T(\d+)", score).groups()
             ax.set_ylabel(f"{tasks.metric(metric).label}, validation")
             rate_ylim(ax, metric)
             facet_title(ax, f"{variant}: T = {T}, L_s = L_t", extra)
-        legend(ax, len(keys), title="model (K x L_t)", fontsize=8,
-               loc="upper right" if score is None or tasks.lower_is_better(metric) else "lower right")
+        legend(ax, len(keys), title="model (K x L_t)")
     fig.suptitle(f"{data.name}: training curves")
     tight(fig)
     return Drawing(fig, "training_curves", {"training_curves_val": val} if len(val) else {})

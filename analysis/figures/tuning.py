@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import Drawing, Options
+from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend
 from analysis.tuning import IMPORTANCE_METHOD, load_searches
 
 ORDER = 120
@@ -21,7 +21,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
 
     searches = load_searches(data.dir)
     sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(len(searches), 2, figsize=(11, 3.8 * len(searches)), squeeze=False)
+    fig, axes = plt.subplots(len(searches), 2, figsize=(11 + LEGEND_WIDTH, 3.8 * len(searches)), squeeze=False)
     tables = {}
     for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):
         ax_h.scatter(df["number"], df["value"], s=18, color=sns.color_palette("deep")[0], label="trial value")
@@ -30,7 +30,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         ax_h.set_xlabel("trial number")
         ax_h.set_ylabel("objective value")
         ax_h.set_title(f"{name}: optimization history ({len(df)} completed trials)", fontsize=10)
-        ax_h.legend(fontsize=8, loc="lower right" if direction == "maximize" else "upper right")
+        legend(ax_h, 2)
         if imp:
             names = list(imp)[::-1]
             ax_i.barh(names, [imp[n] for n in names], color=sns.color_palette("deep")[2])

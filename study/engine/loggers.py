@@ -12,9 +12,12 @@ Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig
 - wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
   <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
   $WANDB_PROJECT or the study's name.
-- tensorboard: ray.tune.logger.TBXLoggerCallback, with the training step as TensorBoard's step. Tune writes
-  event files even without the option (its default loggers, the step there being the report's number);
-  either way they are under <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*.
+- tensorboard: ray.tune.logger.TBXLoggerCallback, with the training step as TensorBoard's step; the study's
+  metrics are the tags `study/<name>` (MLflow's names: study/loss, study/final_loss, study/train_seconds,
+  study/vpr/T4, study/vpr/T4/ci_low, ...), Ray Tune's bookkeeping the tags `ray/tune/<key>`
+  (time_this_iter_s, ...), Tune's trial parameters in TensorBoard's HParams records (_hparams_/). Without the option Tune writes its own event files (every key of each report
+  under ray/tune/, the step there being the report's number). Either way they are under
+  <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*, <trial> being `<run_id>_<Tune's trial id>`.
 
 The callbacks run in the driver and only read what trials report to Tune (study/engine/trial.py: `loss` at each
 logged step; study.engine.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
@@ -264,17 +267,36 @@ def _param(v) -> str:
     return s if len(s) <= 6000 else s[:5997] + "..."  # MLflow's limit on a parameter's value
 
 
+RAY_KEYS = ("time_this_iter_s", "time_since_restore", "iterations_since_restore", "timesteps_since_restore",
+            "done")  # Ray Tune's own bookkeeping in a result that TensorBoard gets (under ray/tune/)
+
+
 def _tbx_class():
     from ray.tune.logger import TBXLoggerCallback
 
     class StudyTBXLogger(TBXLoggerCallback):
-        """Ray's TensorBoard callback with the training step as TensorBoard's step."""
+        """Ray's TensorBoard callback, the training step as TensorBoard's step; the study's metrics as tags of
+        their own, `study/<name>` with MLflow's names (loss, final_loss, train_seconds, vpr/T4, ...), apart
+        from Ray Tune's bookkeeping (`ray/tune/time_this_iter_s`, ...)."""
 
         def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            if trial not in self._trial_writer:
+                self.log_trial_start(trial)
             step = result_step(result)
+            ours = mlflow_metrics(result)
+            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
+                from store import Store
+
+                run = trial_run(trial.config)
+                ours.update(tracker_metrics(Store(trial.config["results"], run.study), run)[0])
+            for k, v in ours.items():
+                self._trial_writer[trial].add_scalar(f"study/{k}", v, global_step=step)
+            ray_own = {k: result[k] for k in RAY_KEYS if k in result}
             if step is not None:  # Ray takes timesteps_total, or training_iteration when that is 0
-                result = {**result, "timesteps_total": step, "training_iteration": step}
-            super().log_trial_result(iteration, trial, result)
+                ray_own.update(timesteps_total=step, training_iteration=step)
+            else:
+                ray_own["training_iteration"] = result.get("training_iteration", 0)
+            super().log_trial_result(iteration, trial, ray_own)
 
     return StudyTBXLogger
 

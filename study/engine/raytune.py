@@ -120,11 +120,21 @@ def make_tuner(name: str, store: Store, resources, param_space: dict, callbacks:
         param_space=param_space,
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-                                    reuse_actors=True),
+                                    reuse_actors=True, trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=ray_dir(store), storage_filesystem=store.fs, verbose=0,
                                   callbacks=callbacks, stop=stop,
                                   failure_config=tune.FailureConfig(max_failures=max_failures)),
     )
+
+
+def trial_dirname(trial) -> str:
+    """A trial's folder under the experiment: `<run_id>_<Tune's trial id>` (Tune's own name strings the whole
+    config together, 200 characters cut short)."""
+    try:
+        rid = trial_run(trial.config).run_id
+    except Exception:  # noqa: BLE001 -- a config without a run (never ours): Tune's id alone names it
+        return str(trial.trial_id)
+    return f"{rid}_{trial.trial_id}"
 
 
 LOW_SPACE = 1 << 20  # bytes: a disk this close to full explains any error of Tune's writes

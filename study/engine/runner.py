@@ -170,6 +170,11 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
     if final.todo:  # no error and not done: Tune stopped them (Ctrl-C)
         echo(f"interrupted: {len(final.todo)} run(s) not finished; `study run` again resumes them "
              f"(from their last checkpoint; finished runs are kept)")
+    if final.done and grid.claims is None:  # the result, as a trainer prints its final metrics (a claims grid
+        # prints its claims table once its rounds end: study/engine/claims.py)
+        from analysis.summary import print_result
+
+        print_result(store, echo)
     return 1 if (final.failed or final.todo) else 0
 
 
