@@ -50,10 +50,12 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
 
 def _quiet_trial_tracebacks() -> None:
     """Tune logs each failed trial with Ray's whole traceback: the run's log keeps it, and the terminal
-    gets one line per failed run (root_cause) once the sweep ends."""
+    gets one line per failed run (root_cause) once the sweep ends. Tune's failures to save its own
+    experiment state (a full disk) are logged with a traceback too: the store, not that state, says what
+    is done, and the error that ends the sweep is said in one line."""
     import logging
 
-    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.execution.experiment_state"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
