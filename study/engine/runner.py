@@ -89,7 +89,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     faults = fault_config()  # a malformed spec fails here, before Ray starts
     t0 = time.time()
     try:
-        ray, started = init_ray(address, num_cpus)
+        ray, started = init_ray(address, num_cpus, store=store, echo=echo)
     except ClusterError as e:
         echo(f"error: {e}")
         return 2
