@@ -43,8 +43,8 @@ class AtomicFile:
         return self.file.write(data)
 
     def commit(self) -> None:
-        self.file.close()
         try:
+            self.file.close()  # flushes: a full disk fails here, and the temp file goes too
             os.replace(self.tmp, self.path)
         except OSError:
             self.discard()

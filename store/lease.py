@@ -30,6 +30,7 @@ Creating a generation is exclusive:
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -307,9 +308,22 @@ class Lease:
         try:
             if self._newer() is None:
                 self.info.update(state="released", beat=time.time(), released=time.time())
-                self._write()
+                try:
+                    self._write()
+                except OSError as e:
+                    if not (self.store.local and e.errno == errno.ENOSPC):
+                        raise
+                    self._write_in_place()
         except OSError:
             pass  # the store is gone: the heartbeat's timeout frees the lease
+
+    def _write_in_place(self) -> None:
+        """A full local disk has no block for the temp file of an atomic write, but the lease file's own
+        block is there: the released state is written over it. Not atomic: a reader that catches the write
+        half done sees an unreadable lease file (held until the heartbeat's timeout, as any unreadable one)."""
+        with open(self.path, "r+b") as f:
+            f.write(json.dumps(self.info, sort_keys=True).encode())
+            f.truncate()
 
     def __enter__(self) -> "Lease":
         return self

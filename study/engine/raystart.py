@@ -50,9 +50,11 @@ def check_address(address: str | None) -> None:
 START_ATTEMPTS = 3  # embedded Ray starts tried before `study run` gives up
 
 
-def init_ray(address: str | None, num_cpus: int | None = None):
+def init_ray(address: str | None, num_cpus: int | None = None, store=None, echo=print):
     """Join `address` (auto, HOST:PORT, ray://HOST:PORT), or start an embedded Ray on loopback only.
 
+    With `store` (the study's, its lease held), an embedded start first ends the Ray processes a killed
+    driver of the study left, then records its own (study/engine/rayprocs.py).
     Returns (ray, started): `started` says whether this call started Ray (and should shut it down).
     """
     if address is None:
@@ -63,6 +65,11 @@ def init_ray(address: str | None, num_cpus: int | None = None):
         return ray, False
     kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
     if address is None:
+        from study.engine import rayprocs
+
+        address_space_or_refuse()
+        if store is not None:
+            rayprocs.end_left_over(store, echo)
         # no RAY_ADDRESS leaking in from the environment: embedded means embedded
         os.environ.pop("RAY_ADDRESS", None)
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -75,11 +82,14 @@ def init_ray(address: str | None, num_cpus: int | None = None):
             except Exception as e:
                 # Ray gives a raylet a hard-coded 30 s to register; a crowded machine can miss it.
                 # Nothing has run yet: shut down what this attempt started and start again.
+                ray.shutdown()
+                rayprocs.end_own()  # what the shutdown of a half-started node leaves
                 if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
                     raise
-                ray.shutdown()
                 print(f"ray: the local node timed out during startup (attempt {attempt}/{START_ATTEMPTS}); "
                       "starting it again", file=sys.stderr)
+        if store is not None:
+            rayprocs.record(store)
     else:
         check_address(address)
         reachable(address)
@@ -89,6 +99,31 @@ def init_ray(address: str | None, num_cpus: int | None = None):
         except (ConnectionError, TimeoutError) as e:
             raise ClusterError(f"--address {address}: could not join the Ray cluster ({_first_line(e)})") from None
     return ray, True
+
+
+WORKER_AS_BYTES = 4 << 30  # a trial worker's address space besides the object store it maps (3.5-4 GiB measured)
+
+
+def address_space_or_refuse() -> None:
+    """Refuse (ClusterError) to start Ray under an address-space limit (`ulimit -v`, `prlimit --as`) below
+    what its processes map: the raylet and every worker map the whole object store (30% of the free memory
+    by Ray's default) and a worker holds torch besides. Ray's own failure is an mmap error in raylet.out,
+    seen on the terminal as a node that "timed out during startup" three times over (220 s)."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return
+    from ray._private.utils import estimate_available_memory, resolve_object_store_memory
+
+    store = resolve_object_store_memory(estimate_available_memory())
+    if limit < store + WORKER_AS_BYTES:
+        raise ClusterError(
+            f"this process's address-space limit (ulimit -v) is {limit / 2**30:.1f} GiB, below the "
+            f"{(store + WORKER_AS_BYTES) / 2**30:.1f} GiB a Ray worker maps ({store / 2**30:.1f} GiB of object store, "
+            f"Ray's default of 30% of the free memory, and about 4 GiB of its own): Ray's mmap of the object store "
+            f"would fail; raise the limit (`ulimit -v unlimited`) or shrink the store "
+            f"(RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.05)")
 
 
 def _join(ray, address: str, kw: dict) -> None:

@@ -50,10 +50,12 @@ def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed:
 
 def _quiet_trial_tracebacks() -> None:
     """Tune logs each failed trial with Ray's whole traceback: the run's log keeps it, and the terminal
-    gets one line per failed run (root_cause) once the sweep ends."""
+    gets one line per failed run (root_cause) once the sweep ends. Tune's failures to save its own
+    experiment state (a full disk) are logged with a traceback too: the store, not that state, says what
+    is done, and the error that ends the sweep is said in one line."""
     import logging
 
-    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.execution.experiment_state"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -87,7 +89,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     faults = fault_config()  # a malformed spec fails here, before Ray starts
     t0 = time.time()
     try:
-        ray, started = init_ray(address, num_cpus)
+        ray, started = init_ray(address, num_cpus, store=store, echo=echo)
     except ClusterError as e:
         echo(f"error: {e}")
         return 2

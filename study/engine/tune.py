@@ -315,7 +315,7 @@ def _tune_locked(grid: Grid, store: Store, results: str, address: str | None, nu
             echo(f"group {group.name}: {len(_finished(study))} of {search.n_trials} trials finished")
             if todo > 0:
                 if ray is None:
-                    ray, started = init_ray(address, num_cpus)
+                    ray, started = init_ray(address, num_cpus, store=store, echo=echo)
                     sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
                     if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
                                           grid.path, echo):
