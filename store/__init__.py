@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 import atomicio
 from store import digest, index
+from store import format as store_format
 
 RUNS = pa.schema([
     ("run_id", pa.string()), ("study", pa.string()), ("group", pa.string()), ("task", pa.string()),
@@ -179,7 +180,9 @@ def filesystem_from_uri(uri: str):
 class Store:
     """One study's directory in a results root (local path or URI)."""
 
-    def __init__(self, root: str, study: str):
+    def __init__(self, root: str, study: str, check_format: bool = True):
+        """`check_format`: refuse (store.format.FormatMismatch, one line) a study of another format version
+        than this code's; only `study migrate` opens one without."""
         self.root = root
         self.study = safe_name(study, "study name")
         if "://" in root:
@@ -194,12 +197,17 @@ class Store:
         self.unreadable: dict[str, str] = {}
         # one line per file this Store set aside (Store.quarantine), for the caller to show
         self.quarantined: list[str] = []
+        # a new study (no data yet) gets its FORMAT with its first file
+        self.unstamped = store_format.check(self) if check_format else False
 
     def path(self, *parts: str) -> str:
         return "/".join([self.dir, *[safe_name(p, "path part") for p in parts]])
 
     # ---- raw files -------------------------------------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
+        if self.unstamped:
+            self.unstamped = False
+            self.write_bytes(store_format.path(self), store_format.stamp_bytes())
         parent = path.rsplit("/", 1)[0]
         self.check_inside(path)
         self.fs.create_dir(parent, recursive=True)
