@@ -138,3 +138,22 @@ def test_a_new_study_is_stamped_with_its_first_file(tmp_path):
     assert not (tmp_path / "new").exists()  # opening writes nothing
     s.write_config("r1", {"run_id": "r1"})
     assert (tmp_path / "new" / "FORMAT").read_text() == "1\n"
+
+
+@pytest.mark.parametrize("col", ["weights_sha256", "history_sha256", "row_sha256"])
+def test_a_current_store_with_a_digest_missing_fails_verify(fresh, tmp_path, col):
+    """Nulls a store of this format cannot hold (migrate fills them in older ones): a problem, not a note."""
+    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
+    (f, *_) = sorted((tmp_path / "results" / STUDY / "runs").glob("*.parquet"))
+    null_columns(f, (col,))
+    if col != "row_sha256":  # keep the row's own digest right: only the one field is missing
+        from store.digest import row_sha256
+
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("row_sha256"), "row_sha256",
+                         pa.array([row_sha256(t.to_pylist()[0])], pa.string()))
+        pq.write_table(t, f)
+    r = cli("verify", "--study", STUDY, "--results", str(tmp_path / "results"))
+    assert r.exit_code == 1, r.output
+    assert any("PROBLEM" in ln and f"field {col} is empty" in ln and f.stem in ln for ln in r.stdout.splitlines()), \
+        r.stdout
