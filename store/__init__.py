@@ -1,6 +1,7 @@
 """The results store: one directory per study, Parquet tables with explicit schemas.
 
 Layout of `<root>/<study>/`:
+    FORMAT                                the store format version (store/format.py): written with the first file
     runs/<run_id>.parquet                 one row per run (its latest status)
     evals/<run_id>/<eval_key>.parquet     one row per metric of one evaluation point
     history/<run_id>.parquet              training curve
