@@ -157,3 +157,21 @@ def test_a_current_store_with_a_digest_missing_fails_verify(fresh, tmp_path, col
     assert r.exit_code == 1, r.output
     assert any("PROBLEM" in ln and f"field {col} is empty" in ln and f.stem in ln for ln in r.stdout.splitlines()), \
         r.stdout
+
+
+def test_migrate_adopts_the_grid_of_a_study_run_before_grids_were_recorded(old):
+    import json
+
+    d = old / "results" / STUDY
+    shutil.rmtree(d / "grids")  # the shape of a study run before grids were recorded: its grid.yaml alone
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+    from store.provenance import grid_sha
+
+    sha = grid_sha((d / "grid.yaml").read_text())
+    assert f"adopted grid.yaml as grid {sha}" in r.stdout
+    log = [json.loads(x) for x in (d / "grids" / "log.jsonl").read_text().splitlines()]
+    assert [(e["grid"], e["command"], e["path"]) for e in log] == [(sha, "adopted", "grid.yaml")] and log[0]["time"]
+    assert (d / "grids" / f"{sha}.yaml").read_text() == (d / "grid.yaml").read_text()
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output

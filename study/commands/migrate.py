@@ -7,6 +7,8 @@ half-way leaves a store still refused, and running it again finishes it (a secon
 From version 0 (no FORMAT) to 1:
 - runs rows: a done run's `weights_sha256` / `history_sha256` filled from its files where null, and every
   rewritten row's `row_sha256` (store/digest.py); a file that is not there stays null: nothing to record;
+- grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
+  (store/provenance.py);
 - evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
   null; where the samples hold no per-example cost it stays null, the one way the store says "unknown".
 """
@@ -34,7 +36,7 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = _runs_digests(store) + _passes_mean(store)
+        changes = _runs_digests(store) + _passes_mean(store) + _grid_record(store)
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -81,6 +83,14 @@ def _passes_mean(store: Store) -> list[str]:
         store.write_rows("evals", rows, run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: filled forward_passes_mean from {store.path('samples', run_id, key)}")
     return changes
+
+
+def _grid_record(store: Store) -> list[str]:
+    """A study run before grids were recorded: its grid.yaml adopted as the first entry of grids/log.jsonl."""
+    from store import provenance
+
+    sha = provenance.adopt_grid_yaml(store)
+    return [] if sha is None else [f"{store.path(provenance.GRIDS, provenance.LOG)}: adopted grid.yaml as grid {sha}"]
 
 
 def _table_files(store: Store, table: str) -> dict[str, list[dict]]:
