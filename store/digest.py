@@ -7,8 +7,9 @@
 Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
 a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"
 check and to `study eval`, which refuse weights that are not the ones recorded); a forgery that recomputes
-every digest is left to `study verify --deep`, which re-derives the outputs from the weights. Rows written
-before digests were recorded hold nulls: readers then say so rather than pass silently.
+every digest is left to `study verify --deep`, which re-derives the outputs from the weights. A null digest
+means the file was not there when the row was written (a run not done); `study migrate` fills them in stores
+of the format before (store/format.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import hashlib
 import json
 
 DIGEST_COLUMNS = ("weights_sha256", "history_sha256", "row_sha256")
-OLD = "written before digests were recorded"
 
 
 def sha256(data: bytes) -> str:
@@ -44,7 +44,7 @@ def run_digests(store, run_id: str) -> dict:
 
 def weights_mismatch(path: str, data: bytes, row: dict | None) -> str | None:
     """Why the weights bytes `data` (read from `path`) are not those the runs row recorded, or None (the same,
-    or no digest recorded: no row, or one written before digests were)."""
+    or no digest recorded: no row, or a run not done)."""
     want = (row or {}).get("weights_sha256")
     if want is None:
         return None

@@ -7,8 +7,8 @@
                         "command": "run" | "tune" | "adopted", "path": the grid file given}; appended by
                         rewriting the whole (small) file to a temp name and renaming it into place
 Each run's config (configs/<run_id>.json) and runs row name in `grid` the grid that last dispatched
-it. A study whose grid.yaml predates this record gets it adopted as its first entry ("adopted", the
-time being grid.yaml's modification time). `study verify` owes every eval point of every grid in
+it. `study migrate` adopts the grid.yaml of a study run before this record as its first entry ("adopted",
+the time being grid.yaml's modification time). `study verify` owes every eval point of every grid in
 the log; `study report` lists them all.
 """
 from __future__ import annotations
@@ -34,22 +34,27 @@ def record_grid(store, text: str, command: str, path: str | None = None) -> str:
     sha = grid_sha(text)
     log_path = store.path(GRIDS, LOG)
     old = store.read_bytes(log_path)
-    lines = b""
-    if old is None:  # a study run before grids were recorded: its last grid.yaml becomes the first entry
-        legacy = store.read_bytes(store.path("grid.yaml"))
-        if legacy is not None:
-            lsha = grid_sha(legacy.decode(errors="replace"))
-        if legacy is not None and lsha != sha:
-            if not store.exists(store.path(GRIDS, f"{lsha}.yaml")):
-                store.write_bytes(store.path(GRIDS, f"{lsha}.yaml"), legacy)
-            info = store.fs.get_file_info(store.path("grid.yaml"))
-            when = info.mtime.astimezone(dt.timezone.utc).isoformat(timespec="seconds") if info.mtime else None
-            lines = _line({"grid": lsha, "time": when, "command": "adopted", "path": "grid.yaml"})
     if not store.exists(store.path(GRIDS, f"{sha}.yaml")):
         store.write_text(store.path(GRIDS, f"{sha}.yaml"), text)
-    store.write_bytes(log_path, (old or b"") + lines + _line({"grid": sha, "time": _now(), "command": command,
-                                                               "path": path}))
+    store.write_bytes(log_path, (old or b"") + _line({"grid": sha, "time": _now(), "command": command, "path": path}))
     return sha
+
+
+def adopt_grid_yaml(store) -> str | None:
+    """A study run before grids were recorded (no grids/log.jsonl): its last grid.yaml becomes the log's first
+    entry ("adopted", at grid.yaml's modification time). `study migrate`'s; returns the sha (None: nothing to
+    adopt)."""
+    legacy = store.read_bytes(store.path("grid.yaml"))
+    if legacy is None or store.exists(store.path(GRIDS, LOG)):
+        return None
+    lsha = grid_sha(legacy.decode(errors="replace"))
+    if not store.exists(store.path(GRIDS, f"{lsha}.yaml")):
+        store.write_bytes(store.path(GRIDS, f"{lsha}.yaml"), legacy)
+    info = store.fs.get_file_info(store.path("grid.yaml"))
+    when = info.mtime.astimezone(dt.timezone.utc).isoformat(timespec="seconds") if info.mtime else None
+    store.write_bytes(store.path(GRIDS, LOG), _line({"grid": lsha, "time": when, "command": "adopted",
+                                                     "path": "grid.yaml"}))
+    return lsha
 
 
 def _line(entry: dict) -> bytes:

@@ -57,6 +57,11 @@ class _Commands(TyperGroup):
         except Exception as e:
             if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
                 raise
+            from store.format import FormatMismatch
+
+            if isinstance(e, FormatMismatch):  # the one line naming the versions and `study migrate`
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(2) from None
             user = isinstance(e, (OSError, ValueError))
             what = _one_line(e) if user else f"internal error ({type(e).__name__}: {_one_line(e)})"
             if getattr(e, "errno", None) == errno.ENOSPC and "no space left on the disk" not in what:
@@ -895,6 +900,26 @@ def eval_cmd(
         typer.echo(f"  {m:<9} {v:.4f}  [{lo:.4f}, {hi:.4f}]")
     if out:
         typer.echo(f"completed grids: {out}")
+
+
+@app.command(cls=_Command)
+def migrate(
+    study: str = typer.Option(..., "--study", help="the study to bring to the current store format"),
+    results: str = RESULTS,
+):
+    """Rewrite a study's store to the current format version (lossless, idempotent; holds the lease)."""
+    from store.lease import LeaseHeld
+    from study.commands.migrate import migrate_study
+
+    _results_or_exit(results)
+    try:
+        changes = migrate_study(results, study, echo=typer.echo)
+    except LeaseHeld as e:
+        _fail(str(e))
+    for line in changes:
+        typer.echo(f"migrated {line}")
+    typer.echo(f"study {study}: " + (f"{len(changes)} change(s); now" if changes else "already") +
+               " of the current store format")
 
 
 @app.command("text8-download", cls=_Command)

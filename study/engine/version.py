@@ -29,7 +29,7 @@ def code_version() -> str:
 
 def record_grid_file(store: Store, grid: Grid, command: str) -> str:
     """Keep the grid a `command` (run, tune) runs, by hash and logged with the time (store/provenance.py), and
-    as the study's grid.yaml (replaced after: a study's older grid.yaml is adopted first). Returns its hash."""
+    as the study's grid.yaml (replaced after). Returns its hash."""
     from store.provenance import record_grid
     from study.spec.overrides import grid_text
 

@@ -3,28 +3,23 @@ digest (field row_sha256: any field edited after the write, a status flipped, sh
 history, present and holding the rows it recorded (field history_sha256)."""
 from __future__ import annotations
 
-from store.digest import OLD, row_sha256, rows_sha256
+from store.digest import row_sha256, rows_sha256
 from study.commands.verify.context import Context
 
 
 def check_digests(c: Context) -> None:
     store, v = c.store, c.v
-    unrecorded = []
     for rid, row in sorted(c.runs.items()):
         rpath = store.path("runs", f"{rid}.parquet")
         want = row.get("row_sha256")
         if want is None:
-            unrecorded.append(rid)
+            v.problems.append(f"{rpath}: field row_sha256 is empty: every runs row of this store format records it")
         elif row_sha256(row) != want:
             v.problems.append(f"{rpath}: field row_sha256 is {want[:16]}... but the row's fields hash to "
                               f"{row_sha256(row)[:16]}...: the row was edited after it was written (status "
                               f"{row['status']!r}, final_loss {row['final_loss']})")
         if row["status"] == "done":
             _check_history(c, rid, row, rpath)
-    if unrecorded:
-        v.notes.append(f"{len(unrecorded)} runs row(s) {OLD} ({', '.join(unrecorded[:3])}"
-                       f"{', ...' if len(unrecorded) > 3 else ''}): an edit of the row or of its history is "
-                       f"detectable only where another check derives it")
 
 
 def _check_history(c: Context, rid: str, row: dict, rpath: str) -> None:
@@ -39,6 +34,7 @@ def _check_history(c: Context, rid: str, row: dict, rpath: str) -> None:
                                 f"{recorded}; `study run` rewrites it from the final weights")
         return
     if want is None:
+        c.v.problems.append(f"{rpath}: field history_sha256 is empty: run {rid} is done and its history is there")
         return
     got = rows_sha256(t.to_pylist())
     if got != want:

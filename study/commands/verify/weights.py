@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from store.digest import OLD, weights_mismatch
+from store.digest import weights_mismatch
 from study.commands.verify.context import Context
 
 
@@ -14,7 +14,6 @@ def check_weights(c: Context) -> None:
     from study.engine.trial import STATE_KEYS
 
     store, v = c.store, c.v
-    unrecorded = []
     for rid, row in sorted(c.runs.items()):
         if row["status"] != "done":
             continue
@@ -34,15 +33,12 @@ def check_weights(c: Context) -> None:
             v.problems.append(f"{e}; `study run` sets it aside and retrains the run")
             continue
         if row.get("weights_sha256") is None:
-            unrecorded.append(rid)
+            v.problems.append(f"{store.path('runs', f'{rid}.parquet')}: field weights_sha256 is empty: run {rid} "
+                              f"is done and its weights are there")
         bad = weights_mismatch(wpath, data, row)
         if bad:
             v.problems.append(f"{bad}; `study run` sets it aside and retrains the run")
         _check_shapes(c, rid, wpath, sd["model"])
-    if unrecorded:
-        v.notes.append(f"weights of {len(unrecorded)} done run(s) {OLD} ({', '.join(unrecorded[:3])}"
-                       f"{', ...' if len(unrecorded) > 3 else ''}): a swap of two runs' weights of one shape is "
-                       f"not detectable without `--deep`")
 
 
 def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,60 @@
+"""What a study holds in one pass (Store.summary's verdicts per run) and which studies a root holds."""
+from __future__ import annotations
+
+import os
+
+import pyarrow.fs as pafs
+
+from store.paths import filesystem_from_uri, is_safe_name
+
+
+class Summary:
+    """Per-run verdicts of one pass over a store (Store.summary): the same rules as run_row, eval_keys
+    and readable("history", ...), so status and planning agree with the trials' own per-file reads."""
+
+    def __init__(self, runs: dict, evals: dict, bad_samples: set, bad_history: set, samples: set = frozenset(),
+                 history: set = frozenset()):
+        # samples, history: the files of those tables that parse (what a done run must have: `whole`)
+        self._rows: dict[str, dict] = {}
+        for name, t in runs.items():  # runs/<run_id>.parquet
+            if t.num_rows:
+                self._rows[name[: -len(".parquet")]] = t.slice(0, 1).to_pylist()[0]
+        self._keys: dict[str, set[str]] = {}
+        self._whole: dict[str, set[str]] = {}  # and its samples file present
+        for name, t in evals.items():  # evals/<run_id>/<eval_key>.parquet; its samples file, if any, readable
+            parts = name.split("/")
+            if len(parts) == 2 and is_safe_name(parts[1]) and t.num_rows and name not in bad_samples:
+                self._keys.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+                if name in samples:
+                    self._whole.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+        self._bad_history = {n[: -len(".parquet")] for n in bad_history}
+        self._history = {n[: -len(".parquet")] for n in history}
+
+    def run_row(self, run_id: str) -> dict | None:
+        return self._rows.get(run_id)
+
+    def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
+        return set((self._whole if whole else self._keys).get(run_id, ()))
+
+    def history_readable(self, run_id: str) -> bool:
+        return run_id not in self._bad_history
+
+    def has_history(self, run_id: str) -> bool:
+        """Its history file is there and parses (what a done run must have)."""
+        return run_id in self._history
+
+
+
+def list_studies(root: str) -> list[tuple[str, float]]:
+    """(study, last modification time) of every study under a local root, newest last."""
+    if "://" in root:
+        fs, base = filesystem_from_uri(root)
+    else:
+        fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and is_safe_name(info.base_name):
+            runs = fs.get_file_info(pafs.FileSelector(f"{info.path}/runs", allow_not_found=True))
+            if runs:
+                out.append((info.base_name, max(r.mtime.timestamp() for r in runs if r.mtime)))
+    return sorted(out, key=lambda x: x[1])

@@ -1,0 +1,106 @@
+"""`study migrate`: bring a study's store to the current format version (store/format.py), losslessly.
+
+It holds the study's lease throughout (never beside a `study run` / `study tune` driver), writes every file
+atomically (Store.write_bytes), says each change in one line, and stamps FORMAT last: a migration killed
+half-way leaves a store still refused, and running it again finishes it (a second run changes nothing).
+
+From version 0 (no FORMAT) to 1:
+- runs rows: a done run's `weights_sha256` / `history_sha256` filled from its files where null, and every
+  rewritten row's `row_sha256` (store/digest.py); a file that is not there stays null: nothing to record;
+- grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
+  (store/provenance.py);
+- evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
+  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown".
+"""
+from __future__ import annotations
+
+from store import Store, digest, format as store_format
+
+
+class MigrateError(ValueError):
+    """The store cannot be migrated (no such study, or a newer format than this code's): one line, exit 2."""
+
+
+def migrate_study(results: str, study: str, echo=print) -> list[str]:
+    """Migrate `study` under `results` to store_format.VERSION; returns the changes (one line each)."""
+    from store.lease import acquire
+
+    store = Store(results, study, check_format=False)
+    found = store_format.found(store)
+    if found is None:
+        raise MigrateError(f"no study {study} under {results}: nothing to migrate")
+    if found == store_format.VERSION:
+        return []
+    if found > store_format.VERSION or found < 0:
+        raise MigrateError(store_format.message(store, found).split(": run")[0]
+                           + ": not a format this code can migrate from (a newer code's store?)")
+    lease = acquire(store, "migrate", echo=echo)
+    try:
+        changes = _runs_digests(store) + _passes_mean(store) + _grid_record(store)
+        store.write_bytes(store_format.path(store), store_format.stamp_bytes())
+        changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
+    finally:
+        lease.release()
+    return changes
+
+
+def _runs_digests(store: Store) -> list[str]:
+    """A done run's digests filled in where null; each row rewritten gets its own row_sha256."""
+    changes = []
+    for rid, rows in sorted(_table_files(store, "runs").items()):
+        filled = []
+        for row in rows:
+            have = digest.run_digests(store, row["run_id"]) if row["status"] == "done" else {}
+            for k, got in have.items():
+                if row[k] is None and got is not None:
+                    row[k] = got
+                    filled.append(k)
+            if row["row_sha256"] is None:
+                filled.append("row_sha256")
+        if filled:
+            store.write_rows("runs", rows, rid)
+            changes.append(f"{store.path('runs', rid)}: filled {', '.join(sorted(set(filled)))}")
+    return changes
+
+
+def _passes_mean(store: Store) -> list[str]:
+    """forward_passes_mean of evals rows, from the samples' per-example passes where every example has one."""
+    changes = []
+    for name, rows in sorted(_table_files(store, "evals").items()):
+        if all(r["forward_passes_mean"] is not None for r in rows):
+            continue
+        run_id, key = name.split("/")
+        st = store.read_file("samples", run_id, key)
+        srows = st.to_pylist() if st is not None else []
+        passes = [s["passes"] for s in srows]
+        if not passes or any(s["passes"] is None or s["steps"] is None for s in srows) \
+                or len(passes) != rows[0]["n_examples"]:
+            continue  # a likelihood point (null by design), or no per-example cost: stays null (unknown)
+        mean = sum(passes) / len(passes)
+        for r in rows:
+            if r["forward_passes_mean"] is None:
+                r["forward_passes_mean"] = float(mean)
+        store.write_rows("evals", rows, run_id, key)
+        changes.append(f"{store.path('evals', run_id, key)}: filled forward_passes_mean from {store.path('samples', run_id, key)}")
+    return changes
+
+
+def _grid_record(store: Store) -> list[str]:
+    """A study run before grids were recorded: its grid.yaml adopted as the first entry of grids/log.jsonl."""
+    from store import provenance
+
+    sha = provenance.adopt_grid_yaml(store)
+    return [] if sha is None else [f"{store.path(provenance.GRIDS, provenance.LOG)}: adopted grid.yaml as grid {sha}"]
+
+
+def _table_files(store: Store, table: str) -> dict[str, list[dict]]:
+    """relative path -> rows of every readable file of `table` (unreadable ones are `study verify`'s to name)."""
+    from store import index
+
+    prefix = f"{store.dir}/{table}/"
+    out = {}
+    for info in index.list_files(store, table):
+        t = store.read_file(table, *info.path[len(prefix):].split("/"))
+        if t is not None:
+            out[info.path[len(prefix):]] = t.to_pylist()
+    return out

@@ -1,0 +1,177 @@
+"""The store's format version (store/format.py) and `study migrate`: a store without one (written by the code
+before it was recorded) is refused by every command in one line, and migrated, it verifies and reads as the
+code that wrote it read it.
+
+One real tiny study (`study run` of a 4x4 Sudoku grid on a local Ray), copied per test; its FORMAT file
+removed makes it a store of the code before the version (which wrote the same files otherwise).
+
+Run: pytest tests/test_migrate.py -q
+"""
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import study, tiny_grid
+
+STUDY = "mig"
+GRID = tiny_grid(STUDY, retries=0)
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    d = tmp_path_factory.mktemp("migrate")
+    (d / "g.yaml").write_text(GRID)
+    r = study("run", str(d / "g.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return d
+
+
+@pytest.fixture
+def old(fresh, tmp_path):
+    """The study as the code before the format version left it: everything but FORMAT."""
+    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
+    shutil.copy(fresh / "g.yaml", tmp_path / "g.yaml")
+    (tmp_path / "results" / STUDY / "FORMAT").unlink()
+    return tmp_path
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from study.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def null_columns(path, cols) -> None:
+    """Rewrite a table file with `cols` null: the shape rows had before those columns were recorded."""
+    t = pq.read_table(path)
+    for c in cols:
+        t = t.set_column(t.schema.get_field_index(c), c, pa.nulls(len(t), t.schema.field(c).type))
+    pq.write_table(t, path)
+
+
+def test_a_run_records_the_format(fresh):
+    from store.format import VERSION
+
+    assert (fresh / "results" / STUDY / "FORMAT").read_text() == f"{VERSION}\n"
+
+
+@pytest.mark.parametrize("argv", [("status", "{g}"), ("verify", "--study", STUDY), ("report", "--study", STUDY),
+                                  ("run", "{g}", "--num-cpus", "1"), ("prune", "{g}")])
+def test_every_command_refuses_a_store_without_a_version(old, argv):
+    results = str(old / "results")
+    r = cli(*[a.format(g=old / "g.yaml") for a in argv], "--results", results)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "format none recorded (version 0)" in lines[0] and "format version 1" in lines[0]
+    assert f"`study migrate --study {STUDY} --results {results}`" in lines[0]
+    assert not (old / "results" / STUDY / "FORMAT").exists()  # a refusal writes nothing
+
+
+def test_another_version_is_refused_by_name(old):
+    (old / "results" / STUDY / "FORMAT").write_text("7\n")
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 2 and "format version 7; this code reads and writes format version 1" in r.stderr
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 2 and "not a format this code can migrate from" in r.stderr
+
+
+def test_migrate_then_verify_and_idempotent(old, fresh):
+    results = str(old / "results")
+    r = cli("migrate", "--study", STUDY, "--results", results)
+    assert r.exit_code == 0, r.output
+    assert "format version 0 -> 1" in r.stdout and "1 change(s)" in r.stdout  # only FORMAT was missing
+    assert (old / "results" / STUDY / "FORMAT").read_text() == "1\n"
+    r = cli("verify", "--study", STUDY, "--results", results)
+    assert r.exit_code == 0, r.output
+    r = cli("migrate", "--study", STUDY, "--results", results)
+    assert r.exit_code == 0 and "already of the current store format" in r.stdout, r.output
+    r = cli("status", str(old / "g.yaml"), "--results", results)
+    assert r.exit_code == 0, r.output
+
+
+def test_migrate_fills_what_older_stores_left_null(old, fresh):
+    """Rows of older stores: no digests, no forward_passes_mean. Migrated, they equal the rows written whole."""
+    from store import Store
+
+    d = old / "results" / STUDY
+    for f in (d / "runs").glob("*.parquet"):
+        null_columns(f, ("weights_sha256", "history_sha256", "row_sha256"))
+    for f in (d / "evals").glob("*/*.parquet"):
+        null_columns(f, ("forward_passes_mean",))
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+    assert "filled history_sha256, row_sha256, weights_sha256" in r.stdout
+    assert "filled forward_passes_mean" in r.stdout
+    want, got = Store(str(fresh / "results"), STUDY), Store(str(old / "results"), STUDY)
+    for table in ("runs", "evals"):
+        a = want.read(table).sort_values(list(want.read(table).columns[:2])).reset_index(drop=True)
+        b = got.read(table).sort_values(list(got.read(table).columns[:2])).reset_index(drop=True)
+        assert a.equals(b), table
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+
+
+def test_migrate_never_runs_beside_a_driver(old):
+    from store import Store
+    from store.lease import acquire
+
+    lease = acquire(Store(str(old / "results"), STUDY, check_format=False), "run")
+    try:
+        r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    finally:
+        lease.release()
+    assert r.exit_code == 2 and "is being run by" in r.stderr, r.output
+    assert not (old / "results" / STUDY / "FORMAT").exists()
+
+
+def test_a_new_study_is_stamped_with_its_first_file(tmp_path):
+    from store import Store
+
+    s = Store(str(tmp_path), "new")
+    assert not (tmp_path / "new").exists()  # opening writes nothing
+    s.write_config("r1", {"run_id": "r1"})
+    assert (tmp_path / "new" / "FORMAT").read_text() == "1\n"
+
+
+@pytest.mark.parametrize("col", ["weights_sha256", "history_sha256", "row_sha256"])
+def test_a_current_store_with_a_digest_missing_fails_verify(fresh, tmp_path, col):
+    """Nulls a store of this format cannot hold (migrate fills them in older ones): a problem, not a note."""
+    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
+    (f, *_) = sorted((tmp_path / "results" / STUDY / "runs").glob("*.parquet"))
+    null_columns(f, (col,))
+    if col != "row_sha256":  # keep the row's own digest right: only the one field is missing
+        from store.digest import row_sha256
+
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("row_sha256"), "row_sha256",
+                         pa.array([row_sha256(t.to_pylist()[0])], pa.string()))
+        pq.write_table(t, f)
+    r = cli("verify", "--study", STUDY, "--results", str(tmp_path / "results"))
+    assert r.exit_code == 1, r.output
+    assert any("PROBLEM" in ln and f"field {col} is empty" in ln and f.stem in ln for ln in r.stdout.splitlines()), \
+        r.stdout
+
+
+def test_migrate_adopts_the_grid_of_a_study_run_before_grids_were_recorded(old):
+    import json
+
+    d = old / "results" / STUDY
+    shutil.rmtree(d / "grids")  # the shape of a study run before grids were recorded: its grid.yaml alone
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+    from store.provenance import grid_sha
+
+    sha = grid_sha((d / "grid.yaml").read_text())
+    assert f"adopted grid.yaml as grid {sha}" in r.stdout
+    log = [json.loads(x) for x in (d / "grids" / "log.jsonl").read_text().splitlines()]
+    assert [(e["grid"], e["command"], e["path"]) for e in log] == [(sha, "adopted", "grid.yaml")] and log[0]["time"]
+    assert (d / "grids" / f"{sha}.yaml").read_text() == (d / "grid.yaml").read_text()
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
