@@ -511,6 +511,7 @@ def run(
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
     _refuse_if_leased(grid, results, wait, overrides)  # first: a second driver is refused before torch is imported
+    from study.engine.options import RunOptions
     from study.engine.raystart import check_address
     from study.engine.runner import run_grid
 
@@ -534,8 +535,8 @@ def run(
         go = run_grid
         if g.claims is not None:  # seeds on demand until each claim is decided (study/engine/claims.py)
             from study.engine.claims import run_claims as go
-        code = go(g, results, address=address, retry_failed=retry_failed, num_cpus=num_cpus,
-                  echo=typer.echo, progress_every_s=progress_every, wait=wait, log=sinks)
+        code = go(g, results, RunOptions(address=address, num_cpus=num_cpus, retry_failed=retry_failed, wait=wait,
+                                         progress_every_s=progress_every, log=tuple(sinks), echo=typer.echo))
     except LeaseHeld as e:
         _fail(str(e))
     raise typer.Exit(code)
@@ -610,13 +611,15 @@ def tune(
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     _refuse_if_leased(grid, results, wait, overrides)
     from store.lease import LeaseHeld
+    from study.engine.options import RunOptions
     from study.engine.tune import TuneError, tune_grid
 
     sinks = _log_or_exit(log, results)
     g = _grid_or_exit(grid, overrides=overrides)
     _results_or_exit(results, create=True)
     try:
-        code = tune_grid(g, results, address=address, num_cpus=num_cpus, echo=typer.echo, wait=wait, log=sinks)
+        code = tune_grid(g, results, RunOptions(address=address, num_cpus=num_cpus, wait=wait, log=tuple(sinks),
+                                                echo=typer.echo))
     except (TuneError, LeaseHeld) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
