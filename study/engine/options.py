@@ -1,6 +1,6 @@
 """The options of one `study run` or `study tune`, each object built once and passed down whole.
 
-`RunOptions` is what the command line says (built once by the command line, study/cli/, given to `run_grid`,
+`RunOptions` is what the command line says (built once in study/cli/run.py, given to `run_grid`,
 `run_claims` and `tune_grid`); `TrialOptions` is what every trial of that invocation is told by its
 driver (one key of the trial's config, OPTIONS_KEY, as the trials may run on other nodes), read back
 by the trainable and given to `study.engine.trial.execute`. A new flag is one field here, one option
