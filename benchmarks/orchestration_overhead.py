@@ -43,11 +43,12 @@ t0 = time.perf_counter()
 from study.spec.grid import load_grid
 from store import Store
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 grid = load_grid(sys.argv[1])
 store = Store(sys.argv[2], grid.study)
 for run in grid.runs:
     t = time.perf_counter()
-    row = execute(run, store, "bench")
+    row = execute(run, store, TrialOptions("bench"))
     print(f"run {run.run_id}: {time.perf_counter() - t:.1f}s (train {row['train_seconds']:.1f}s)", flush=True)
 print(f"loop_total={time.perf_counter() - t0:.2f}")
 """

@@ -168,6 +168,7 @@ def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
     from analysis.load import load_study
     from store import Store
     from study.engine.trial import execute
+    from study.engine.options import TrialOptions
 
     raw = {"study": "ada4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 64, "n_test": 16},
            "model": {"d_model": 16, "n_heads": 2, "L": 3},
@@ -177,7 +178,7 @@ def test_tiny_study_stores_and_draws_adaptive_points(tmp_path):
     run = expand(raw, "ada4.yaml").runs[0]
     root = str(tmp_path / "results")
     store = Store(root, "ada4")
-    execute(run, store, code_version="test")
+    execute(run, store, TrialOptions("test"))
     ev = store.read("evals")
     vpr = ev[ev.metric == "vpr"].set_index(["sampler", "T"])
     assert set(vpr.index) == {("confidence", 1), ("confidence", 3), ("confidence+adaptive(0.5)", 1),

@@ -20,6 +20,7 @@ from store import Store
 from study.cli import app
 from study.spec.grid import expand
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\n"
 MODEL = "model: {d_model: 16, n_heads: 2}\n"
@@ -166,7 +167,7 @@ def trained(tmp_path_factory):
          "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
          "eval": {"T": [1], "n_examples": 8}}
     run = expand(g, "adv.yaml").runs[0]
-    execute(run, Store(str(root), "adv"), code_version="test")
+    execute(run, Store(str(root), "adv"), TrialOptions("test"))
     return str(root), run.run_id
 
 

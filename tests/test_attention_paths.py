@@ -175,6 +175,7 @@ def test_the_runs_table_and_the_log_record_the_resolved_paths(tmp_path):
     from store import Store
     from study.spec.grid import expand
     from study.engine.trial import execute
+    from study.engine.options import TrialOptions
 
     grid = {"study": "paths", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
             "model": {"d_model": 16, "n_heads": 2, "attention": "math"},
@@ -182,7 +183,7 @@ def test_the_runs_table_and_the_log_record_the_resolved_paths(tmp_path):
     run = expand(grid, "paths.yaml").runs[0]
     assert run.train.precision == "auto"  # the default
     store = Store(str(tmp_path), "paths")
-    execute(run, store, code_version="test")
+    execute(run, store, TrialOptions("test"))
     row = store.read("runs").iloc[0]
     assert (row["attention"], row["precision"]) == ("math", "float32")  # pinned; auto -> rule at this size
     log = store.read_bytes(store.path("logs", f"{run.run_id}.log")).decode()

@@ -12,6 +12,7 @@ from store import Store
 from study.cli import app
 from study.spec.grid import expand
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmodel: {d_model: 16, n_heads: 2}\n"
 SOL = "1234341221434321"  # a valid 4x4 grid
@@ -114,7 +115,7 @@ def trained(tmp_path_factory):
             "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
             "eval": {"T": [1], "n_examples": 8}}
     run = expand(grid, "cli4.yaml").runs[0]
-    execute(run, Store(str(root), "cli4"), code_version="test")
+    execute(run, Store(str(root), "cli4"), TrialOptions("test"))
     return str(root), run.run_id
 
 

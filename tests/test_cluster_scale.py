@@ -20,6 +20,7 @@ from study.engine.trial import attempts_path, pick_device
 from store import Store
 from tests.helpers import alive, held, start_driver, wait_training
 from tests.test_cluster import two_nodes  # noqa: F401  (the fixture)
+from study.engine.options import RunOptions
 
 TINY = """
 task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
@@ -149,7 +150,7 @@ def sweep(tmp_path, name: str, body: str) -> tuple[int, Store, pd.DataFrame]:
     gpath = tmp_path / f"{name}.yaml"
     gpath.write_text(f"study: {name}\n{body}{TINY}")
     grid = load_grid(str(gpath))
-    code = run_grid(grid, str(tmp_path / "results"), echo=lambda *a: None)
+    code = run_grid(grid, str(tmp_path / "results"), RunOptions(echo=lambda *a: None))
     store = Store(str(tmp_path / "results"), name)
     runs = store.read("runs")
     assert sorted(runs.run_id) == sorted(r.run_id for r in grid.runs)

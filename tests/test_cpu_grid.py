@@ -11,6 +11,7 @@ from study.spec.grid import expand, load_grid
 from study.engine.runner import run_grid
 from store import Store
 from tests.helpers import check_forward_passes, check_rows_against_samples
+from study.engine.options import RunOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_GRIDS = sorted(f for f in os.listdir(os.path.join(ROOT, "grids", "cpu")) if f.endswith(".yaml"))
@@ -45,7 +46,7 @@ def test_cpu_sudoku_grid_runs_end_to_end(tmp_path):
         raw = _cut_down(yaml.safe_load(f))
     grid = expand(raw, str(tmp_path / "cpu_sudoku_small.yaml"))
     results = str(tmp_path / "results")
-    assert run_grid(grid, results, num_cpus=2, echo=lambda *_: None) == 0
+    assert run_grid(grid, results, RunOptions(num_cpus=2, echo=lambda *_: None)) == 0
 
     store = Store(results, "cpu_sudoku_small")
     runs = store.read("runs")

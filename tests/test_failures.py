@@ -18,6 +18,7 @@ from study.engine.raystart import init_ray
 from study.engine.runner import run_grid
 from study.commands.status import snapshot
 from store import Store
+from study.engine.options import RunOptions
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}\nmodel: {d_model: 16, n_heads: 2}\n"
 
@@ -48,7 +49,7 @@ def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_
     store = Store(results, "fail")
     lines: list[str] = []
 
-    assert run_grid(grid, results, echo=lines.append) == 1  # non-zero: a run failed
+    assert run_grid(grid, results, RunOptions(echo=lines.append)) == 1  # non-zero: a run failed
     runs = store.read("runs").set_index("run_id")
     assert runs.loc[good.run_id, "status"] == "done" and pd.isna(runs.loc[good.run_id, "error"])
     assert runs.loc[bad.run_id, "status"] == "failed" and runs.loc[bad.run_id, "attempts"] == 2
@@ -64,11 +65,11 @@ def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_
     assert st[bad.run_id].state == "failed" and st[good.run_id].state == "done"
 
     # a rerun skips the failed run (still exit 1) ...
-    assert run_grid(grid, results, echo=lines.append) == 1
+    assert run_grid(grid, results, RunOptions(echo=lines.append)) == 1
     assert read_log(store, bad.run_id, "attempts").count("start") == 2
     assert "failed earlier (use --retry-failed)" in lines[-1]
     # ... unless asked to retry it: two more attempts, recorded again as failed
-    assert run_grid(grid, results, retry_failed=True, echo=lines.append) == 1
+    assert run_grid(grid, results, RunOptions(retry_failed=True, echo=lines.append)) == 1
     assert read_log(store, bad.run_id, "attempts").count("start") == 4
     runs = store.read("runs")
     assert len(runs) == 2 and runs.set_index("run_id").loc[bad.run_id, "attempts"] == 4
@@ -104,7 +105,7 @@ def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray, monke
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    assert run_grid(grid, results, echo=lambda *_: None) == 0
+    assert run_grid(grid, results, RunOptions(echo=lambda *_: None)) == 0
     t.join()
     assert killed, "the trial finished before it could be killed"
     row = store.run_row(run.run_id)

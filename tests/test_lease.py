@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import ROOT, alive, check_resumed, descendants, held, kill_all, study_cmd, tiny_grid, wait_training
 from tests.test_s3 import s3_env, s3_root  # noqa: F401  (the moto server fixtures, reused)
+from study.engine.options import RunOptions
 
 # short heartbeats so that they run during the tests; the timeout stays far above them (same-machine
 # death is detected from the process itself, so nothing here waits for a timeout)
@@ -196,7 +197,7 @@ def test_study_tune_shares_the_lease_with_study_run(tmp_path, monkeypatch):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
         assert f"`study run` on {socket.gethostname()} pid {os.getpid()} " in r.stderr, r.stderr
         with pytest.raises(LeaseHeld):
-            tune_grid(load_grid(gpath), results, echo=lambda *_: None)
+            tune_grid(load_grid(gpath), results, RunOptions(echo=lambda *_: None))
 
 
 def test_bad_lease_settings_are_one_line(tmp_path, monkeypatch):

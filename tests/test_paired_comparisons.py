@@ -141,13 +141,14 @@ def early_store(tmp_path_factory):
 
     from store import Store
     from study.engine.trial import execute
+    from study.engine.options import TrialOptions
     from study.spec.grid import expand
     from tests.helpers import tiny_grid
 
     root = str(tmp_path_factory.mktemp("early"))
     raw = yaml.safe_load(tiny_grid("early", steps=10, n_test=8, T="[1, 2, 6, 8]", axes="L: [1, 2]"))
     for run in expand(raw).runs:
-        execute(run, Store(root, "early"), "test")
+        execute(run, Store(root, "early"), TrialOptions("test"))
     return root
 
 

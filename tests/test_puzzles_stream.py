@@ -14,6 +14,7 @@ from store import Store
 from study.spec.grid import expand
 from study.commands.puzzles import EvalError, evaluate_puzzles
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 from tasks.sudoku import DIGITS, PuzzleFileError, generate_solutions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +27,7 @@ GRID = {"study": "stream4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4,
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     run = expand(GRID, "stream4.yaml").runs[0]
-    execute(run, Store(str(root), "stream4"), code_version="test")
+    execute(run, Store(str(root), "stream4"), TrialOptions("test"))
     return str(root), run.run_id, Store(str(root), "stream4")
 
 

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from study.engine.raystart import init_ray
+from study.engine.options import RunOptions
 
 
 def test_embedded_ray_start_that_times_out_is_tried_again(monkeypatch, capsys):
@@ -85,7 +86,7 @@ def test_resources_the_cluster_lacks_fail_before_dispatch(tmp_path, res, words):
     g = tmp_path / "g.yaml"
     g.write_text(f"study: big\n{TINY}resources: {res}\n")
     lines: list[str] = []
-    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append) == 2
+    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), RunOptions(num_cpus=1, echo=lines.append)) == 2
     text = "\n".join(lines)
     assert all(w in text for w in words) and "could never start" in text and "nothing was run" in text, text
     assert not ray.is_initialized()  # the Ray it started is shut down again
@@ -133,7 +134,7 @@ def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkey
     g = tmp_path / "g.yaml"
     g.write_text("study: shrink\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
     lines: list[str] = []
-    assert runner.run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append) == 2
+    assert runner.run_grid(load_grid(str(g)), str(tmp_path / "res"), RunOptions(num_cpus=1, echo=lines.append)) == 2
     text = "\n".join(lines)
     assert "could never start" in text and "the cluster changed during the run" in text, text
     assert len(calls) >= 2
@@ -171,8 +172,8 @@ def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
     g = tmp_path / "g.yaml"
     g.write_text("study: waits\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
     lines: list[str] = []
-    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), num_cpus=1, echo=lines.append,
-                    progress_every_s=0.0) == 0
+    assert run_grid(load_grid(str(g)), str(tmp_path / "res"), RunOptions(num_cpus=1, echo=lines.append,
+                    progress_every_s=0.0)) == 0
     waiting = [ln for ln in lines if "waiting for cpu: 0 free of 1" in ln]
     assert waiting and all("pending 0" not in ln for ln in waiting), "\n".join(lines)
 

@@ -16,6 +16,7 @@ from model.train import CheckpointError
 from store import Store, is_safe_name
 from study.spec.grid import GridError, expand, load_grid
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 from tests.helpers import study, tiny_grid
 
 GRID = tiny_grid("sec", n_test=8, T="[2]", retries=None, axes="seed: [0, 1]")
@@ -48,7 +49,7 @@ def study_dir(tmp_path):
 def test_crafted_weights_are_refused_by_study_eval_and_genuine_ones_load(study_dir):
     tmp, grid, store = study_dir
     run = grid.runs[0]
-    execute(run, store, "test")
+    execute(run, store, TrialOptions("test"))
     (tmp / "p.txt").write_text(PUZZLES)
     ok = study("eval", run.run_id, "--puzzles", str(tmp / "p.txt"), "--results", str(tmp / "results"))
     assert ok.returncode == 0, ok.stdout + ok.stderr  # genuine weights load with weights_only=True
@@ -69,12 +70,12 @@ def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_d
     bad, good = grid.runs
     marker = tmp / "marker"
     store.write_bytes(store.checkpoint_path(bad.run_id), crafted_bytes(marker))
-    assert execute(bad, store, "test")["status"] == "done"
+    assert execute(bad, store, TrialOptions("test"))["status"] == "done"
     log = store.read_bytes(store.path("logs", f"{bad.run_id}.log")).decode()
     assert f"checkpoints/{bad.run_id}.pt" in log and "refused" in log, log
     assert not marker.exists()
     store.write_bytes(store.weights_path(bad.run_id), crafted_bytes(marker))  # the weights path too
-    assert execute(bad, store, "test")["status"] == "done"
+    assert execute(bad, store, TrialOptions("test"))["status"] == "done"
     log = store.read_bytes(store.path("logs", f"{bad.run_id}.log")).decode()
     assert f"weights/{bad.run_id}.pt" in log and "refused" in log, log
     assert not marker.exists()
@@ -93,7 +94,7 @@ def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_d
     tr = Trainer(good.model, good.train, spec, lambda step, g: task.train_batch(good.train.batch_size, g))
     tr.train(until=10)
     store.write_bytes(store.checkpoint_path(good.run_id), _to_bytes(tr.state_dict()))
-    row = execute(good, store, "test")
+    row = execute(good, store, TrialOptions("test"))
     assert row["status"] == "done"
     log = store.read_bytes(store.path("logs", f"{good.run_id}.log")).decode()
     assert "resuming from checkpoint at step 10" in log
@@ -146,7 +147,7 @@ def test_every_reader_refuses_a_symlink_out_of_the_store(study_dir):
 
     tmp, grid, store = study_dir
     run = grid.runs[0]
-    execute(run, store, "test")
+    execute(run, store, TrialOptions("test"))
     (tmp / "p.txt").write_text(PUZZLES)
     results = str(tmp / "results")
 

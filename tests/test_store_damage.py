@@ -15,6 +15,7 @@ from study.spec.grid import load_grid
 from study.engine.health import classify
 from study.commands.status import counts, render, snapshot
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 from tests.helpers import study, tiny_grid
 
 GRID = tiny_grid("dmg", n_test=8, retries=0, axes="seed: [0, 1, 2, 3]")
@@ -29,7 +30,7 @@ def trained(tmp_path):
     grid = load_grid(str(gpath))
     store = Store(str(tmp_path / "results"), grid.study)
     for run in grid.runs:
-        execute(run, store, "test")
+        execute(run, store, TrialOptions("test"))
     return gpath, grid, store
 
 

@@ -23,8 +23,8 @@ from store import index as store_index
 from study.spec.grid import load_grid
 from study.engine.health import classify, heal_and_plan
 from study.commands.status import counts, render, snapshot
-from study.engine.faults import Faults
 from study.engine.trial import execute, previous_checkpoint_path
+from study.engine.options import TrialOptions
 from study.commands.verify import verify_study
 from tests.helpers import study, tiny_grid
 
@@ -107,7 +107,7 @@ def _rerun(grid, store: Store, lines: list[str] | None = None) -> list[str]:
     fresh = Store(store.root, store.study)
     plan = heal_and_plan(grid, fresh, False, lines.append)
     for run in plan.todo:
-        execute(run, fresh, "test")
+        execute(run, fresh, TrialOptions("test"))
     return lines
 
 
@@ -119,9 +119,9 @@ def interrupted(tmp_path_factory):
     gpath, grid = _grid(tmp, "heal", steps=30, axes="seed: [0, 1]")
     store = Store(str(tmp / "results"), grid.study)
     a, b = grid.runs
-    execute(a, store, "test")
+    execute(a, store, TrialOptions("test"))
     with pytest.raises(Exception):
-        execute(b, store, "test", faults=Faults(nan_at_step=25))
+        execute(b, store, TrialOptions("test", faults={"nan": {b.run_id: 25}}))
     assert store.exists(store.checkpoint_path(b.run_id)) and store.exists(previous_checkpoint_path(store, b.run_id))
     return gpath, grid, store
 
@@ -263,7 +263,7 @@ def test_an_evals_file_changed_in_place_with_size_and_mtime_kept_is_read_again(t
     gpath, grid = _grid(tmp_path, "rot", axes="seed: [0, 1, 2, 3, 4]", T="[1, 2, 3, 4]")
     store = Store(str(tmp_path / "results"), grid.study)
     for run in grid.runs:
-        execute(run, store, "test")
+        execute(run, store, TrialOptions("test"))
     time.sleep(0.2)  # past the index's racy window
     Store(store.root, store.study).read("evals")
     assert os.path.exists(os.path.join(store.dir, "_index", "evals.parquet"))  # 20 files: indexed
@@ -315,7 +315,7 @@ def test_a_runs_file_copied_under_another_runs_name_is_named_mismatched(interrup
     gpath, grid, src = interrupted
     store = _copy(src, tmp_path / "results")
     a, b = (r.run_id for r in grid.runs)
-    execute(grid.runs[1], store, "test")  # both done
+    execute(grid.runs[1], store, TrialOptions("test"))  # both done
     shutil.copy(store.path("runs", f"{a}.parquet"), store.path("runs", f"{b}.parquet"))
     fresh = Store(store.root, store.study)
     st = snapshot(grid, fresh)

@@ -10,6 +10,7 @@ from study.spec.grid import load_grid
 from study.engine.runner import run_grid
 from store import Store
 from tests.helpers import check_forward_passes, check_rows_against_samples
+from study.engine.options import RunOptions
 
 GRID = """
 study: sweep2
@@ -27,7 +28,7 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
     gpath.write_text(GRID)
     results = str(tmp_path / "results")
     grid = load_grid(str(gpath))
-    assert run_grid(grid, results, num_cpus=2, echo=lambda *_: None) == 0
+    assert run_grid(grid, results, RunOptions(num_cpus=2, echo=lambda *_: None)) == 0
 
     store = Store(results, "sweep2")
     runs = store.read("runs")
@@ -46,7 +47,7 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
     assert set(hist.run_id) == set(runs.run_id)
 
     # a second run of the same grid trains nothing and writes no duplicate rows
-    assert run_grid(grid, results, num_cpus=2, echo=lambda *_: None) == 0
+    assert run_grid(grid, results, RunOptions(num_cpus=2, echo=lambda *_: None)) == 0
     assert len(store.read("evals")) == len(evals) and len(store.read("runs")) == 2
 
     # the report draws from the store alone

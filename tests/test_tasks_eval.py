@@ -15,6 +15,7 @@ import study.commands.puzzles as puzzles
 from study.commands.puzzles import load_run_model
 from study.engine.evaluate import evaluate_point
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 from tasks import make_task
 from tasks.sudoku import DIGITS, generate_solutions
 
@@ -32,7 +33,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     run = expand(GRID, "ev4.yaml").runs[0]
     store = Store(str(root), "ev4")
-    execute(run, store, code_version="test")
+    execute(run, store, TrialOptions("test"))
     return str(root), run.run_id, store
 
 

@@ -16,6 +16,7 @@ from model.elbo import nll_bound
 from study.spec.grid import expand
 from store import Store
 from study.engine.trial import execute
+from study.engine.options import TrialOptions
 from tasks import make_task
 from tasks.text8 import (TEXT8_CHARS, Text8, Text8Config, Text8Error, decode_text, download_text8, load_corpus, normalize, offline_corpus, split_corpus)
 
@@ -126,7 +127,7 @@ def test_tiny_training_beats_chance_and_writes_likelihood_rows(tmp_path):
     uniform log2(27) = 4.75 (measured first on the untrained model), rows in real Parquet."""
     run = expand(GRID, "t8.yaml").runs[0]
     store = Store(str(tmp_path), "t8")
-    execute(run, store, code_version="test")
+    execute(run, store, TrialOptions("test"))
     ev = store.read("evals")
     m = dict(zip(ev.metric, ev.value))
     # perplexity is exp(nll), derived by the analysis: every stored value is a mean of per-example scores
@@ -175,7 +176,7 @@ def test_verify_agrees_with_a_likelihood_store(tmp_path):
     grid = {**GRID, "task": {**GRID["task"], "n_test": 8, "n_t": 4}, "train": {**GRID["train"], "steps": 5},
             "eval": {"T": [4], "n_examples": 8, "n_samples_kept": 2}}
     store = Store(str(tmp_path), "t8")
-    execute(expand(grid, "t8.yaml").runs[0], store, code_version="test")
+    execute(expand(grid, "t8.yaml").runs[0], store, TrialOptions("test"))
     v = verify_study(store)
     assert v.problems == [] and v.counts["metrics_recomputed"] == 3, v.problems[:3]
     samples = store.read("samples")

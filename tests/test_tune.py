@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from study.spec.grid import GridError, expand, load_grid
 from store import Store
 from study.engine.tune import storage_url, tune_grid, tuning_run, with_values
+from study.engine.options import RunOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {
@@ -58,7 +59,7 @@ def test_search_resumes_without_repeats_and_feeds_a_sweep(tmp_path, ray_local, m
     gpath = write(tmp_path / "tunetest.yaml", search_grid())
     grid = load_grid(gpath)
     assert [g.name for g in grid.search_groups] == ["tunetest"]
-    assert tune_grid(grid, results, echo=lambda *_: None) == 0
+    assert tune_grid(grid, results, RunOptions(echo=lambda *_: None)) == 0
 
     store = Store(results, "tunetest")
     first = trials(results, "tunetest", "tunetest")
@@ -76,7 +77,7 @@ def test_search_resumes_without_repeats_and_feeds_a_sweep(tmp_path, ray_local, m
     st = optuna.load_study(study_name="tunetest", storage=storage_url(store))
     cut = st.ask({"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
     grid5 = load_grid(write(tmp_path / "tunetest.yaml", search_grid(n_trials=5)))
-    assert tune_grid(grid5, results, echo=lambda *_: None) == 0
+    assert tune_grid(grid5, results, RunOptions(echo=lambda *_: None)) == 0
     after = trials(results, "tunetest", "tunetest")
     done = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(done) == 5 and after[cut.number].state == TrialState.FAIL
@@ -122,7 +123,7 @@ def test_asha_stops_the_trial_with_the_bad_loss(tmp_path, ray_local, pruning, ba
                       params={"lr": {"dist": "loguniform", "low": 1e-7, "high": 10.0}}, pruning=pruning)
     raw["train"]["steps"] = 24
     results = str(tmp_path / "results")
-    assert tune_grid(load_grid(write(tmp_path / "p.yaml", raw)), results, echo=lambda *_: None) == 0
+    assert tune_grid(load_grid(write(tmp_path / "p.yaml", raw)), results, RunOptions(echo=lambda *_: None)) == 0
     good, bad = trials(results, "prunetest", "prunetest")
     assert good.state == TrialState.COMPLETE and bad.state == TrialState.PRUNED
     assert bad.params == {"train.lr": bad_lr}

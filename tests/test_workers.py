@@ -12,6 +12,7 @@ import sys
 from store import Store
 from study.engine.placement import NEVER_STARTED_LIMIT
 from study.spec.grid import load_grid
+from study.engine.options import RunOptions
 
 GRID = """study: shadow
 task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 30, n_test: 16}
@@ -56,7 +57,7 @@ def test_trials_that_fail_before_their_code_starts_stop_the_sweep_with_one_line(
              runtime_env={"env_vars": {"PYTHONPATH": str(broken)}})
     try:
         lines: list[str] = []
-        assert run_grid(load_grid(str(g)), str(tmp_path / "res"), echo=lines.append) == 2
+        assert run_grid(load_grid(str(g)), str(tmp_path / "res"), RunOptions(echo=lines.append)) == 2
     finally:
         ray.shutdown()
     errors = [ln for ln in lines if ln.startswith("error:")]

@@ -16,6 +16,7 @@ import tasks
 from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines
 from analysis.load import load_study
 from store import Store
+from study.engine.options import RunOptions
 from study.spec.grid import Grid
 
 
@@ -37,11 +38,13 @@ def next_seeds(table, spec: dict, owed: dict[str, int]) -> dict[str, int]:
     return new
 
 
-def run_claims(grid: Grid, results: str, echo=print, **run_kw) -> int:
-    """Run a claims grid to its decisions (run_kw: study.engine.runner.run_grid's options). Returns the exit
-    code: run_grid's when a round fails or is interrupted, else 0 (undecided claims are an answer too)."""
+def run_claims(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
+    """Run a claims grid to its decisions (`options`: study.engine.runner.run_grid's, given to every round).
+    Returns the exit code: run_grid's when a round fails or is interrupted, else 0 (undecided claims are an
+    answer too)."""
     from study.engine.runner import run_grid
 
+    echo = options.echo
     claims = grid.claims
     spec = claims.spec()
     write_spec(Store(results, grid.study), spec)
@@ -52,7 +55,7 @@ def run_claims(grid: Grid, results: str, echo=print, **run_kw) -> int:
             runs.update({r.run_id: r for r in claims.seeds_of(m, n)})
         echo(f"claims round {rnd}: " + ", ".join(f"{claims.models[m].model.K} x {claims.models[m].model.L}: "
                                                  f"{n} seeds" for m, n in owed.items()))
-        code = run_grid(dataclasses.replace(grid, runs=list(runs.values())), results, echo=echo, **run_kw)
+        code = run_grid(dataclasses.replace(grid, runs=list(runs.values())), results, options)
         if code != 0:
             echo("claims: the round did not finish; `study run` again resumes it and goes on")
             return code

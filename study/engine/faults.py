@@ -1,10 +1,10 @@
 """Fault injection for tests: the one place the product reads it, off unless an environment variable says.
 
 Each variable holds "RUN_ID:STEP[,RUN_ID:STEP...]". The driver (`study run`, `study tune`) reads them
-(`fault_config`: one key of the trials' param space, as the trials may run on other nodes, where the
-driver's environment is not); a trial takes its run's hooks (`run_faults`, one `Faults` object, the one
-argument `study.engine.trial.execute` takes for them) and its training calls `Faults.before_step`
-before every step.
+(`fault_config`: a field of the TrialOptions every trial is given, as the trials may run on other nodes,
+where the driver's environment is not); a trial takes its run's hooks (`run_faults`, one `Faults` object,
+through `TrialOptions.faults_of` in `study.engine.trial.execute`) and its training calls
+`Faults.before_step` before every step.
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, 
 
 
 def fault_config() -> dict:
-    """The faults this environment injects, as a driver sends them to its trials: {"faults": {...}} (the one
-    key of the param space they take)."""
-    return {"faults": {"nan": injected_faults(), "holds": injected_faults(env=HOLD_ENV),
-                       "release": os.environ.get(RELEASE_ENV) or None}}
+    """The faults this environment injects, as a driver sends them to its trials (TrialOptions.faults):
+    {"nan": {run_id: step}, "holds": {run_id: step}, "release": path or None}."""
+    return {"nan": injected_faults(), "holds": injected_faults(env=HOLD_ENV),
+            "release": os.environ.get(RELEASE_ENV) or None}
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,9 @@ class Faults:
 NO_FAULTS = Faults()
 
 
-def run_faults(config: dict, run_id: str) -> Faults:
-    """One run's hooks, from a trial's config (see fault_config)."""
-    f = config.get("faults") or {}
+def run_faults(faults: dict, run_id: str) -> Faults:
+    """One run's hooks, from what its driver sent (see fault_config; {}: none)."""
+    f = faults or {}
     return Faults(nan_at_step=f.get("nan", {}).get(run_id), hold_at_step=f.get("holds", {}).get(run_id),
                   hold_release=f.get("release"))
 

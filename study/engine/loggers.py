@@ -30,6 +30,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from study.engine.options import TrialOptions
 from study.engine.raytune import ray_dir, trial_run
 
 KINDS = ("mlflow", "wandb", "tensorboard")
@@ -251,7 +252,7 @@ def _mlflow_class():
                 from store import Store
 
                 run = trial_run(trial.config)
-                evals, tags = tracker_metrics(Store(trial.config["results"], run.study), run)
+                evals, tags = tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
                 metrics.update(evals)
                 client = MlflowClient(tracking_uri=self.tracking_uri)
                 for k, v in tags.items():

@@ -4,7 +4,8 @@ the Tuner set-up, and the row of a run whose trial ended without finishing.
 A trial is one run: `study.engine.trial.execute` trains and evaluates it into the study's store, and the
 trial reports its training loss and, at the end, its final metrics to Tune. A sweep's trial config
 holds the run (`config["run"]`); a search's holds the search group's base run and the sampled
-values (`config["base"]`, `config["param_keys"]`), and the search adds its objective (study/engine/tune.py).
+values (`config["base"]`, `config["param_keys"]`), and the search adds its objective (study/engine/tune.py);
+both hold what the driver tells its trials, one TrialOptions (study/engine/options.py) in one key.
 
 Ray is imported only inside the functions that run it: `study plan` and the loggers' checks stay cheap.
 """
@@ -16,7 +17,7 @@ import traceback
 
 from store import Store
 from study.engine.errors import error_line, root_cause
-from study.engine.faults import run_faults
+from study.engine.options import TrialOptions
 from study.spec.grid import Run
 from study.engine.trial import attempts_so_far, execute, format_error, run_from_resolved, run_row, start_attempt
 
@@ -79,9 +80,9 @@ def trainable(config: dict, objective=None) -> None:
 
     from store.lease import fence
 
-    run = trial_run(config)
-    store = Store(config["results"], run.study)
-    held = fence(store, config.get("lease"))  # a trial whose driver lost the study's lease stops (store/lease.py)
+    run, options = trial_run(config), TrialOptions.of_config(config)
+    store = Store(options.results, run.study)
+    held = fence(store, options.lease)  # a trial whose driver lost the study's lease stops (store/lease.py)
     held()
     scored = objective.trial(run, store) if objective is not None else None
     if scored is not None:
@@ -95,8 +96,7 @@ def trainable(config: dict, objective=None) -> None:
             tune.report(out)
 
     try:
-        row = execute(run, store, config["code_version"], report=report, attempt=attempt,
-                      faults=run_faults(config, run.run_id), grid=config.get("grid"))
+        row = execute(run, store, options, report=report, attempt=attempt)
         final = final_metrics(store, run, row)  # final_loss, each eval point's primary metric (for --log)
         held()
         tune.report(final if scored is None else scored.final(row, final))

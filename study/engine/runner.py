@@ -11,6 +11,7 @@ from study.spec.grid import Grid, Run
 from study.engine.health import Plan, classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
+from study.engine.options import RunOptions, TrialOptions
 from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, trial_resources, waiting_note_of
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
 from study.engine.raytune import fit, make_tuner, record_unfinished
@@ -31,19 +32,19 @@ def longest_first(runs: list[Run], store: Store) -> list[Run]:
     return sorted(runs, key=left, reverse=True)  # stable: equal costs keep the grid's order
 
 
-def run_grid(grid: Grid, results: str, address: str | None = None, retry_failed: bool = False,
-             num_cpus: int | None = None, echo=print, progress_every_s: float = 30.0, wait: bool = False,
-             log: list | None = None) -> int:
+def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
-    `log`: the sinks of --log (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
+    `options`: the command line's (study/engine/options.py); `options.log`: the sinks of --log
+    (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
 
     Holds the study's lease throughout (store/lease.py): while another driver holds it, raises
-    store.lease.LeaseHeld naming that driver, or with `wait` waits until it is free."""
+    store.lease.LeaseHeld naming that driver, or with `options.wait` waits until it is free."""
     from store.lease import acquire
 
-    lease = acquire(Store(results, grid.study), "run", wait=wait, echo=echo, on_lost=_lease_lost(echo))
+    echo = options.echo
+    lease = acquire(Store(results, grid.study), "run", wait=options.wait, echo=echo, on_lost=_lease_lost(echo))
     try:
-        return _run_grid(grid, results, address, retry_failed, num_cpus, echo, progress_every_s, lease, log=log)
+        return _run_grid(grid, results, options, lease)
     finally:
         lease.release()
 
@@ -71,16 +72,15 @@ def _lease_lost(echo):
     return lost
 
 
-def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool, num_cpus: int | None, echo,
-              progress_every_s: float, lease, log: list | None = None) -> int:
-    store = Store(results, grid.study)
+def _run_grid(grid: Grid, results: str, options: RunOptions, lease) -> int:
+    store, echo, address = Store(results, grid.study), options.echo, options.address
     links = store.links_out()  # never write through a symlink out of the store
     for line in links:
         echo(f"error: {line}")
     if links:
         return 2
     grid_sha = record_grid_file(store, grid, "run")
-    plan = heal_and_plan(grid, store, retry_failed, echo)
+    plan = heal_and_plan(grid, store, options.retry_failed, echo)
     echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
          f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
     if not plan.todo:
@@ -89,7 +89,7 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
     faults = fault_config()  # a malformed spec fails here, before Ray starts
     t0 = time.time()
     try:
-        ray, started = init_ray(address, num_cpus, store=store, echo=echo)
+        ray, started = init_ray(address, options.num_cpus, store=store, echo=echo)
     except ClusterError as e:
         echo(f"error: {e}")
         return 2
@@ -103,34 +103,32 @@ def _run_grid(grid: Grid, results: str, address: str | None, retry_failed: bool,
             return 2
         # a root every node reaches: an absolute path (shared disk) or the URI as given
         abs_results = results if "://" in results else os.path.abspath(results)
-        trial_config = {"results": abs_results, "code_version": code_version(), "grid": grid_sha,
-                        "lease": lease.fence, **faults}
-        return _dispatch(grid, store, plan, ray, trial_config, lease, echo, progress_every_s, log or [])
+        trial = TrialOptions(code_version(), results=abs_results, grid=grid_sha, lease=lease.fence, faults=faults)
+        return _dispatch(grid, store, plan, ray, trial, lease, options)
     finally:
         if started:
             ray.shutdown()
 
 
-def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lease, echo, progress_every_s: float,
-              log: list) -> int:
+def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial: TrialOptions, lease, options: RunOptions) -> int:
     """One Tune experiment over the runs still to do; their outcome, as `study run` says it."""
     from ray import tune
     from ray.tune.stopper import CombinedStopper
 
-    by_id = {r.run_id: r for r in plan.todo}
+    by_id, echo = {r.run_id: r for r in plan.todo}, options.echo
     placement, starts = PlacementWatch(ray, by_id), StartFailures(store, list(by_id))
     view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
-                    every_s=progress_every_s, beats=lambda: store.read_progress(set(by_id)))  # status's ETA
+                    every_s=options.progress_every_s, beats=lambda: store.read_progress(set(by_id)))  # status's ETA
     trials: list = []  # Tune's trials as of its last step (their status is live)
     view.waiting = waiting_note_of(ray, trials, by_id)
     payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
     tuner = make_tuner(
         # a new Tune experiment per invocation: the store, not Tune's state, says what is done
         f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, trial_resources,
-        param_space={"run": tune.grid_search(payloads), **trial_config},
+        param_space={"run": tune.grid_search(payloads), **trial.config()},
         # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
-                   *logger_callbacks(log, store, "run", echo)],  # --log (study/engine/loggers.py)
+                   *logger_callbacks(list(options.log), store, "run", echo)],  # --log (study/engine/loggers.py)
         max_failures=max(r.retries for r in plan.todo),
         stop=CombinedStopper(placement.stopper(), starts.stopper()))
     try:
@@ -153,8 +151,7 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial_config: dict, lea
         for res in result_grid:
             rid = ((res.config or {}).get("run") or {}).get("run_id")  # no config: the trial never started
             if res.error is not None and rid in by_id:
-                record_unfinished(store, by_id[rid], "failed", res.error,
-                                  trial_config["code_version"], trial_config["grid"])
+                record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
         return _outcome(grid, store, echo)
     finally:
         view.close()

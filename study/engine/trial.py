@@ -20,7 +20,7 @@ import torch
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store, digest
-from study.engine.faults import NO_FAULTS, Faults
+from study.engine.options import TrialOptions
 from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
@@ -91,13 +91,14 @@ def gpu_ids() -> str | None:
     return ",".join(str(i) for i in ids) or None
 
 
-def execute(run: Run, store: Store, code_version: str, report=None, attempt: int = 1,
-            faults: Faults = NO_FAULTS, grid: str | None = None) -> dict:
+def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt: int = 1) -> dict:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
-    `faults`: the run's fault hooks, for tests (study/engine/faults.py; none by default).
-    `grid`: content hash of the grid that dispatched the run (store/provenance.py), kept in its config and row."""
+    `options`: what the driver tells its trials (study/engine/options.py): the code version and the hash of
+    the grid that dispatched the run (store/provenance.py), kept in its config and row, and the fault hooks
+    for tests (study/engine/faults.py; none by default)."""
     run_id = run.run_id
+    code_version, grid, faults = options.code_version, options.grid, options.faults_of(run_id)
     device = pick_device(run.resources)
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(run.resources.cpu)))

@@ -44,6 +44,7 @@ import yaml
 from model.train import load_state
 from store import Store
 from study.engine.faults import fault_config
+from study.engine.options import RunOptions, TrialOptions
 from study.engine.evaluate import evaluate
 from study.spec.grid import Grid, Run, SearchGroup, sampling_depth
 from study.engine.loggers import callbacks as logger_callbacks
@@ -256,11 +257,11 @@ def _recover(study, echo) -> None:
         echo(f"  trial {t.number} was interrupted: its values {t.params} run again")
 
 
-def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: int | None = None,
-              echo: Callable[[str], None] = print, wait: bool = False, log: list | None = None) -> int:
+def tune_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run or resume every search group of `grid`; write best.yaml. Returns an exit code.
-    `log`: the sinks of --log (study.engine.loggers.parse), as for `study run`.
-    Holds the study's lease as `study run` does (store/lease.py: LeaseHeld, or `wait`)."""
+    `options`: the command line's, as for `study run` (study/engine/options.py; retry_failed and
+    progress_every_s do not apply). Holds the study's lease as `study run` does (store/lease.py:
+    LeaseHeld, or `options.wait`)."""
     if grid.search is None:
         raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
     if "://" in results:
@@ -269,14 +270,14 @@ def tune_grid(grid: Grid, results: str, address: str | None = None, num_cpus: in
     os.makedirs(store.dir, exist_ok=True)
     from store.lease import acquire
 
-    with acquire(store, "tune", wait=wait, echo=echo):  # one driver per study, `study run` included
+    with acquire(store, "tune", wait=options.wait, echo=options.echo):  # one driver per study, `study run` included
         lock = open(os.path.join(store.dir, ".tune.lock"), "w")
         try:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise TuneError(f"another `study tune` is running on {store.dir}") from None
-            return _tune_locked(grid, store, results, address, num_cpus, echo, log or [])
+            return _tune_locked(grid, store, results, options)
         finally:
             lock.close()
 
@@ -288,21 +289,21 @@ class _Session:
     grid: Grid
     store: Store
     storage: object  # optuna's RDBStorage of optuna.db
-    trial_config: dict  # in every trial's config: results, code_version, grid (its hash), the faults
+    trial: TrialOptions  # what every trial is told: results, code_version, grid (its hash), the faults
     echo: Callable[[str], None]
     log: list  # the sinks of --log
 
 
-def _tune_locked(grid: Grid, store: Store, results: str, address: str | None, num_cpus: int | None, echo,
-                 log: list) -> int:
+def _tune_locked(grid: Grid, store: Store, results: str, options: RunOptions) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = grid.search
     grid_sha = record_grid_file(store, grid, "tune")
+    echo = options.echo
     session = _Session(grid, store, optuna.storages.RDBStorage(storage_url(store)),
-                       {"results": os.path.abspath(results), "code_version": code_version(), "grid": grid_sha,
-                        **fault_config()}, echo, log)
+                       TrialOptions(code_version(), results=os.path.abspath(results), grid=grid_sha,
+                                    faults=fault_config()), echo, list(options.log))
     echo(f"study {grid.study}: {len(grid.search_groups)} search group(s) x {search.n_trials} trials; "
          f"{search.mode}imize {search.metric.label}; storage {storage_url(store)}")
     ray, started = None, False
@@ -315,7 +316,7 @@ def _tune_locked(grid: Grid, store: Store, results: str, address: str | None, nu
             echo(f"group {group.name}: {len(_finished(study))} of {search.n_trials} trials finished")
             if todo > 0:
                 if ray is None:
-                    ray, started = init_ray(address, num_cpus, store=store, echo=echo)
+                    ray, started = init_ray(options.address, options.num_cpus, store=store, echo=echo)
                     sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
                     if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
                                           grid.path, echo):
@@ -374,7 +375,7 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
     tuner = make_tuner(
         f"{session.grid.study}-tune-{group.name}-{int(time.time())}", store,
         PlacementGroupFactory([{"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}]),
-        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), **session.trial_config},
+        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), **session.trial.config()},
         callbacks=[trial_progress(view, base.train.steps),  # the live line
                    *logger_callbacks(session.log, store, "tune", session.echo)],  # --log
         max_failures=base.retries, objective=Objective(search.metric, eval_every),
@@ -398,7 +399,7 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
 
 def _row_of(session: _Session) -> dict:
     """What a search's runs rows say of the session: its code version and grid."""
-    return {"code_version": session.trial_config["code_version"], "grid": session.trial_config["grid"]}
+    return {"code_version": session.trial.code_version, "grid": session.trial.grid}
 
 
 def _group_summary(group: SearchGroup, study, search: Search) -> dict:

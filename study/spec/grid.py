@@ -1,4 +1,5 @@
-"""YAML grid -> validated list of runs.
+"""YAML grid -> validated list of runs (the points it expands: study/spec/points.py; the bounds every run is
+held to: study/spec/bounds.py).
 
 A grid has base sections (`task`, `model`, `train`, `eval`, `resources`) and says how they
 vary: `axes` (a product over dotted keys), `couple` (lists of points whose values vary
@@ -14,7 +15,6 @@ import functools
 import hashlib
 import itertools
 import json
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -27,10 +27,13 @@ from model.costs import train_flops_total
 from model.flops import flops_per_forward, param_counts
 from model.schedules import loss_weights_problem
 from store import NAME_RULE, is_safe_name
+# BOUNDS and MAX_STEP_BYTES: also read from here (study.spec.grid.BOUNDS), as before bounds.py held them
+from study.spec.bounds import BOUNDS, MAX_RUNS_ENV, MAX_STEP_BYTES, check_bounds, max_runs  # noqa: F401
 from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
+from study.spec.points import canon_key, check_keys, count_points, deep_update, mapping, points, satisfies
 from study.spec.search import Search, load_best
-from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, BadKey, Err, EvalConfig,
-                            GridError, Resources, aliases, canonical, cut, short, validate)
+from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig, GridError,
+                                 Resources, aliases, cut, short, validate)
 from tasks import TASKS, TaskConfig, make_task
 
 
@@ -286,7 +289,7 @@ def _group_specs(raw: dict, err: Err) -> list[tuple[str | None, dict, str]]:
             where = f"groups[{i}]"
             if not isinstance(g, dict):
                 err(where, "must be a mapping")
-            _check_keys(g, GROUP_KEYS, where + ".", err)
+            check_keys(g, GROUP_KEYS, where + ".", err)
             gname = str(g.get("name", i))
             twin = next((w for n, _, w in specs if n == gname), None)
             if twin is not None:  # their runs would be stored, reported and searched as one group
@@ -303,24 +306,24 @@ def _check_count(specs: list[tuple[str | None, dict, str]], err: Err) -> None:
     """Refuse a grid of more points than BOUNDS['grid.runs'], counted before anything is expanded."""
     cap, counted = max_runs(), 0
     for _, spec, where in specs:  # counted before anything is expanded (a 6 KB grid can ask for 10^6 runs)
-        counted += _count_points(spec, where, err)
+        counted += count_points(spec, where, err)
         if counted > cap:
             err((where or "") + "axes", f"{counted:,} points to expand (the product of the axes and couple lists, "
                                         f"plus include, before constraints and exclude), beyond the bound "
-                                        f"{cap:,} (study/spec/grid.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to "
+                                        f"{cap:,} (study/spec/bounds.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to "
                                         f"allow more)")
 
 
 def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     err = Err(path)
-    _check_keys(raw, TOP_KEYS, "", err)
+    check_keys(raw, TOP_KEYS, "", err)
     study = raw.get("study") or os.path.splitext(os.path.basename(path))[0]
     if not is_safe_name(study):  # the store's rule: a name that passes here opens as a Store
         err("study", f"must be a plain name: {NAME_RULE} (got {study!r})")
     retries = raw.get("retries", 2)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         err("retries", f"must be an integer >= 0 (got {short(retries)})")
-    base = {s: _mapping(raw.get(s, {}), s, err) for s in SECTIONS}
+    base = {s: mapping(raw.get(s, {}), s, err) for s in SECTIONS}
     specs = _group_specs(raw, err)
     search = validate(Search, raw["search"], "search", err) if "search" in raw else None
     runs: dict[str, Run] = {}
@@ -331,12 +334,12 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         sections = copy.deepcopy(base)
         if name is not None:
             for s in SECTIONS:
-                _deep_update(sections[s], _mapping(spec.get(s, {}), where + s, err))
+                deep_update(sections[s], mapping(spec.get(s, {}), where + s, err))
         df_where = where + "defaults_from" if "defaults_from" in spec else "defaults_from"
         best = None
         if raw.get("defaults_from") is not None or spec.get("defaults_from") is not None:
             best = load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err)
-        for point, included in _points(spec, where, err):
+        for point, included in points(spec, where, err):
             run = _resolve(sections, point, study, retries, name, err)
             source = {}
             if best is not None:  # best values of a search override the sections, never an axis
@@ -400,91 +403,6 @@ def _check_search_point(search: Search, sections: dict, point: dict, study: str,
                 err(f"search.params.{k}", f"the value {short(v)} gives an invalid run: {e}")
 
 
-def _mapping(v: Any, key: str, err: Err) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        err(key, f"must be a mapping (got {type(v).__name__})")
-    return copy.deepcopy(v)
-
-
-def _check_keys(d: dict, allowed: set[str], where: str, err: Err) -> None:
-    for k in d:
-        if k not in allowed:
-            err(f"{where}{k}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
-
-
-def _deep_update(dst: dict, src: dict) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_update(dst[k], v)
-        else:
-            dst[k] = v
-
-
-def _canon_key(key: Any, where: str, err: Err) -> str:
-    try:
-        return canonical(key)
-    except BadKey as e:
-        err(where + e.key, e.msg)
-
-
-def _point(d: Any, where: str, err: Err) -> dict:
-    if not isinstance(d, dict) or not d:
-        err(where, "a point is a non-empty mapping of axis key -> value")
-    out: dict = {}
-    for k, v in d.items():
-        ck = _canon_key(k, where + ".", err)
-        if ck in out:  # `{L: 2, model.L: 3}`: one field given twice, one value would be dropped
-            err(f"{where}.{k}", f"names {ck} again: give each field once")
-        out[ck] = v
-    return out
-
-
-def _count_points(spec: dict, where: str, err: Err) -> int:
-    """How many points _points would make of `spec` at most (before constraints and exclude): the product
-    of the axes' and couple lists' lengths, plus the include list; malformed parts are left to _points."""
-    n = 1
-    axes = spec.get("axes", {})
-    for vals in (axes.values() if isinstance(axes, dict) else ()):
-        n *= len(vals) if isinstance(vals, list) and vals else 1
-    couple = spec.get("couple", [])
-    for fam in (couple if isinstance(couple, list) else ()):
-        n *= len(fam) if isinstance(fam, list) and fam else 1
-    inc = spec.get("include", [])
-    return n + (len(inc) if isinstance(inc, list) else 0)
-
-
-def _points(spec: dict, where: str, err: Err) -> list[tuple[dict, bool]]:
-    """(point, listed in `include`?): included points are taken as written, past the constraints."""
-    axes = _mapping(spec.get("axes", {}), where + "axes", err)
-    lists, named = [], {}
-    for k, vals in axes.items():
-        ck = _canon_key(k, where + "axes.", err)
-        if ck in named:  # `L` and `model.L`: one axis would silently replace the other
-            err(f"{where}axes.{k}", f"names the same field as axis {named[ck]!r} ({ck}): give it once")
-        named[ck] = k
-        if not isinstance(vals, list) or not vals:
-            err(f"{where}axes.{k}", f"must be a non-empty list of values (got {short(vals)})")
-        lists.append([{ck: v} for v in vals])
-    couple = spec.get("couple", [])
-    if not isinstance(couple, list):
-        err(where + "couple", "must be a list of lists of points, e.g. [[{K: 6, L: 5}, {K: 30, L: 1}]]")
-    for i, fam in enumerate(couple):
-        if not isinstance(fam, list) or not fam:
-            err(f"{where}couple[{i}]", "must be a non-empty list of points")
-        lists.append([_point(p, f"{where}couple[{i}][{j}]", err) for j, p in enumerate(fam)])
-    points = [dict(kv for d in combo for kv in d.items()) for combo in itertools.product(*lists)] if lists else [{}]
-    for i, c in enumerate(_as_list(spec.get("constraints", []), where + "constraints", err)):
-        points = [p for p in points if _satisfies(p, c, f"{where}constraints[{i}]", err)]
-    excl = [_point(p, f"{where}exclude[{i}]", err)
-            for i, p in enumerate(_as_list(spec.get("exclude", []), where + "exclude", err))]
-    points = [p for p in points if not any(all(p.get(k) == v for k, v in e.items()) for e in excl)]
-    included = [_point(p, f"{where}include[{i}]", err)
-                for i, p in enumerate(_as_list(spec.get("include", []), where + "include", err))]
-    return [(p, False) for p in points] + [(p, True) for p in included]
-
-
 def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
     """The constraints on the resolved run: a key no axis sets takes its base (or default) value."""
     sections = {"task": run.task, "model": run.model, "train": run.train, "eval": run.eval,
@@ -493,7 +411,7 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
         cw = f"{where}constraints[{i}]"
         values = {}
         for k in c["product"]:
-            ck = _canon_key(k, cw + ".product.", err)
+            ck = canon_key(k, cw + ".product.", err)
             sec, fld = ck.split(".", 1)
             v = sections[sec]
             for part in fld.split("."):
@@ -501,32 +419,9 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
                     err(f"{cw}.product", f"{k}: no such field; {sec} has: {', '.join(sorted(type(v).model_fields))}")
                 v = getattr(v, part)
             values[ck] = v
-        if not _satisfies(values, c, cw, err):
+        if not satisfies(values, c, cw, err):
             return False
     return True
-
-
-def _as_list(v: Any, key: str, err: Err) -> list:
-    if not isinstance(v, list):
-        err(key, "must be a list")
-    return v
-
-
-def _satisfies(point: dict, c: Any, where: str, err: Err) -> bool:
-    """Declarative constraint: {product: [keys], equals|max|min: number}."""
-    if not isinstance(c, dict) or "product" not in c or not (set(c) - {"product"}) <= {"equals", "max", "min"} \
-            or len(c) < 2:
-        err(where, "a constraint is {product: [keys...], equals|min|max: number}")
-    keys = [_canon_key(k, where + ".product.", err) for k in c["product"]]
-    vals = [point.get(k) for k in keys]
-    if any(v is None for v in vals):
-        return True  # not decided by this point's axes: the base value applies; checked after resolve
-    try:
-        prod = math.prod(vals)
-    except TypeError:
-        err(where, f"product of non-numbers {vals}")
-    return (("equals" not in c or prod == c["equals"]) and ("max" not in c or prod <= c["max"])
-            and ("min" not in c or prod >= c["min"]))
 
 
 def _task_config(d: dict, key: str, err: Err) -> TaskConfig:
@@ -564,101 +459,8 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
         err("train.truncate_k", f"must be <= L ({model.L}) (got {train.truncate_k})")
     if train.min_depth > model.L:
         err("train.min_depth", f"must be <= L ({model.L}) (got {train.min_depth})")
-    _check_bounds(task, model, train, ev, res, retries, err)  # before any model or data is built
+    check_bounds(task, model, train, ev, res, retries, err)  # before any model or data is built
     return Run(study=study, task=task, model=model, train=train, eval=ev, resources=res, retries=retries, group=group)
-
-
-# ---- bounds --------------------------------------------------------------------------------
-# Every size a grid sets is bounded here, before anything is built (a model of 100,000 layers, a
-# width of 10^9 or a billion loops would take minutes to plan, or crash, or never finish): explicit
-# caps far above any study this tool runs, and the estimate of a training step's peak memory
-# (model/costs.train_step_memory with a lower bound of the parameters) against MAX_STEP_BYTES,
-# more than any single device or host a trial runs on holds. Numbers must also be finite and fit
-# a 64-bit integer (seeds are given to torch and numpy).
-BOUNDS = {
-    "model.K": 1024, "model.L": 1024, "model.d_model": 65536, "model.n_heads": 1024, "model.mlp_ratio": 64,
-    "train.steps": 10_000_000, "train.batch_size": 1 << 20, "train.warmup": 10_000_000,
-    "train.truncate_k": 1024, "train.min_depth": 1024, "train.checkpoint_every": 10_000_000,
-    "train.log_every": 10_000_000, "eval.T": 65536, "eval.L_s": 1024, "eval.n_examples": 10_000_000,
-    "eval.n_samples_kept": 10_000_000, "eval.adaptive.max_loops": 1024, "task.seq_len": 65536,
-    "task.n_train": 100_000_000, "resources.cpu": 4096, "resources.gpu": 1024, "retries": 100,
-    "grid.runs": 10_000,  # points a grid expands to, counted before expanding; $RMDM_MAX_RUNS overrides it
-}
-MAX_RUNS_ENV = "RMDM_MAX_RUNS"
-
-
-def max_runs(err: Err | None = None) -> int:
-    """BOUNDS['grid.runs'], or $RMDM_MAX_RUNS (a positive integer) where set."""
-    v = os.environ.get(MAX_RUNS_ENV)
-    if v is None or v == "":
-        return BOUNDS["grid.runs"]
-    if not v.isdigit() or int(v) < 1:
-        raise GridError(f"${MAX_RUNS_ENV}={short(v)}: a positive integer is meant (the most runs a grid may "
-                        f"expand to; default {BOUNDS['grid.runs']:,})")
-    return int(v)
-MAX_STEP_BYTES = 1 << 40  # 1 TiB: a training step's estimated peak memory (weights, AdamW, activations)
-MAX_SEQ_LEN = BOUNDS["task.seq_len"]
-
-
-def _check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: EvalConfig, res: Resources,
-                  retries: int, err: Err) -> None:
-    sections = {"task": task, "model": model, "train": train, "eval": ev, "resources": res}
-    for sec, cfg in sections.items():
-        for key, v in _numbers(cfg.model_dump(), sec):
-            if isinstance(v, float) and not math.isfinite(v):
-                err(key, f"must be a finite number (got {v})")
-            if isinstance(v, int) and abs(v) >= 1 << 63:
-                err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {short(v)})")
-            cap = BOUNDS.get(_unindexed(key))
-            if cap is not None and isinstance(v, (int, float)) and v > cap:
-                err(key, f"{short(v)} is beyond the bound {cap:,} (study/spec/grid.py BOUNDS: more than any "
-                         f"study here can train or evaluate)")
-    if retries > BOUNDS["retries"]:
-        err("retries", f"{retries} is beyond the bound {BOUNDS['retries']}")
-    seq_len, vocab = _task_shape(task.name, task.model_dump_json())
-    if seq_len > MAX_SEQ_LEN:
-        err("task", f"task {task.name} gives sequences of {seq_len:,} tokens; the bound is {MAX_SEQ_LEN:,} "
-                    f"(study/spec/grid.py BOUNDS)")
-    from model.costs import train_step_memory
-
-    d = model.d_model
-    n_params = model.K * int((4 + 2 * model.mlp_ratio) * d * d) + (vocab + seq_len) * d  # a lower bound
-    mem = train_step_memory(model, train, seq_len, vocab, n_params)["total"]
-    if mem > MAX_STEP_BYTES:
-        err("model", f"a training step needs about {mem / 2**30:,.0f} GiB (K={model.K}, L={model.L}, "
-                     f"d_model={d}, batch_size={train.batch_size}, {seq_len} tokens; at least {n_params:,} "
-                     f"parameters at 16 bytes each with AdamW, and the activations); the bound is "
-                     f"{MAX_STEP_BYTES / 2**30:,.0f} GiB (study/spec/grid.py MAX_STEP_BYTES)")
-
-
-def _numbers(d: Any, key: str):
-    """(dotted key, value) of every number in a dumped config, lists indexed (`eval.T[2]`)."""
-    if isinstance(d, dict):
-        for k, v in d.items():
-            yield from _numbers(v, f"{key}.{k}")
-    elif isinstance(d, (list, tuple)):
-        for i, v in enumerate(d):
-            yield from _numbers(v, f"{key}[{i}]")
-    elif isinstance(d, (int, float)) and not isinstance(d, bool):
-        yield key, d
-
-
-def _unindexed(key: str) -> str:
-    import re
-
-    return re.sub(r"\[\d+\]", "", key)
-
-
-@functools.lru_cache(maxsize=256)
-def _task_shape(task_name: str, task_json: str) -> tuple[int, int]:
-    """(sequence length, vocabulary size) of a task, without its data (a text8 `seq_len` is checked
-    before its position ids are built)."""
-    cfg = TASKS[task_name][0].model_validate_json(task_json)
-    declared = getattr(cfg, "seq_len", None)
-    if isinstance(declared, int) and declared > MAX_SEQ_LEN:
-        return declared, 1
-    task = make_task(cfg)
-    return len(task.pos_ids()), task.vocab_size
 
 
 def check_data(grid: Grid) -> None:

@@ -40,7 +40,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class OverrideError(ValueError):
-    """One line naming the override (study/cli.py turns it into exit 2)."""
+    """One line naming the override (study/cli/ turns it into exit 2)."""
 
 
 @dataclass

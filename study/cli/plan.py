@@ -1,0 +1,150 @@
+"""`study plan`: every run of a grid and what the grid will cost, running nothing."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import typer
+
+from study.cli.base import Command, app, fail
+from study.cli.checks import OVERRIDES, grid_or_exit
+
+
+@app.command(cls=Command)
+def plan(
+    grid: str,
+    overrides: Optional[list[str]] = OVERRIDES,
+    json_out: bool = typer.Option(False, "--json", help="one JSON object per run, then one with \"totals\": true"),
+    resolved: bool = typer.Option(False, "--resolved", help="print each run's fully resolved configuration (every "
+                                  "default filled in, overrides applied: what the run stores as its config) as one "
+                                  "YAML document per run, or with --json one JSON object per run"),
+    measure: bool = typer.Option(False, "--measure", help="time a few training steps of each distinct shape here "
+                                 "(cached per machine and shape) for time and peak memory"),
+    remeasure: bool = typer.Option(False, "--remeasure", help="--measure, ignoring the cache"),
+    flops_per_s: Optional[float] = typer.Option(None, "--flops-per-s", help="the target hardware's rate, FLOP/s"),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="fraction of --device/--peak-flops a run reaches"),
+    device: Optional[str] = typer.Option(None, "--device", help="a device's bf16 dense peak for --mfu: h100, a100, "
+                                         "l4, ... (see model/costs.py BF16_PEAK_TFLOPS)"),
+    peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="a device's peak FLOP/s for --mfu"),
+    results: str = typer.Option("results", "--results", help="a claims grid: the store whose seeds are its pilot"),
+):
+    """List every run of GRID (id, K, L_t, parameters, FLOPs, eval points) and what the grid will cost
+    (training and evaluation FLOPs, time at a given or measured rate, a training step's peak memory);
+    run nothing. Eval FLOPs are an upper bound (T x L_s passes; the sampler may stop sooner)."""
+    from study.spec import cost
+
+    g = grid_or_exit(grid, overrides=overrides)
+    if resolved:
+        return _echo_resolved(g, json_out)
+    try:
+        rate = cost.given_rate(flops_per_s, mfu, device, peak_flops)
+    except ValueError as e:
+        fail(str(e))
+    for line in cost.t_warnings(g.runs, grid):
+        typer.echo(line, err=True)
+    measured = cost.measure(g.runs, echo=lambda m: typer.echo(m, err=True), refresh=remeasure) \
+        if (measure or remeasure) else {}
+    rows = [_plan_row(g, r, measured.get(r.run_id), rate) for r in g.runs]
+    how = rate.how if rate else ("measured here (--measure)" if measured else None)
+    totals = _plan_totals(g, rows, how)
+    if json_out:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        typer.echo(json.dumps(totals))
+        return
+    _echo_plan(g, grid, rows, totals)
+    if g.claims is not None:
+        _echo_claims_plan(g, results)
+
+
+def _echo_claims_plan(g, results: str) -> None:
+    """Per claim: the pilot's difference and spread, the expected seeds and the chance of a decision."""
+    from analysis.claims import plan_lines
+
+    evals = None
+    if os.path.isdir(os.path.join(results, g.study)) or "://" in results:
+        from analysis.load import MissingData, load_study
+
+        try:
+            evals = load_study(results, g.study).evals
+        except (MissingData, OSError, ValueError):
+            evals = None
+    for line in plan_lines(g.claims.spec(), evals):
+        typer.echo(line)
+
+
+def _echo_resolved(g, json_out: bool) -> None:
+    """`study plan --resolved`: each run's resolved configuration (Run.resolved, as stored in configs/), YAML or JSON."""
+    import yaml
+
+    for i, r in enumerate(g.runs):
+        conf = json.loads(json.dumps(r.resolved(), default=str))
+        if json_out:
+            typer.echo(json.dumps(conf, sort_keys=True))
+        else:
+            typer.echo(("---\n" if i else "") + f"# run {r.run_id} of study {g.study}\n"
+                       + yaml.safe_dump(conf, sort_keys=False), nl=False)
+
+
+def _plan_row(g, r, m: dict | None, rate) -> dict:
+    """`study plan`'s row of run `r`: its shape, costs and eval points, timed at `rate` (given) or by `m`
+    (measured here; None: not measured)."""
+    from study.spec import cost
+
+    row = {"run_id": r.run_id, "study": g.study, "group": r.group, "task": r.task.name, "K": r.model.K,
+           "L_t": r.model.L, "d_model": r.model.d_model, "schedule": r.train.schedule,
+           "loss": r.train.loss, "seed": r.train.seed, **r.costs(),
+           "eval_points": [{"T": p.T, "L_s": p.L_s, "sampler": p.label} for p in r.eval_points()],
+           "tuned": g.tuned.get(r.run_id, {}), **cost.run_costs(r)}
+    if m is not None:
+        row.update(memory_bytes=m["memory"], memory_how=m["memory_how"])
+    if rate is not None:
+        return cost.with_time(row, rate.train, rate.eval)
+    return cost.with_time(row, m and m["train"], m and m["eval"])
+
+
+def _plan_totals(g, rows: list[dict], how: str | None) -> dict:
+    """The grid's totals: FLOPs, time (None unless every run is timed) and the largest training step."""
+    secs = [row["seconds"] for row in rows]
+    biggest = max(rows, key=lambda row: row["memory_bytes"], default=None)
+    return {"totals": True, "study": g.study, "runs": len(rows),
+            "train_flops": sum(row["train_flops"] for row in rows),
+            "eval_flops": sum(row["eval_flops"] for row in rows),
+            "seconds": sum(secs) if rows and None not in secs else None, "rate": how,
+            "memory_bytes_max": biggest["memory_bytes"] if biggest else None,
+            "memory_how": biggest["memory_how"] if biggest else None,
+            "memory_run_id": biggest["run_id"] if biggest else None}
+
+
+def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
+    """`study plan`'s table: the search groups (a search grid), a line per run, then the totals."""
+    from study.spec import cost
+
+    if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
+        from study.engine.tune import describe_search
+
+        for line in describe_search(g):
+            typer.echo(line)
+    typer.echo(f"study {g.study}: {len(rows)} runs from {grid}")
+    typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11} "
+               f"{'train FLOPs':>11} {'eval FLOPs':>11} {'step mem':>10} {'time':>9}  eval points")
+    for row in rows:
+        Ts = sorted({p["T"] for p in row["eval_points"]})
+        Ls = sorted({p["L_s"] for p in row["eval_points"]})
+        typer.echo(f"{row['run_id']:<13} {row['task']:<8} {row['K']:>3} {row['L_t']:>4} {row['d_model']:>5} "
+                   f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g} {row['train_flops']:>11.3g} "
+                   f"{row['eval_flops']:>11.3g} {cost.human_bytes(row['memory_bytes']):>10} "
+                   f"{cost.human_seconds(row['seconds']):>9}  T={Ts} L_s={Ls}")
+        for k, src in row["tuned"].items():  # values taken from a search's best.yaml (`defaults_from`)
+            typer.echo(f"{'':<13} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
+    typer.echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
+               f"(at most: T x L_s forward passes per example)")
+    if totals["seconds"] is not None:
+        typer.echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, "
+                   f"at {totals['rate']}")
+    else:
+        typer.echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
+    if totals["memory_run_id"] is not None:
+        typer.echo(f"peak memory of a training step: {cost.human_bytes(totals['memory_bytes_max'])} "
+                   f"({totals['memory_how']}; run {totals['memory_run_id']})")

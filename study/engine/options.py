@@ -1,0 +1,57 @@
+"""The options of one `study run` or `study tune`, each object built once and passed down whole.
+
+`RunOptions` is what the command line says (built once in study/cli/run.py, given to `run_grid`,
+`run_claims` and `tune_grid`); `TrialOptions` is what every trial of that invocation is told by its
+driver (one key of the trial's config, OPTIONS_KEY, as the trials may run on other nodes), read back
+by the trainable and given to `study.engine.trial.execute`. A new flag is one field here, one option
+in the command line, and its one use.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+OPTIONS_KEY = "options"  # the one key of a trial's config that holds its TrialOptions
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The flags of `study run` and `study tune` (the defaults are the command line's)."""
+
+    address: str | None = None  # --address: join a Ray cluster (None: start a local Ray)
+    num_cpus: int | None = None  # --num-cpus: CPUs of the embedded local Ray
+    retry_failed: bool = False  # --retry-failed: run again the runs recorded as failed (`study run`)
+    wait: bool = False  # --wait: wait for another driver's lease instead of refusing
+    progress_every_s: float = 30.0  # --progress-every: seconds between progress lines off a terminal
+    log: tuple = ()  # --log: the sinks (study.engine.loggers.parse)
+    echo: Callable[[str], None] = field(default=print, compare=False)  # where the driver's lines go
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """What a driver tells each of its trials: where the store is, the code version and grid hash its rows
+    carry, the lease that fences it (store/lease.py: Lease.fence; None: unfenced) and the faults injected
+    for tests (study/engine/faults.py: fault_config; none by default)."""
+
+    code_version: str
+    results: str | None = None  # the store's root as every node reaches it (an absolute path or a URI)
+    grid: str | None = None  # content hash of the grid that dispatched the run (store/provenance.py)
+    lease: dict | None = None
+    faults: dict = field(default_factory=dict)
+
+    def config(self) -> dict:
+        """The trial config's share of these options: one key."""
+        return {OPTIONS_KEY: dataclasses.asdict(self)}
+
+    @classmethod
+    def of_config(cls, config: dict) -> "TrialOptions":
+        """The options a trial's config carries (see `config`)."""
+        return cls(**config[OPTIONS_KEY])
+
+    def faults_of(self, run_id: str):
+        """One run's fault hooks, a study.engine.faults.Faults (none unless a test's environment injects them;
+        imported here: faults.py needs torch, the command line that builds options does not)."""
+        from study.engine.faults import run_faults
+
+        return run_faults(self.faults, run_id)
