@@ -78,7 +78,7 @@ def test_verify_derives_them_and_catches_a_changed_value(trained, tmp_path):
     run, store = trained
     v = verify_study(store, deep=True, points=["nll-test", "nll-val"])
     assert v.problems == [], v.problems
-    assert any("2 of" in n for n in v.notes if n.startswith("--deep")), v.notes
+    assert any("; 2 of 2 continuous-quantity points" in n for n in v.notes if n.startswith("--deep")), v.notes
     t = store.read_file("samples", run.run_id, "nll-val.parquet").to_pylist()
     sc = json.loads(t[0]["scores"])
     sc["elbo"] += 0.5
@@ -114,3 +114,26 @@ def test_existing_numbers_unchanged_without_them(trained, tmp_path, monkeypatch)
     w_new = torch.load(store.weights_path(run.run_id), weights_only=False)["model"]
     w_old = torch.load(plain.weights_path(run.run_id), weights_only=False)["model"]
     assert all(torch.equal(w_new[k], w_old[k]) for k in w_new)
+
+
+def test_backfill_scores_old_runs_from_their_weights(trained, tmp_path, monkeypatch):
+    """A run stored without them (an older store) gets the same points from its final weights, verified."""
+    from typer.testing import CliRunner
+
+    from study.cli import app
+
+    run, store = trained
+    with monkeypatch.context() as m:
+        m.setattr(continuous, "scored", lambda task: False)
+        _, old = _trained(tmp_path, study="old4")
+    assert not any(k.startswith("nll-") for k in old.eval_keys(run.run_id))
+    r = CliRunner().invoke(app, ["backfill", "--study", "old4", "--results", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "2 point(s) written" in r.output and "checkpoint numbers" in r.output
+    got, want = old.read("evals"), store.read("evals")
+    pick = lambda d: d[d["eval_key"].str.startswith("nll-")].sort_values(["eval_key", "metric"])[
+        ["eval_key", "metric", "value", "ci_low", "ci_high", "n_examples", "T", "L_s", "split"]].to_dict("records")
+    assert pick(got) == pick(want)
+    assert verify_study(old, deep=True, points=["nll-test"]).problems == []
+    again = CliRunner().invoke(app, ["backfill", "--study", "old4", "--results", str(tmp_path)])
+    assert again.exit_code == 0 and "0 point(s) written" in again.output, again.output

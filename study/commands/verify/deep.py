@@ -34,8 +34,17 @@ def chosen_points(c: Context, fraction: float, points: list[str]) -> list[tuple[
     if points:
         want = [p.split("/", 1) if "/" in p else [None, p] for p in points]
         return [(r, k) for r, k in stored if any((wr in (None, r)) and wk == k for wr, wk in want)]
-    rank = sorted(stored, key=lambda p: hashlib.sha256(f"{p[0]}/{p[1]}".encode()).hexdigest())
-    return sorted(rank[:max(1, math.ceil(fraction * len(rank)))]) if rank else []
+    chosen = []
+    for group in ([p for p in stored if not _is_nll(p[1])], [p for p in stored if _is_nll(p[1])]):  # each apart
+        rank = sorted(group, key=lambda p: hashlib.sha256(f"{p[0]}/{p[1]}".encode()).hexdigest())
+        chosen += rank[:max(1, math.ceil(fraction * len(rank)))] if rank else []
+    return sorted(chosen)
+
+
+def _is_nll(key: str) -> bool:
+    from study.engine.continuous import NLL_KEYS
+
+    return key in NLL_KEYS.values()
 
 
 def check_deep(c: Context, fraction: float = 1.0, points: list[str] | None = None) -> None:
@@ -43,13 +52,16 @@ def check_deep(c: Context, fraction: float = 1.0, points: list[str] | None = Non
     if points and not chosen:
         c.v.problems.append(f"--point {', '.join(points)}: no stored eval point of that name (RUN_ID/EVAL_KEY "
                             f"or EVAL_KEY, as in evals/<run_id>/<eval_key>.parquet)")
-    t0, done = time.perf_counter(), 0
+    t0, done, nll = time.perf_counter(), 0, 0
     models: dict = {}
     for rid, key in chosen:
-        done += _redo_point(c, rid, key, models)
-    total = sum(1 for (table, _) in c.tables if table == "evals")
+        redone = _redo_point(c, rid, key, models)
+        nll, done = (nll + redone, done) if _is_nll(key) else (nll, done + redone)
+    total = sum(1 for (table, rel) in c.tables if table == "evals" and not _is_nll(stem(rel[1])))
+    n_nll = sum(1 for (table, rel) in c.tables if table == "evals" and _is_nll(stem(rel[1])))
     c.v.notes.append(f"--deep: {done} of {total} eval points evaluated again from the stored weights "
-                     f"({time.perf_counter() - t0:.1f} s on cpu)")
+                     f"({time.perf_counter() - t0:.1f} s on cpu)"
+                     + (f"; {nll} of {n_nll} continuous-quantity points (nll-test, nll-val)" if n_nll else ""))
 
 
 def _model(c: Context, rid: str, run, task, models: dict):

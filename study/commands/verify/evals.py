@@ -39,7 +39,9 @@ def check_evals_and_samples(c: Context) -> None:
         row = runs.get(rid)
         if row is not None:
             _check_point(c, rel, t.to_pylist(), samples.get(rel), row)
-    v.add("eval_files", len(evals))
+    nll = sum(1 for rel in evals if stem(rel[1]) in _nll_keys())  # counted apart: the sampled points' count stays
+    v.add("eval_files", len(evals) - nll)
+    v.add("nll_files", nll)
     for rel in sorted(on_disk["samples"] - on_disk["evals"]):
         v.problems.append(f"orphan file {store.path('samples', *rel)}: samples without an evals file")
 
@@ -49,6 +51,12 @@ def check_evals_and_samples(c: Context) -> None:
             continue
         for key in sorted(keys - present.get(rid, set())):
             v.problems.append(f"run {rid} is done but eval point {key} has no readable evals rows")
+
+
+def _nll_keys() -> set[str]:
+    from study.engine.continuous import NLL_KEYS
+
+    return set(NLL_KEYS.values())
 
 
 def _metrics_owed(c: Context, rid: str, key: str, samples) -> set[str]:

@@ -103,7 +103,7 @@ def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, 
         v.underived.add(f"evals metric {m} (no per-example score of it)")
         v.notes.append(f"{path}: {m} not re-derived: the samples carry no per-example {m}")
         return
-    v.add("metrics_recomputed")
+    v.add("nll_recomputed" if kind == "nll" else "metrics_recomputed")
     for fld in ("value", "ci_low", "ci_high"):
         if not same(r[fld], want[fld]):
             v.problems.append(f"{path}: field {fld} of {m} is {r[fld]} but the {len(scores)} per-example scores "
@@ -127,6 +127,7 @@ def check_texts(v: Verdict, spath: str, srows: list[dict], scores: list[dict], t
             v.underived.add("per-sequence likelihood bounds (recomputing them needs the model: `study eval`)")
         elif kind == "nll":
             v.underived.add("per-example ELBO and reference NLL (recomputing them needs the model: --deep)")
+            return
         elif k:
             v.underived.add(f"{row['task']} per-example scores (no text re-scorer for this task)")
         v.add("scores_as_stored", m)
