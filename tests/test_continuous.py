@@ -137,3 +137,13 @@ def test_backfill_scores_old_runs_from_their_weights(trained, tmp_path, monkeypa
     assert verify_study(old, deep=True, points=["nll-test"]).problems == []
     again = CliRunner().invoke(app, ["backfill", "--study", "old4", "--results", str(tmp_path)])
     assert again.exit_code == 0 and "0 point(s) written" in again.output, again.output
+
+
+def test_a_run_evaluated_on_validation_never_reads_the_test_split(tmp_path):
+    """A search's trial (eval.split val) gets nll-val only: its selection never looks at the test split."""
+    grid = {**GRID, "study": "val4", "eval": {**GRID["eval"], "split": "val", "at_checkpoints": 0}}
+    run = expand(grid, "val4.yaml").runs[0]
+    store = Store(str(tmp_path), "val4")
+    execute(run, store, code_version="test")
+    ev = store.read("evals")
+    assert set(ev["split"]) == {"val"} and "nll-val" in set(ev["eval_key"]) and "nll-test" not in set(ev["eval_key"])

@@ -127,11 +127,13 @@ def scored(task) -> bool:
 def evaluate_run(run, task, model: RecursiveDenoiser, store, done: set[str], eval_set, precision: str = "float32",
                  log=lambda msg: None) -> list[str]:
     """Write each split's `nll-<split>` point of a run that `done` (its eval keys already stored) lacks, on the
-    first eval.n_examples examples of `eval_set(split)`; returns the keys written. None for a likelihood task."""
+    first eval.n_examples examples of `eval_set(split)`; returns the keys written. None for a likelihood task.
+    The splits: validation, and test unless the run is evaluated on validation (a search's trial: its
+    selection never reads the test split)."""
     if not scored(task):
         return []
     wrote = []
-    for split in SPLITS:
+    for split in [s for s in SPLITS if s == "val" or task.cfg.split_of(run.eval.split) == s]:
         key = NLL_KEYS[split]
         if key in done:
             continue
