@@ -147,3 +147,15 @@ def test_a_run_evaluated_on_validation_never_reads_the_test_split(tmp_path):
     execute(run, store, code_version="test")
     ev = store.read("evals")
     assert set(ev["split"]) == {"val"} and "nll-val" in set(ev["eval_key"]) and "nll-test" not in set(ev["eval_key"])
+
+
+def test_validation_left_out_where_the_data_cannot_hold_it(tmp_path):
+    """4x4 Sudoku has 192 reachable grids: 150 train + 30 test leave no room for 30 validation grids."""
+    grid = {**GRID, "study": "full4", "eval": {**GRID["eval"], "at_checkpoints": 0},
+            "task": {**GRID["task"], "n_train": 150, "n_test": 30, "n_val": 30}}
+    run = expand(grid, "full4.yaml").runs[0]
+    store = Store(str(tmp_path), "full4")
+    execute(run, store, code_version="test")
+    keys = set(store.read("evals")["eval_key"])
+    assert "nll-test" in keys and "nll-val" not in keys
+    assert "nll-val left out" in store.read_bytes(store.path("logs", f"{run.run_id}.log")).decode()

@@ -32,7 +32,7 @@ from model.elbo import nll_bound
 from model.precision import autocast
 from stats import t_ci
 from study.engine.evaluate import EvalRow, Evaluation, SampleRow, now, write
-from tasks import SPLITS
+from tasks import SPLITS, DataBoundError
 
 NLL_KEYS = {"test": "nll-test", "val": "nll-val"}  # eval key of each split's point
 NLL_METRICS = ("elbo", "ref_nll")
@@ -129,14 +129,21 @@ def evaluate_run(run, task, model: RecursiveDenoiser, store, done: set[str], eva
     """Write each split's `nll-<split>` point of a run that `done` (its eval keys already stored) lacks, on the
     first eval.n_examples examples of `eval_set(split)`; returns the keys written. None for a likelihood task.
     The splits: validation, and test unless the run is evaluated on validation (a search's trial: its
-    selection never reads the test split)."""
+    selection never reads the test split); validation only where the task's data can hold it beside train
+    and test (a small 4x4 Sudoku may not: then it is left out and said in the log)."""
     if not scored(task):
         return []
-    wrote = []
-    for split in [s for s in SPLITS if s == "val" or task.cfg.split_of(run.eval.split) == s]:
+    wrote, own = [], task.cfg.split_of(run.eval.split)
+    for split in [s for s in SPLITS if s == "val" or own == s]:
         key = NLL_KEYS[split]
         if key in done:
             continue
+        if split != own:
+            try:
+                task.check_data((own, split))
+            except DataBoundError as e:
+                log(f"{key} left out: {e}")
+                continue
         ev = eval_set(split).head(run.eval.n_examples)
         write(store, run.run_id, evaluate_nll(model, run.run_id, split, ev, run.model.L, precision))
         log(f"evaluated {key}")
