@@ -38,6 +38,7 @@ COLUMN_FIELDS = {"task": "task.name", "K": "model.K", "L_t": "model.L", "d_model
 
 # one evaluation point of one run: the analysis holds one evals row per point (dedupe_evals)
 EVAL_POINT = ["run_id", "T", "L_s", "sampler", "split", "metric"]
+CONTINUOUS_SAMPLER = "likelihood"  # the sampler column of the continuous quantities' rows (nll-test, nll-val)
 
 
 class MissingData(ValueError):
@@ -66,6 +67,9 @@ class StudyData:
     # runs left out because they did not finish (status failed, pruned, running...): only done runs are
     # analysed; columns run_id, task_variant, model, seed, status, error
     not_done: pd.DataFrame | None = None
+    # the continuous quantities (study/engine/continuous.py: metrics elbo and ref_nll, sampler 'likelihood',
+    # T = 0), kept out of `evals`, whose figures and tables are of sampled metrics; the ladder law reads them
+    continuous: pd.DataFrame | None = None
 
 
 def latest_study(results: str) -> str:
@@ -92,12 +96,15 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
                           f"({not_done_summary(not_done)})")
     cols = run_cols()
-    evals, left_evals = dedupe_evals(store.read("evals").merge(runs[cols], on="run_id", how="inner"))
+    evals = store.read("evals").merge(runs[cols], on="run_id", how="inner")
+    likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER if "sampler" in evals else evals.index != evals.index
+    continuous, (evals, left_evals) = evals[likelihoods], dedupe_evals(evals[~likelihoods])
     history = with_run_columns(store.read("history"), runs)
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
                      configs=configs, config_texts=config_texts, store=store, superseded=superseded, left_out_evals=left_evals,
+                     continuous=continuous,
                      not_done=not_done)
 
 

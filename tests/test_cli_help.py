@@ -17,7 +17,8 @@ import yaml
 
 from tests.helpers import ROOT, study, tiny_grid
 
-COMMANDS = ["plan", "run", "status", "prune", "tune", "report", "verify", "predict", "eval", "text8-download"]
+COMMANDS = ["plan", "run", "status", "prune", "tune", "report", "verify", "backfill", "predict", "eval",
+            "text8-download"]
 TAG = re.compile(r"<(str|bool|int|float|path|list\[[^\]]*\]|[a-z]+ range)>")
 NARROW = {"COLUMNS": "80", "TERMINAL_WIDTH": "80"}
 

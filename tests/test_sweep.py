@@ -35,12 +35,14 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
     assert sorted(runs.run_id) == sorted(r.run_id for r in grid.runs)
     assert (runs.status == "done").all() and runs.final_loss.notna().all()
     assert sorted(runs.L_t) == [1, 2] and (runs.n_params == runs.n_params.iloc[0]).all()
-    evals = store.read("evals")
+    all_evals = store.read("evals")
+    evals = all_evals[all_evals.sampler != "likelihood"]  # sampled points only (sampler "likelihood": test_continuous.py)
     # L=1: T in {1,3} at L_s=1 -> 2 points; L=2: T x L_s in {2, 1} -> 4 points; 3 metrics each
     assert len(evals) == (2 + 4) * 3
     assert set(evals.metric) == {"vpr", "cell_acc", "exact"}
     check_forward_passes(store, grid, evals, str(tmp_path / "scratch"))
     samples = store.read("samples")
+    samples = samples[~samples.eval_key.str.startswith("nll-")]  # as evals: the sampled points' rows
     assert len(samples) == 6 * 16 and samples.output.str.len().eq(16).all()
     check_rows_against_samples(evals, samples)
     hist = store.read("history")
@@ -48,7 +50,7 @@ def test_two_run_sweep_writes_expected_rows_and_a_figure(tmp_path):
 
     # a second run of the same grid trains nothing and writes no duplicate rows
     assert run_grid(grid, results, RunOptions(num_cpus=2, echo=lambda *_: None)) == 0
-    assert len(store.read("evals")) == len(evals) and len(store.read("runs")) == 2
+    assert len(store.read("evals")) == len(all_evals) and len(store.read("runs")) == 2
 
     # the report draws from the store alone
     r = subprocess.run([sys.executable, "-m", "study.cli", "report", "--figure", "iso-param", "--results", results],

@@ -37,7 +37,10 @@ def test_checkpoint_scores_leave_training_unchanged_and_are_drawn(tmp_path):
     assert scored["step"].tolist() == [9, 19]
     for v in scored["val"]:
         d = json.loads(v)
-        assert sorted(d) == ["val_vpr_T1", "val_vpr_T2"] and all(0.0 <= x <= 1.0 for x in d.values())
+        vpr = {k: x for k, x in d.items() if k.startswith("val_vpr_")}
+        assert sorted(vpr) == ["val_vpr_T1", "val_vpr_T2"] and all(0.0 <= x <= 1.0 for x in vpr.values())
+        # beside them the continuous quantities (study/engine/continuous.py), nats per blank
+        assert sorted(set(d) - set(vpr)) == ["val_elbo", "val_ref_nll"] and d["val_elbo"] > 0 < d["val_ref_nll"]
     # the loss rows a plain run logs are all there, with the same losses
     merged = ha.merge(hb, on="step", suffixes=("_a", "_b"))
     assert len(merged) == len(ha) and (merged["loss_a"] == merged["loss_b"]).all()

@@ -71,5 +71,5 @@ def _val_rows(h: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*h.columns, "key", "value"])
     v = h[h["val"].notna()]
     rows = [{**r, "key": k, "value": x} for r, d in zip(v.drop(columns="val").to_dict("records"), v["val"])
-            for k, x in json.loads(d).items()]
+            for k, x in json.loads(d).items() if re.fullmatch(r"val_(.+)_T(\d+)", k)]  # not val_elbo, val_ref_nll
     return pd.DataFrame(rows, columns=[*h.columns.drop("val"), "key", "value"])

@@ -39,6 +39,23 @@ def verify(
 
 
 @app.command(cls=Command)
+def backfill(
+    study: str = typer.Option(..., "--study", help="study name"),
+    results: str = RESULTS,
+):
+    """Score the continuous quantities (ELBO, reference NLL: eval keys nll-test, nll-val) of done runs stored
+    without them, from their final weights, under the study's lease; checkpoints are gone, so only the final."""
+    from store.lease import LeaseHeld
+    from study.commands.backfill import backfill as run_backfill
+
+    links_out_or_exit(results, study)
+    try:
+        run_backfill(results, study, echo=typer.echo)
+    except LeaseHeld as e:
+        fail(str(e))
+
+
+@app.command(cls=Command)
 def predict(
     study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
     results: str = RESULTS,

@@ -18,7 +18,7 @@ CONFIG_COLUMNS = ("study", "group", "task", "task_params", "K", "L_t", "schedule
 STATUSES = ("done", "failed", "pruned")
 
 
-def _run_of(cfg: dict, study: str) -> Run:
+def run_of_config(cfg: dict, study: str) -> Run:
     """The Run a resolved config (configs/<id>.json, runs.config) describes."""
     task_cls = TASKS[cfg["task"]["name"]][0]
     return Run(study=study, task=task_cls.model_validate({**cfg["task"], **cfg.get("task_eval", {})}),
@@ -44,7 +44,7 @@ def check_run_configs(c: Context) -> None:
         v.add("configs")
         where, cfg = good
         try:
-            run = _run_of(cfg, store.study)
+            run = run_of_config(cfg, store.study)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             v.problems.append(f"{where}: not a valid config ({' '.join(str(e).split())[:200]})")
             continue

@@ -31,7 +31,10 @@ class Verdict:
     def render(self) -> str:
         c = self.counts
         lines = [f"study {self.study} ({self.dir}): {c.get('runs', 0)} runs ({c.get('done', 0)} done), "
-                 f"{c.get('eval_files', 0)} eval points, {c.get('samples', 0)} samples re-scored, "
+                 f"{c.get('eval_files', 0)} eval points, "
+                 + (f"{c['nll_files']} continuous-quantity points (nll-test, nll-val; "
+                    f"{c.get('nll_recomputed', 0)} values recomputed), " if c.get("nll_files") else "")
+                 + f"{c.get('samples', 0)} samples re-scored, "
                  f"{c.get('scores_as_stored', 0)} per-example scores taken as stored (outputs not kept), "
                  f"{c.get('metrics_recomputed', 0)} metric values recomputed, {c.get('configs', 0)} configs "
                  f"re-hashed, {c.get('grids', 0)} grids, {c.get('index_entries', 0)} index entries checked, "

@@ -29,7 +29,13 @@ def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[
         v.underived.add("evaluation cost of runs whose config is unusable")
         return
     model = _meta_model(run, task)
-    if kind == "likelihood":
+    if kind == "nll":
+        from study.engine.continuous import nll_cost
+
+        want = nll_cost(model, rows[0]["L_s"], len(srows))
+        if any(s["passes"] != want["forward_passes"] for s in srows):
+            v.problems.append(f"{spath}: field passes differs from (n_t + 1) x L_s = {want['forward_passes']}")
+    elif kind == "likelihood":
         from study.engine.evaluate import likelihood_cost
 
         n_t = len(task.t_values())

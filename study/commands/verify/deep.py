@@ -34,8 +34,17 @@ def chosen_points(c: Context, fraction: float, points: list[str]) -> list[tuple[
     if points:
         want = [p.split("/", 1) if "/" in p else [None, p] for p in points]
         return [(r, k) for r, k in stored if any((wr in (None, r)) and wk == k for wr, wk in want)]
-    rank = sorted(stored, key=lambda p: hashlib.sha256(f"{p[0]}/{p[1]}".encode()).hexdigest())
-    return sorted(rank[:max(1, math.ceil(fraction * len(rank)))]) if rank else []
+    chosen = []
+    for group in ([p for p in stored if not _is_nll(p[1])], [p for p in stored if _is_nll(p[1])]):  # each apart
+        rank = sorted(group, key=lambda p: hashlib.sha256(f"{p[0]}/{p[1]}".encode()).hexdigest())
+        chosen += rank[:max(1, math.ceil(fraction * len(rank)))] if rank else []
+    return sorted(chosen)
+
+
+def _is_nll(key: str) -> bool:
+    from study.engine.continuous import NLL_KEYS
+
+    return key in NLL_KEYS.values()
 
 
 def check_deep(c: Context, fraction: float = 1.0, points: list[str] | None = None) -> None:
@@ -43,13 +52,16 @@ def check_deep(c: Context, fraction: float = 1.0, points: list[str] | None = Non
     if points and not chosen:
         c.v.problems.append(f"--point {', '.join(points)}: no stored eval point of that name (RUN_ID/EVAL_KEY "
                             f"or EVAL_KEY, as in evals/<run_id>/<eval_key>.parquet)")
-    t0, done = time.perf_counter(), 0
+    t0, done, nll = time.perf_counter(), 0, 0
     models: dict = {}
     for rid, key in chosen:
-        done += _redo_point(c, rid, key, models)
-    total = sum(1 for (table, _) in c.tables if table == "evals")
+        redone = _redo_point(c, rid, key, models)
+        nll, done = (nll + redone, done) if _is_nll(key) else (nll, done + redone)
+    total = sum(1 for (table, rel) in c.tables if table == "evals" and not _is_nll(stem(rel[1])))
+    n_nll = sum(1 for (table, rel) in c.tables if table == "evals" and _is_nll(stem(rel[1])))
     c.v.notes.append(f"--deep: {done} of {total} eval points evaluated again from the stored weights "
-                     f"({time.perf_counter() - t0:.1f} s on cpu)")
+                     f"({time.perf_counter() - t0:.1f} s on cpu)"
+                     + (f"; {nll} of {n_nll} continuous-quantity points (nll-test, nll-val)" if n_nll else ""))
 
 
 def _model(c: Context, rid: str, run, task, models: dict):
@@ -74,12 +86,14 @@ def _model(c: Context, rid: str, run, task, models: dict):
 
 def _redo_point(c: Context, rid: str, key: str, models: dict) -> int:
     """Evaluate (rid, key) again and compare; 1 when it was, 0 when it could not be (said in a note)."""
+    from study.engine.continuous import NLL_KEYS, evaluate_nll
     from study.engine.evaluate import GEN_SUFFIX, evaluate, evaluate_likelihood
 
     row, run = c.runs.get(rid), c.rebuilt.get(rid)
     base = key[: -len(GEN_SUFFIX)] if key.endswith(GEN_SUFFIX) else key
     pt = c.known.get(rid, {}).get(key) or c.known.get(rid, {}).get(base)
-    if row is None or run is None or pt is None:
+    nll_split = next((s for s, k in NLL_KEYS.items() if k == key), None) if pt is None else None
+    if row is None or run is None or (pt is None and nll_split is None):
         c.v.notes.append(f"--deep: {rid}/{key} not evaluated again (no usable config, or not a point a grid or "
                          f"its config owes: an external `study eval` point)")
         return 0
@@ -90,9 +104,14 @@ def _redo_point(c: Context, rid: str, key: str, models: dict) -> int:
     if model is None:
         return 0
     torch.set_num_threads(max(1, int(run.resources.cpu)))  # as the trial ran: the same reduction order
+    precision = row.get("precision") or "float32"
+    if nll_split is not None:  # the continuous quantities: as many examples as the point stored
+        n = c.tables[("evals", (rid, f"{key}.parquet"))].column("n_examples")[0].as_py()
+        ev = task.eval_set(nll_split).head(n)
+        _compare(c, rid, key, evaluate_nll(model, rid, nll_split, ev, run.model.L, precision), _exact(row))
+        return 1
     ev = task.eval_set(run.eval.split).head(pt.n_examples)
     keep = min(run.eval.n_samples_kept, len(ev))
-    precision = row.get("precision") or "float32"
     if task.eval_mode == "likelihood":
         got = {e.key: e for e in evaluate_likelihood(rid, pt, model, task, ev, keep, precision)}
     else:
@@ -101,9 +120,13 @@ def _redo_point(c: Context, rid: str, key: str, models: dict) -> int:
         c.v.problems.append(f"{c.store.path('evals', rid, key + '.parquet')}: --deep: evaluating point {base} "
                             f"again makes no eval key {key}")
         return 1
-    exact = (row.get("device") or "cpu").split(":")[0] == "cpu"
-    _compare(c, rid, key, got[key], exact)
+    _compare(c, rid, key, got[key], _exact(row))
     return 1
+
+
+def _exact(row: dict) -> bool:
+    """Whether the run was evaluated on the cpu, as --deep is: then every number must come out the same."""
+    return (row.get("device") or "cpu").split(":")[0] == "cpu"
 
 
 def _same(a, b, exact: bool) -> bool:

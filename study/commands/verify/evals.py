@@ -39,7 +39,9 @@ def check_evals_and_samples(c: Context) -> None:
         row = runs.get(rid)
         if row is not None:
             _check_point(c, rel, t.to_pylist(), samples.get(rel), row)
-    v.add("eval_files", len(evals))
+    nll = sum(1 for rel in evals if stem(rel[1]) in _nll_keys())  # counted apart: the sampled points' count stays
+    v.add("eval_files", len(evals) - nll)
+    v.add("nll_files", nll)
     for rel in sorted(on_disk["samples"] - on_disk["evals"]):
         v.problems.append(f"orphan file {store.path('samples', *rel)}: samples without an evals file")
 
@@ -49,6 +51,12 @@ def check_evals_and_samples(c: Context) -> None:
             continue
         for key in sorted(keys - present.get(rid, set())):
             v.problems.append(f"run {rid} is done but eval point {key} has no readable evals rows")
+
+
+def _nll_keys() -> set[str]:
+    from study.engine.continuous import NLL_KEYS
+
+    return set(NLL_KEYS.values())
 
 
 def _metrics_owed(c: Context, rid: str, key: str, samples) -> set[str]:
@@ -76,6 +84,8 @@ def declared_metrics(task, kind: str) -> set[str]:
     place that says which (tasks declare their own metric names: tasks/base.py)."""
     if kind == "gen":
         return {"known_words"}
+    if kind == "nll":  # the continuous quantities (study/engine/continuous.py)
+        return {"elbo", "ref_nll"}
     if kind == "likelihood":  # ppl (exp nll) and a generations row inside the point: older stores
         return {x.name for x in task.likelihood_metrics()} | {"ppl", "known_words"}
     return set(task.metric_names)
@@ -138,7 +148,7 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict) -> Non
     scores = sample_scores(v, spath, srows)
     if scores is None:
         return
-    primary = "known_words" if kind == "gen" else task.sample_score or task.primary_metric
+    primary = "known_words" if kind == "gen" else "elbo" if kind == "nll" else task.sample_score or task.primary_metric
     for s, sc in zip(srows, scores):
         if primary in sc and not same(s["score"], sc[primary]):
             v.problems.append(f"{spath} example {s['example']}: field score is {s['score']} but its scores say "
@@ -156,8 +166,12 @@ def _point_of_key(v: Verdict, path: str, rid: str, key: str, rows: list[dict], r
 
     The point is None for `ext` (an external puzzle file: only its digest is stored, so the key is checked
     against the rows instead). None in all (a problem) when no grid, config or row names the key."""
+    from study.engine.continuous import NLL_KEYS
     from study.engine.evaluate import GEN_SUFFIX
 
+    if key in NLL_KEYS.values() and key not in known:
+        _check_nll_rows(v, path, key, rows, run)
+        return None, "nll"
     likelihood = task.eval_mode == "likelihood"
     kind = "sample"
     pt = known.get(key)
@@ -192,3 +206,15 @@ def _check_rows_at_point(v: Verdict, path: str, key: str, rows: list[dict], pt: 
         if kind != "gen" and r["n_examples"] is not None and r["n_examples"] > pt.n_examples:
             v.problems.append(f"{path}: field n_examples is {r['n_examples']} but eval point {key} evaluates at "
                               f"most {pt.n_examples} examples")
+
+
+def _check_nll_rows(v: Verdict, path: str, key: str, rows: list[dict], run: Run | None) -> None:
+    """A continuous-quantities point (nll-<split>): T 0, L_s the run's L_t, sampler 'likelihood', its split."""
+    from study.engine.continuous import NLL_KEYS, SAMPLER
+
+    split = next(s for s, k in NLL_KEYS.items() if k == key)
+    want = {"T": 0, "sampler": SAMPLER, "split": split, **({"L_s": run.model.L} if run is not None else {})}
+    for r in rows:
+        for fld, w in want.items():
+            if r[fld] != w:
+                v.problems.append(f"{path}: field {fld} is {r[fld]!r} but eval point {key} is {fld} = {w!r}")

@@ -91,6 +91,10 @@ def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, 
     elif kind == "likelihood" and m == "ppl" and all(nats in s for s in scores):  # older stores: exp(nll)
         nll = likelihood_rows([s[nats] for s in scores], {}, [declared[nats]])[0]
         want = {"value": math.exp(nll["value"]), "ci_low": math.exp(nll["ci_low"]), "ci_high": math.exp(nll["ci_high"])}
+    elif kind == "nll" and all(m in s for s in scores):
+        from study.engine.continuous import NLL_METRICS, nll_rows
+
+        want = nll_rows([{x: s.get(x, s[m]) for x in NLL_METRICS} for s in scores], {})[NLL_METRICS.index(m)]
     elif all(m in s for s in scores):
         want = metric_rows(scores, [m], {})[0]
         if kind == "gen":
@@ -99,7 +103,7 @@ def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, 
         v.underived.add(f"evals metric {m} (no per-example score of it)")
         v.notes.append(f"{path}: {m} not re-derived: the samples carry no per-example {m}")
         return
-    v.add("metrics_recomputed")
+    v.add("nll_recomputed" if kind == "nll" else "metrics_recomputed")
     for fld in ("value", "ci_low", "ci_high"):
         if not same(r[fld], want[fld]):
             v.problems.append(f"{path}: field {fld} of {m} is {r[fld]} but the {len(scores)} per-example scores "
@@ -118,9 +122,12 @@ def check_texts(v: Verdict, spath: str, srows: list[dict], scores: list[dict], t
         if k != want:
             v.problems.append(f"{spath}: text kept for {k} examples but the config keeps n_samples_kept = "
                               f"{run.eval.n_samples_kept} of {m}")
-    if kind in ("likelihood", "gen"):
+    if kind in ("likelihood", "gen", "nll"):
         if kind == "likelihood":
             v.underived.add("per-sequence likelihood bounds (recomputing them needs the model: `study eval`)")
+        elif kind == "nll":
+            v.underived.add("per-example ELBO and reference NLL (recomputing them needs the model: --deep)")
+            return
         elif k:
             v.underived.add(f"{row['task']} per-example scores (no text re-scorer for this task)")
         v.add("scores_as_stored", m)
