@@ -1,0 +1,138 @@
+"""The two-step ladder law (analysis/ladder/loss.py, metric.py, twostep.py) on synthetic ladders drawn
+from a known law with noise: no training, seconds.
+
+    .venv/bin/python -m pytest -x -q tests/test_ladder_two_step.py
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+TRUE = dict(E=0.12, A=0.15, alpha=0.6, B=0.1, beta=0.5, phi=0.5)
+CURVES = {2: (0.8, 25.0, 0.30), 4: (0.95, 20.0, 0.36)}  # T -> (c, k, l0)
+N_REF, D_REF = 3e4, 1e5
+REL_SE = 0.004  # the loss's evaluation noise, relative
+N_EX = 500
+
+
+def true_loss(N, L, D, K=1, kappa=0.0):
+    neff = N * L ** TRUE["phi"] * K ** kappa / N_REF
+    return TRUE["E"] + TRUE["A"] * neff ** -TRUE["alpha"] + TRUE["B"] * (D / D_REF) ** -TRUE["beta"]
+
+
+def true_vpr(T, loss, shape="*", per_shape_shift=None):
+    c, k, l0 = CURVES[T]
+    if per_shape_shift:
+        l0 += per_shape_shift.get(shape, 0.0)
+    return c / (1 + np.exp(-k * (l0 - loss)))
+
+
+def n_of(d, K):
+    return 12 * K * d * d
+
+
+def ladder(seed=0, kappa=0.0, shift=None, bump=0.0, widths=(48, 64, 80, 96, 128), steps=(400, 800, 1600)):
+    """A synthetic ladder frame as analysis.ladder.frame builds it: final points and log-spaced checkpoints."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    shapes = [(1, 1), (1, 2), (2, 1), (1, 3)]
+    for d in widths:
+        for K, L in shapes:
+            for s in steps:
+                rid = f"r{d}_{K}x{L}_{s}"
+                for step in (s // 4, s // 2, s):
+                    N, D = n_of(d, K), step * 128
+                    lt = true_loss(N, L, D, K, kappa) * (1 + bump * np.sin(np.log(N) * 3))
+                    lm = lt * (1 + REL_SE * rng.standard_normal())
+                    r = {"run_id": rid, "K": K, "L": L, "d_model": d, "N": N, "D": D, "step": step,
+                         "is_checkpoint": step != s, "split": "test" if step == s else "val",
+                         "elbo": lm, "elbo_se": REL_SE * lt, "n_examples": N_EX}
+                    for T in CURVES:
+                        r[f"vpr_T{T}"] = rng.binomial(N_EX, true_vpr(T, lt, f"({K} x {L})", shift)) / N_EX
+                    rows.append(r)
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    from analysis.ladder.twostep import fit_two_step
+
+    return fit_two_step(ladder(), n_boot=30, seed=1)
+
+
+def test_step1_recovers_the_known_loss_law_within_its_intervals(fitted):
+    from analysis.ladder.law import q95
+
+    assert fitted.loss_fit.converged
+    assert not fitted.kappa["kappa_kept"]
+    names = {"alpha": 2, "beta": 4, "phi": 5}
+    for name, i in names.items():
+        lo, hi = q95(fitted.loss_b[:, i][:, None])
+        assert lo[0] <= TRUE[name] <= hi[0], (name, lo, hi, fitted.loss_fit.params())
+    got = fitted.loss_fit.params()
+    assert abs(got["phi"] - TRUE["phi"]) < 0.15
+
+
+def test_step2_recovers_one_curve_per_T_and_the_fit_is_not_flagged(fitted):
+    from analysis.ladder.law import q95
+
+    assert not fitted.misfit, fitted.residuals
+    for T, (c, k, l0) in CURVES.items():
+        m = fitted.metric[T]
+        assert not m.per_shape, (T, m.lr_stat, m.lr_p)
+        lo, hi = q95(fitted.metric_b[T]["*"][:, 2][:, None])
+        assert lo[0] <= l0 <= hi[0]
+        assert abs(m.curves["*"][2] - l0) < 0.02
+
+
+def test_a_held_out_wider_model_is_predicted_within_its_interval_at_every_step(fitted):
+    tgt = ladder(seed=7, widths=(192,), steps=(800,))
+    final = tgt[~tgt["is_checkpoint"]].assign(label=lambda f: [f"({k} x {lp}) d=192" for k, lp in zip(f["K"], f["L"])])
+    err = fitted.errors(final)
+    assert len(err) == 4 * len(CURVES)
+    assert err["step1_covered"].all(), err[["label", "step1_rel_error", "step1_low", "step1_high"]]
+    assert (err["step1_rel_error"].abs() < 0.03).all()
+    assert err["chained_covered"].mean() >= 0.75, err[["label", "T", "chained_error_pts", "chained_err_low",
+                                                       "chained_err_high"]]
+    assert err["step2_covered"].mean() >= 0.75
+    pred = fitted.predict(final[["label", "N", "K", "L", "D"]])
+    assert set(pred.columns) >= {"loss", "loss_low", "loss_high", "predicted", "low", "high", "loss_inside"}
+    assert (pred["loss_low"] <= pred["loss"]).all() and (pred["loss"] <= pred["loss_high"]).all()
+
+
+def test_a_misspecified_loss_law_is_flagged():
+    from analysis.ladder.twostep import fit_two_step
+
+    law = fit_two_step(ladder(bump=0.05), n_boot=5)
+    assert law.misfit
+    assert any(n.startswith("step 1") for n in law.notes), law.notes
+
+
+def test_shapes_that_need_their_own_curve_are_fitted_per_shape():
+    from analysis.ladder.twostep import fit_two_step
+
+    law = fit_two_step(ladder(shift={"(1 x 3)": 0.08, "(2 x 1)": -0.05}), n_boot=5)
+    assert all(law.metric[T].per_shape for T in CURVES)
+    assert any("per shape" in n for n in law.notes)
+
+
+def test_a_K_exponent_is_added_only_when_the_residuals_demand_it():
+    from analysis.ladder.loss import fit_with_kappa_if_needed
+
+    for kappa, kept in ((0.0, False), (0.4, True)):
+        f = ladder(kappa=kappa)
+        fit, info = fit_with_kappa_if_needed(f["N"], f["L"], f["D"], f["elbo"], f["K"], f["elbo_se"] / f["elbo"])
+        assert info["kappa_kept"] is kept, info
+        if kept:
+            assert abs(fit.params()["kappa"] - kappa) < 0.15
+
+
+def test_the_loss_fit_is_robust_to_an_outlying_checkpoint():
+    from analysis.ladder.loss import fit_loss
+
+    f = ladder()
+    f.loc[5, "elbo"] *= 3  # a diverged checkpoint
+    fit = fit_loss(f["N"], f["L"], f["D"], f["elbo"])
+    assert fit.converged
+    assert abs(fit.params()["alpha"] - TRUE["alpha"]) < 0.1
