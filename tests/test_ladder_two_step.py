@@ -136,3 +136,27 @@ def test_the_loss_fit_is_robust_to_an_outlying_checkpoint():
     fit = fit_loss(f["N"], f["L"], f["D"], f["elbo"])
     assert fit.converged
     assert abs(fit.params()["alpha"] - TRUE["alpha"]) < 0.1
+
+
+def _plan_totals(name: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "study.cli", "plan", os.path.join(root, "grids", "cpu", name),
+                          "--json", "--flops-per-s", "1e11"], capture_output=True, text=True, check=True, cwd=root)
+    lines = [json.loads(x) for x in out.stdout.splitlines() if x.strip()]
+    return {**next(x for x in lines if x.get("totals")), "rows": [x for x in lines if not x.get("totals")]}
+
+
+def test_the_pre_registered_two_step_ladder_validates_and_fits_an_hour_of_two_cores():
+    """`study plan` accepts grids/cpu/ladder_two_step.yaml (and its target) and, at the demo's measured
+    1e11 FLOP/s, its runs one after another take under two hours: under an hour on 2 idle cores."""
+    lad = _plan_totals("ladder_two_step.yaml")
+    assert lad["runs"] == len(lad["rows"]) > 0 and lad["seconds"] < 2 * 3600
+    shapes = {(r["K"], r["L_t"]) for r in lad["rows"]}
+    assert shapes == {(1, 1), (1, 2), (2, 1), (1, 3)}
+    tgt = _plan_totals("ladder_two_step_target.yaml")
+    assert tgt["rows"] and not {r["run_id"] for r in tgt["rows"]} & {r["run_id"] for r in lad["rows"]}
