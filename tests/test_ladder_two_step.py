@@ -160,3 +160,24 @@ def test_the_pre_registered_two_step_ladder_validates_and_fits_an_hour_of_two_co
     assert shapes == {(1, 1), (1, 2), (2, 1), (1, 3)}
     tgt = _plan_totals("ladder_two_step_target.yaml")
     assert tgt["rows"] and not {r["run_id"] for r in tgt["rows"]} & {r["run_id"] for r in lad["rows"]}
+
+
+def _rungs(widths, steps=800):
+    return pd.DataFrame([{"label": f"({K} x {L}) d={d}", "N": n_of(d, K), "K": K, "L": L, "steps": steps}
+                         for d in widths for K, L in ((1, 1), (1, 2))])
+
+
+def test_design_check_passes_rungs_that_bracket_the_target_and_flags_ones_that_do_not(fitted):
+    from analysis.ladder.design import check_design, checkpoint_points
+
+    target = pd.DataFrame([{"label": "d=160", "N": n_of(160, 1), "K": 1, "L": 2, "D": 800 * 128}])
+    # the pre-registered grid's recipe: a steps axis (1,600 steps at d = 128) brackets a wider target's loss
+    rungs = pd.concat([_rungs((48, 64, 96, 128)), _rungs((128,), steps=1600)], ignore_index=True)
+    assert not check_design(fitted, checkpoint_points(_rungs((48, 64, 96, 128)), 100, 128), target)["targets"][0][2]
+    good = check_design(fitted, checkpoint_points(rungs, 100, 128), target)
+    assert good["warnings"] == [], good
+    assert good["targets"][0][2]
+    # rungs far too small: the target's loss lies below all of them, and the rungs sit at the floor
+    bad = check_design(fitted, checkpoint_points(_rungs((8, 10, 12), steps=100), 50, 128), target)
+    assert not bad["targets"][0][2]
+    assert any("outside" in w for w in bad["warnings"]) and any("floor" in w for w in bad["warnings"])
