@@ -181,3 +181,27 @@ def test_design_check_passes_rungs_that_bracket_the_target_and_flags_ones_that_d
     bad = check_design(fitted, checkpoint_points(_rungs((8, 10, 12), steps=100), 50, 128), target)
     assert not bad["targets"][0][2]
     assert any("outside" in w for w in bad["warnings"]) and any("floor" in w for w in bad["warnings"])
+
+
+def test_the_frame_is_built_from_store_tables_as_the_contract_says():
+    import json
+
+    from analysis.ladder.frame import ladder_frame
+
+    runs = pd.DataFrame([{"run_id": "a", "status": "done", "K": 1, "L_t": 2, "d_model": 64, "n_params": 50_000,
+                          "n_params_non_embedding": 40_000, "steps": 800, "batch": 128}])
+    ev = [{"run_id": "a", "T": 0, "L_s": 2, "sampler": "likelihood", "split": s, "n_examples": n, "metric": m,
+           "value": v, "ci_low": v - 0.0196, "ci_high": v + 0.0196}
+          for s, n in (("test", 500), ("val", 200)) for m, v in (("elbo", 0.3), ("ref_nll", 0.2))]
+    ev += [{"run_id": "a", "T": T, "L_s": 2, "sampler": "confidence", "split": "test", "n_examples": 500,
+            "metric": "vpr", "value": 0.1 * T, "ci_low": 0.0, "ci_high": 1.0} for T in (2, 4)]
+    hist = pd.DataFrame([{"run_id": "a", "step": 400, "val": json.dumps({"val_elbo": 0.4, "val_ref_nll": 0.3,
+                                                                          "val_vpr_T2": 0.05, "val_vpr_T4": 0.2})},
+                         {"run_id": "a", "step": 10, "val": None}])
+    f = ladder_frame(runs, pd.DataFrame(ev), hist)
+    assert len(f) == 2
+    fin, ck = f[~f["is_checkpoint"]].iloc[0], f[f["is_checkpoint"]].iloc[0]
+    assert (fin["D"], fin["elbo"], fin["vpr_T2"], fin["vpr_T4"], fin["n_examples"]) == (800 * 128, 0.3, 0.2, 0.4, 500)
+    assert abs(fin["elbo_se"] - 0.01) < 1e-4
+    assert (ck["D"], ck["elbo"], ck["vpr_T4"], ck["n_examples"], ck["split"]) == (400 * 128, 0.4, 0.2, 200, "val")
+    assert abs(ck["elbo_se"] - 0.4 * 0.01 / 0.3) < 1e-4
