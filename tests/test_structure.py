@@ -279,8 +279,8 @@ def test_the_length_check_sees_a_long_function(tmp_path):
     assert long_functions([p]) == [f"x.py:{MAX_FUNCTION_LINES + 3} long (81 lines)"]
 # ---- module sizes -------------------------------------------------------------------------------------------
 MAX_MODULE_LINES = 600
-# modules being split by other hands this round (the coordinator removes each once its split is merged)
-OVER_SIZE_BEING_SPLIT = {"analysis/ladder.py"}
+# modules allowed over the limit while another hand splits them (none now: every split of round 5 has landed)
+OVER_SIZE_BEING_SPLIT: set[str] = set()
 
 
 def over_size(known: dict[str, Path], limit: int = MAX_MODULE_LINES) -> list[str]:

@@ -77,7 +77,7 @@ def predict(
                                        "name): measured vs the law per T, held-out models and targets marked"),
 ):
     """Fit a scaling law of the primary metric in parameters, loops and T to a study's finished runs
-    (analysis/ladder.py), predict held-out models, targets and the best model for a budget."""
+    (analysis/ladder/), predict held-out models, targets and the best model for a budget."""
     from analysis.ladder import LAWS, LadderError
     from analysis.load import MissingData, load_study
     from study.commands.predict import predict as run_predict

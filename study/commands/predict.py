@@ -1,4 +1,4 @@
-"""`study predict`: the ladder law of analysis/ladder.py, printed; targets and candidates priced with
+"""`study predict`: the ladder law of analysis/ladder/, printed; targets and candidates priced with
 study/spec/cost.py's cost model (analysis never imports study, so the prices are made here).
 
 Three modes, all from one fit:

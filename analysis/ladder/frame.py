@@ -1,0 +1,65 @@
+"""The two-step law's input (the contract of issue 32, /work/notes/CONTRACT32.md): one frame of every
+finished run's final point and its checkpoints, from the store's tables.
+
+Columns: run_id, K, L, d_model, N (non-embedding parameters), D (steps x batch; step x batch at a
+checkpoint), step, is_checkpoint, split, elbo, elbo_se, ref_nll, ref_nll_se, n_examples and vpr_T<T>
+per T. A final point takes its ELBO and reference NLL from the evals rows of `split` (metric "elbo",
+"ref_nll", sampler "likelihood") and its VPR at each T from the rate rows at L_s = L_t; a checkpoint
+takes them from its history row's `val` JSON (val_elbo, val_ref_nll, val_vpr_T<T>) on the validation
+split, with n_examples the run's validation evaluation's (its t interval, when there, gives the se).
+se = (ci_high - ci_low) / (2 x 1.96): the interval is a t interval over examples, close to normal here.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+Z95 = 1.959964
+
+
+def _se(row) -> float:
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    return float((hi - lo) / (2 * Z95)) if lo is not None and hi is not None and np.isfinite(hi - lo) else np.nan
+
+
+def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame, metric: str = "vpr",
+                 split: str = "test", checkpoint_n: int | None = None) -> pd.DataFrame:
+    """The frame above, from the runs, evals and history tables (finished runs only)."""
+    done = runs[runs["status"] == "done"].set_index("run_id") if "status" in runs else runs.set_index("run_id")
+    rows = []
+    for rid, r in done.iterrows():
+        ev = evals[evals["run_id"] == rid]
+        base = {"run_id": rid, "K": int(r["K"]), "L": int(r["L_t"]), "d_model": int(r["d_model"]),
+                "N": float(r["n_params_non_embedding"])}
+        fin = {**base, "D": float(r["steps"]) * float(r["batch"]), "step": int(r["steps"]), "is_checkpoint": False,
+               "split": split}
+        cont = ev[(ev["split"] == split) & (ev["sampler"] == "likelihood")]
+        for m in ("elbo", "ref_nll"):
+            got = cont[cont["metric"] == m]
+            fin[m] = float(got["value"].iloc[0]) if len(got) else np.nan
+            fin[f"{m}_se"] = _se(got.iloc[0].to_dict()) if len(got) else np.nan
+        rate = ev[(ev["split"] == split) & (ev["metric"] == metric) & (ev["L_s"] == r["L_t"])
+                  & (ev["sampler"] != "likelihood")]
+        for T, g in rate.groupby("T"):
+            fin[f"{metric}_T{int(T)}"] = float(g["value"].iloc[0])
+        fin["n_examples"] = int(rate["n_examples"].iloc[0]) if len(rate) else np.nan
+        rows.append(fin)
+        val = ev[(ev["split"] == "val") & (ev["metric"] == "elbo")]
+        n_val = checkpoint_n or (int(val["n_examples"].iloc[0]) if len(val) else np.nan)
+        val_se_rel = (_se(val.iloc[0].to_dict()) / float(val["value"].iloc[0])) if len(val) else np.nan
+        for h in history[(history["run_id"] == rid) & history["val"].notna()].to_dict("records"):
+            v = json.loads(h["val"]) if isinstance(h["val"], str) else dict(h["val"])
+            if "val_elbo" not in v or int(h["step"]) >= int(r["steps"]):
+                continue
+            ck = {**base, "D": float(h["step"]) * float(r["batch"]), "step": int(h["step"]), "is_checkpoint": True,
+                  "split": "val", "elbo": float(v["val_elbo"]), "ref_nll": float(v.get("val_ref_nll", np.nan)),
+                  "n_examples": n_val}
+            ck["elbo_se"] = ck["elbo"] * val_se_rel  # the checkpoint keeps no interval: the final val one's, relative
+            ck["ref_nll_se"] = np.nan
+            for k, x in v.items():
+                if k.startswith(f"val_{metric}_T"):
+                    ck[k[len("val_"):]] = float(x)
+            rows.append(ck)
+    return pd.DataFrame(rows)
