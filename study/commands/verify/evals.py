@@ -156,7 +156,7 @@ def _point_of_key(v: Verdict, path: str, rid: str, key: str, rows: list[dict], r
 
     The point is None for `ext` (an external puzzle file: only its digest is stored, so the key is checked
     against the rows instead). None in all (a problem) when no grid, config or row names the key."""
-    from study.engine.evaluate import GEN_SUFFIX
+    from study.engine.rows import GEN_SUFFIX
 
     likelihood = task.eval_mode == "likelihood"
     kind = "sample"

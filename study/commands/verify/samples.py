@@ -76,7 +76,7 @@ def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: li
 
 def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, task) -> None:
     """value, ci_low, ci_high of one evals row, derived again from the per-example scores."""
-    from study.engine.evaluate import likelihood_rows, metric_rows
+    from study.engine.rows import likelihood_rows, metric_rows
 
     m = r["metric"]
     declared = {x.name: x for x in task.likelihood_metrics()}  # a likelihood point's rows: from the nats
