@@ -28,3 +28,30 @@ def param_counts(cfg: ModelConfig, vocab_size: int, pos_sizes) -> dict[str, int]
              "head": norm + linear(d, vocab_size)}
     total = sum(parts.values())
     return {"total": total, "non_embedding": total - parts["embedding"], **parts}
+
+
+def param_shapes(cfg: ModelConfig, vocab_size: int, pos_sizes) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each tensor of RecursiveDenoiser(cfg, SeqSpec(vocab_size, ..., pos_sizes)).state_dict(),
+    from the layers of model/rmdm.py (`study verify` checks stored weights against it without torch;
+    tests/test_imports.py checks it against the built model's)."""
+    d, hidden = cfg.d_model, int(cfg.mlp_ratio * cfg.d_model)
+    out: dict[str, tuple[int, ...]] = {"tok_emb.weight": (vocab_size + 1, d)}
+    out.update({f"pos_embs.{i}.weight": (n, d) for i, n in enumerate(pos_sizes)})
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = (n_out, n_in), (n_out,)
+
+    if cfg.step_emb == "mlp":
+        linear("step_emb.mlp.0", 1, d)
+        linear("step_emb.mlp.2", d, d)
+    for k in range(cfg.K):
+        p = f"block.{k}"
+        out[f"{p}.norm1.weight"], out[f"{p}.norm1.bias"] = (d,), (d,)
+        linear(f"{p}.attn.qkv", d, 3 * d)
+        linear(f"{p}.attn.proj", d, d)
+        out[f"{p}.norm2.weight"], out[f"{p}.norm2.bias"] = (d,), (d,)
+        linear(f"{p}.mlp.0", d, hidden)
+        linear(f"{p}.mlp.2", hidden, d)
+    out["norm.weight"], out["norm.bias"] = (d,), (d,)
+    linear("head", d, vocab_size)
+    return out

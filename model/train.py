@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from model.checkpoint_meta import CheckpointError
 from model.config import ModelConfig, TrainConfig
 from model.costs import train_flops_per_step, train_flops_total
 from model.precision import autocast, choose, cpu_bf16_native
@@ -270,10 +271,6 @@ class Trainer:
         self.opt.load_state_dict(sd["opt"])
         self.state = TrainState(step=sd["step"], seconds=sd["seconds"], history=list(sd["history"]))
         torch.set_rng_state(sd["torch_rng"])
-
-
-class CheckpointError(ValueError):
-    """A weights or checkpoint file that is refused (it would run code) or unreadable (damaged)."""
 
 
 def load_state(src, map_location="cpu", name: str | None = None) -> dict:

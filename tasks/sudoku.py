@@ -282,8 +282,10 @@ class Sudoku(Task):
 
     # ---- scoring ---------------------------------------------------------------------------
     def score(self, output: torch.Tensor, ev: EvalSet) -> list[dict[str, float]]:
-        out = output.cpu().numpy()
-        ref, cond = ev.x0.cpu().numpy(), ev.cond.cpu().numpy()
+        return self.score_arrays(output.cpu().numpy(), ev.x0.cpu().numpy(), ev.cond.cpu().numpy())
+
+    def score_arrays(self, out: np.ndarray, ref: np.ndarray, cond: np.ndarray) -> list[dict[str, float]]:
+        """`score` on NumPy arrays (B, N): outputs, references, givens mask (`rescore` calls it without torch)."""
         rows = []
         for o, r, c in zip(out, ref, cond):
             keeps = bool((o[c] == r[c]).all())
@@ -307,13 +309,13 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
-        def tokens(text: str, blank: int) -> torch.Tensor:
-            return torch.tensor([[digits.index(ch) if ch in digits else blank for ch in text]])
+        def tokens(text: str, blank: int) -> np.ndarray:
+            return np.array([[digits.index(ch) if ch in digits else blank for ch in text]], dtype=np.int64)
 
-        cond = torch.tensor([[ch != "." for ch in input_text]])
+        cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
         has_ref = reference_text is not None
         x_ref = tokens(reference_text if has_ref else input_text, 0)  # no reference: the givens only
-        scores = self.score(tokens(output_text, -1), EvalSet(x_ref, cond))[0]  # '.' in an output: never filled
+        scores = self.score_arrays(tokens(output_text, -1), x_ref, cond)[0]  # '.' in an output: never filled
         return scores if has_ref else {m: scores[m] for m in self.metrics_without_reference()}
 
     # ---- external puzzle files (`study eval`) -----------------------------------------------

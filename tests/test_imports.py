@@ -4,10 +4,11 @@ done 3-run store (benchmarks/cli_latency.py's), imports only the heavy modules i
 - status, plan, prune: none of torch, ray, seaborn, matplotlib, scipy;
 - report --figure iso-param: matplotlib and seaborn (the theme and palettes every figure draws with:
   analysis/plotting.py), scipy (through them), never torch or ray;
-- verify (without --deep): torch, for the done runs' weights (read with torch.load, weights_only) and the
-  sampler's cost rule; never ray or the drawing stack.
+- verify (without --deep): none of them: the weights are read without torch (model/checkpoint_meta.py), the
+  cost, rows and scores re-derived with the torch-free functions that wrote them (study/engine/rows.py).
 The Python API's tables (rmdm_study: runs, evals, history, table, compare) import none of them.
-Also: the parameter counts `study plan` gives without torch (model/flops.py) are the built model's.
+Also: the parameter counts and shapes read without torch (model/flops.py) are the built model's, and the
+torch-free weights reader agrees with torch.load(weights_only=True): the same shapes, the same refusals.
 Run: .venv/bin/python -m pytest tests/test_imports.py -q
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.cli_latency import commands, make_store, study_code  # noqa: E402
 
 HEAVY = ("torch", "ray", "seaborn", "matplotlib", "scipy", "optuna", "sklearn")
-EXPECTED = {"status": [], "plan": [], "prune": [], "report": ["matplotlib", "scipy", "seaborn"], "verify": ["torch"]}
+EXPECTED = {"status": [], "plan": [], "prune": [], "report": ["matplotlib", "scipy", "seaborn"], "verify": []}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_param_counts_without_torch_are_the_built_models():
     import torch
 
     from model import ModelConfig, RecursiveDenoiser, SeqSpec
-    from model.flops import param_counts
+    from model.flops import param_counts, param_shapes
 
     for kw in (dict(K=1, L=2, d_model=128, n_heads=4, mlp_ratio=2),
                dict(K=3, L=1, d_model=96, n_heads=3, mlp_ratio=2.5, step_emb="sinusoidal"),
@@ -71,6 +72,48 @@ def test_param_counts_without_torch_are_the_built_models():
             with torch.device("meta"):
                 model = RecursiveDenoiser(cfg, SeqSpec(vocab, tuple((0,) * len(sizes) for _ in range(81)), sizes))
             assert param_counts(cfg, vocab, sizes) == model.param_counts(), kw
+            want = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+            assert param_shapes(cfg, vocab, sizes) == want, kw
+
+
+def test_weights_read_without_torch_are_what_torch_loads():
+    import io
+    import pickle
+
+    import torch
+
+    from model import ModelConfig, RecursiveDenoiser, SeqSpec
+    from model.checkpoint_meta import CheckpointError, read_state_meta
+    from model.train import load_state
+
+    model = RecursiveDenoiser(ModelConfig(K=2, L=1, d_model=16, n_heads=2), SeqSpec(5, ((0,), (1,), (2,)), (3,)))
+    opt = torch.optim.AdamW(model.parameters())
+    sum(p.sum() for p in model.parameters()).backward()
+    opt.step()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": 3, "seconds": 1.5,
+                "history": [{"step": 0, "loss": 1.0}], "torch_rng": torch.get_rng_state(),
+                "model_cfg": {"d_model": 16, "x": None}}, buf)
+    data = buf.getvalue()
+    sd, meta = load_state(io.BytesIO(data)), read_state_meta(data, "w.pt")
+    assert {k: tuple(t.shape) for k, t in sd["model"].items()} == {k: t.shape for k, t in meta["model"].items()}
+    assert meta["model"]["head.weight"].dtype == "float"
+    assert tuple(meta["torch_rng"].shape) == tuple(sd["torch_rng"].shape)
+    assert (meta["step"], meta["seconds"], meta["history"]) == (3, 1.5, [{"step": 0, "loss": 1.0}])
+    assert meta["opt"]["param_groups"][0]["lr"] == sd["opt"]["param_groups"][0]["lr"]
+
+    class Crafted:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    bad = io.BytesIO()
+    torch.save({"model": {}, "x": Crafted()}, bad)
+    for blob, why in ((bad.getvalue(), "refused"), (data[: len(data) // 2], "not a readable checkpoint"),
+                      (pickle.dumps({"model": {}}), ""), (b"text", "not a readable")):  # "": refused, either way
+        with pytest.raises(CheckpointError, match=why):
+            load_state(io.BytesIO(blob))
+        with pytest.raises(CheckpointError, match=why):
+            read_state_meta(blob)
 
 
 def test_python_api_tables_import_no_heavy_module(store):

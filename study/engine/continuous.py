@@ -30,14 +30,10 @@ import torch.nn.functional as F
 from model import RecursiveDenoiser
 from model.elbo import nll_bound
 from model.precision import autocast
-from stats import t_ci
 from study.engine.evaluate import EvalRow, Evaluation, SampleRow, now, write
+from study.engine.nllrows import N_T, NLL_KEYS, NLL_METRICS, SAMPLER, nll_cost, nll_rows  # noqa: F401 (re-exported)
 from tasks import SPLITS, DataBoundError
 
-NLL_KEYS = {"test": "nll-test", "val": "nll-val"}  # eval key of each split's point
-NLL_METRICS = ("elbo", "ref_nll")
-SAMPLER = "likelihood"  # the rows' sampler column: nothing is sampled
-N_T = 8  # noise levels of the ELBO estimate
 BATCH = 64  # examples per model call
 
 
@@ -77,24 +73,6 @@ def example_values(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tenso
         ref = ref_nll(model, x, c, n_loops, precision)
         out += [{"elbo": float(e), "ref_nll": float(r)} for e, r in zip(elbo.tolist(), ref.tolist())]
     return out
-
-
-def nll_cost(model, n_loops: int, n: int, n_t: int = N_T) -> dict:
-    """forward_passes (block passes per example: n_t ELBO calls and the reference's one, L_t loops each) and
-    eval_flops of n examples."""
-    return {"forward_passes": (n_t + 1) * n_loops, "eval_flops": (n_t + 1) * model.flops_per_forward(n_loops) * n,
-            "forward_passes_mean": None}
-
-
-def nll_rows(scores: list[dict], base: dict) -> list[dict]:
-    """One evals row per metric of NLL_METRICS: the mean over examples and its 95% Student t interval."""
-    n = len(scores)
-    rows = []
-    for m in NLL_METRICS:
-        vals = [s[m] for s in scores]
-        mean, lo, hi = t_ci(vals) if n >= 2 else (vals[0], vals[0], vals[0])
-        rows.append({**base, "n_examples": n, "metric": m, "value": mean, "ci_low": lo, "ci_high": hi})
-    return rows
 
 
 def evaluate_nll(model: RecursiveDenoiser, run_id: str, split: str, ev, n_loops: int,

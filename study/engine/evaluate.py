@@ -37,13 +37,13 @@ import torch
 from model import RecursiveDenoiser
 from model.elbo import nll_bound
 from model.sampler import Sampled, sample_all
-from stats import mean_ci, wilson
 from store import Store
+from study.engine.rows import (GEN_SUFFIX, likelihood_cost, likelihood_rows, metric_rows, now,  # noqa: F401
+                               passes_cost)
 from study.spec.grid import EvalPoint, Run
 from study.spec.sections import N_GENERATE
 from tasks import EvalSet
 
-GEN_SUFFIX = "-gen"  # eval key of a likelihood point's unconditional generations: `<key>-gen`
 NLL_BATCH = 64  # sequences per call of the NLL bound
 
 
@@ -97,10 +97,6 @@ class Evaluation:
     scores: list[dict[str, float]]
     got: Sampled | None = None
     seconds: float = 0.0  # sampling time (the NLL bound's too for a likelihood point)
-
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id: str, *, keep: int,
@@ -231,37 +227,5 @@ def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
     eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
     above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
     eval_flops: every block pass, plus the head each time it read predictions."""
-    passes = int(got.passes.sum())
-    flops = model.flops_per_forward(passes, heads=got.head_calls) if passes else 0
-    return {"forward_passes": got.forward_passes, "forward_passes_mean": got.forward_passes_mean,
-            "eval_flops": flops}
+    return passes_cost(model, got.passes.tolist(), got.head_calls)
 
-
-def likelihood_cost(model: RecursiveDenoiser, n_t: int, L_s: int, n: int) -> dict:
-    """forward_passes / eval_flops of the NLL bound of n sequences: once per noise level (L_s loops each)
-    per sequence, whatever T is."""
-    return {"forward_passes": n_t * L_s, "eval_flops": n_t * model.flops_per_forward(L_s) * n}
-
-
-def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
-    """One evals row per metric: the mean of the per-example scores and its 95% interval
-    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
-    n = len(scores)
-    rows = []
-    for m in metrics:
-        vals = [s[m] for s in scores]
-        value = sum(vals) / n
-        binary = all(v in (0.0, 1.0) for v in vals)
-        lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]
-        rows.append({**base, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi})
-    return rows
-
-
-def likelihood_rows(per_char: list[float], base: dict, metrics) -> list[dict]:
-    """One evals row per likelihood metric (Task.likelihood_metrics) of per-sequence NLL bounds (nats per
-    position): their mean and its normal 95% interval over the sequences, each in its metric's unit (the
-    nats divided by Metric.likelihood: 1 for nats, ln 2 for bits)."""
-    n = len(per_char)
-    nll, lo, hi = mean_ci(per_char)
-    return [{**base, "n_examples": n, "metric": m.name, "value": nll / m.likelihood, "ci_low": lo / m.likelihood,
-             "ci_high": hi / m.likelihood} for m in metrics]

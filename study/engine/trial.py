@@ -11,7 +11,6 @@ import io
 import json
 import os
 import socket
-import sys
 import time
 import traceback
 
@@ -22,6 +21,7 @@ from model.train import CheckpointError, load_state
 from store import Store, digest
 from study.engine import continuous
 from study.engine.options import TrialOptions
+from study.engine.rows import STATE_KEYS, damaged_data, gpu_ids, node_info, run_row  # noqa: F401 (re-exported)
 from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
@@ -80,16 +80,6 @@ def pick_device(resources: Resources) -> torch.device:
         f"(Ray assigned GPU ids {gpu_ids() or 'none'}, CUDA_VISIBLE_DEVICES="
         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, torch {torch.__version__}); "
         "set resources.allow_cpu_fallback: true to train on the CPU")
-
-
-def gpu_ids() -> str | None:
-    """The GPU ids Ray assigned to this trial ("0", "0,1"), or None: none assigned, or not in Ray.
-    Ray also exports them as CUDA_VISIBLE_DEVICES, so inside the trial torch numbers them from 0."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    ids = ray.get_gpu_ids()
-    return ",".join(str(i) for i in ids) or None
 
 
 def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt: int = 1) -> dict:
@@ -217,9 +207,6 @@ def previous_checkpoint_path(store: Store, run_id: str) -> str:
     return store.path("checkpoints", f"{run_id}.prev.pt")
 
 
-STATE_KEYS = ("model", "opt", "step", "seconds", "history", "torch_rng")  # what Trainer.state_dict holds
-
-
 def _set_aside_unrecorded(store: Store, run_id: str, log) -> None:
     """Final weights whose bytes are not those the run's row recorded (weights_sha256: another run's, or
     edited) are set aside in quarantine/, never loaded: the run trains again (the same numbers)."""
@@ -284,33 +271,6 @@ def _state_problem(trainer: Trainer, sd: dict) -> str | None:
     return None
 
 
-def damaged_data(data_dir: str, deep: bool = True) -> list[tuple[str, str]]:
-    """(path, why) of every cached task data file (.npz) in `data_dir` that does not load whole (`deep`:
-    every array read, its CRC checked), or (not `deep`: cheap, for every `study run`) whose zip
-    directory does not read (truncated, random bytes, a git-lfs pointer)."""
-    import zipfile
-
-    import numpy as np
-
-    out = []
-    for name in sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []:
-        path = os.path.join(data_dir, name)
-        if not name.endswith(".npz") or name.startswith(".") or ".tmp-" in name:
-            continue
-        try:
-            if not deep:
-                with zipfile.ZipFile(path) as z:
-                    if not z.namelist():
-                        raise ValueError("an empty archive")
-                continue
-            with np.load(path, allow_pickle=False) as z:
-                for k in z.files:
-                    z[k]
-        except Exception as e:  # noqa: BLE001 -- any failure to load is damage (BadZipFile, zlib, pickle, ...)
-            out.append((path, f"not a readable data file: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"))
-    return out
-
-
 def _healing(store: Store, data_dir: str, fn, log):
     """fn(); when it fails and cached task data is damaged, those files are set aside and fn() runs once more
     (the data are derived from the config, by seed: regenerated identical)."""
@@ -342,37 +302,6 @@ def prepared_task(run: Run, store: Store, log):
     with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
         _healing(store, data_dir, prepare, log)
     return box["task"]
-
-
-def run_row(run: Run, costs: dict, status: str, code_version: str, device: str | None = None,
-            error: str | None = None, attempts: int = 1, train_seconds: float | None = None,
-            final_loss: float | None = None, grid: str | None = None, attention: str | None = None,
-            precision: str | None = None, weights_sha256: str | None = None,
-            history_sha256: str | None = None) -> dict:
-    """The runs row (every column of store.RUNS). attention, precision: what the run trained with (None
-    when it did not train in this process)."""
-    return {
-        "run_id": run.run_id, "study": run.study, "group": run.group, "task": run.task.name,
-        "task_params": json.dumps(run.task.model_dump(), sort_keys=True), "K": run.model.K, "L_t": run.model.L,
-        "schedule": run.train.schedule, "loss": run.train.loss, "d_model": run.model.d_model,
-        "heads": run.model.n_heads, "lr": run.train.lr, "batch": run.train.batch_size, "steps": run.train.steps,
-        "seed": run.train.seed, **costs, "train_seconds": train_seconds, "final_loss": final_loss,
-        "status": status, "error": error, "attempts": attempts, "device": device, **node_info(),
-        "code_version": code_version, "config": json.dumps(run.resolved(), sort_keys=True), "created_at": now(),
-        "grid": grid, "attention": attention, "precision": precision, "weights_sha256": weights_sha256,
-        "history_sha256": history_sha256, "row_sha256": None,  # set by Store.write_rows
-    }
-
-
-def node_info() -> dict:
-    """Where this process runs: hostname, and Ray's node id, IP and assigned GPU ids inside a Ray worker."""
-    info = {"node": socket.gethostname(), "node_id": None, "node_ip": None, "gpu_ids": None}
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        info["node_id"] = ray.get_runtime_context().get_node_id()
-        info["node_ip"] = ray.util.get_node_ip_address()
-        info["gpu_ids"] = gpu_ids()
-    return info
 
 
 def device_name(device: torch.device) -> str:

@@ -4,15 +4,16 @@ Recomputes everything the store lets it recompute, and names the file and field 
 disagreement:
 - runs: the run id is the hash of the training config (configs/<id>.json and the row's `config`
   agree field by field); every column a config implies (task, K, L_t, d_model, heads, schedule,
-  loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.engine.trial.run_row` and the
+  loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.engine.rows.run_row` and the
   model's own counting give for that config; `status` agrees with `error`, the weights and the eval
   points; `final_loss` is the history's last loss; `grid` names a grid the study recorded.
 - evals: each file's key is the key of an evaluation point some grid of the study (grids/, see
   store/provenance.py) or the run's config owes, or the key of its rows' own fields; T, L_s,
   sampler, split and n_examples are that point's; value, ci_low and ci_high are what
-  `study.engine.evaluate.metric_rows` (`study.engine.evaluate.likelihood_rows` for a likelihood point) gives the
+  `study.engine.rows.metric_rows` (`likelihood_rows` for a likelihood point) gives the
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
-  what `study.engine.evaluate.sampling_cost` (`likelihood_cost`) gives the per-example passes and steps.
+  what `study.engine.evaluate.sampling_cost`'s rule (`study.engine.rows.passes_cost`; `likelihood_cost`)
+  gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
   by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
   text says so (`NotRescorable`) and is named among what is not re-derived.

@@ -121,7 +121,7 @@ def _check_configs_agree(v: Verdict, row: dict, file_cfg: dict, row_cfg: dict, c
 
 def _check_row_columns(v: Verdict, run: Run, row: dict, rpath: str) -> None:
     """The runs row's config columns are those its config implies (as the trial that wrote it made them)."""
-    from study.engine.trial import run_row  # the function that wrote the row
+    from study.engine.rows import run_row  # the function that wrote the row
 
     want = run_row(run, run.costs(), status=row["status"], code_version=row["code_version"])
     for col in CONFIG_COLUMNS:

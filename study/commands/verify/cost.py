@@ -30,13 +30,13 @@ def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[
         return
     model = _meta_model(run, task)
     if kind == "nll":
-        from study.engine.continuous import nll_cost
+        from study.engine.nllrows import nll_cost
 
         want = nll_cost(model, rows[0]["L_s"], len(srows))
         if any(s["passes"] != want["forward_passes"] for s in srows):
             v.problems.append(f"{spath}: field passes differs from (n_t + 1) x L_s = {want['forward_passes']}")
     elif kind == "likelihood":
-        from study.engine.evaluate import likelihood_cost
+        from study.engine.rows import likelihood_cost
 
         n_t = len(task.t_values())
         want = likelihood_cost(model, n_t, rows[0]["L_s"], len(srows))
@@ -47,18 +47,13 @@ def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[
                                   f"n_t x L_s = {n_t * rows[0]['L_s']}")
                 break
     else:
-        import torch  # the sampler's own cost rule reads tensors of the per-example steps
-
-        from model.sampler import Sampled
-        from study.engine.evaluate import sampling_cost
+        from study.engine.rows import passes_cost  # sampling_cost's rule, on the per-example lists: no torch
 
         if any(s["passes"] is None or s["steps"] is None for s in srows):
             v.problems.append(f"{spath}: per-example passes or steps missing: the evaluation cost cannot be derived")
             return
         adaptive = pt.adaptive if pt is not None and kind != "ext" else None
         L_s = rows[0]["L_s"]
-        steps = torch.tensor([s["steps"] for s in srows])
-        passes = torch.tensor([s["passes"] for s in srows])
         if adaptive is None:
             for s in srows:
                 if s["passes"] != s["steps"] * L_s:
@@ -67,9 +62,12 @@ def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[
                     break
             if pt is not None and any(s["steps"] > pt.T for s in srows):
                 v.problems.append(f"{spath}: field steps exceeds T = {pt.T}")
-        got = Sampled(x=torch.empty(0), steps=steps, loops=L_s,
-                      step_loops=None if adaptive is None else passes[:, None], adaptive=adaptive)
-        want = sampling_cost(model, got)
+            # model.sampler.Sampled at fixed depth: passes = steps x L_s, the head once per step
+            passes, heads = [s["steps"] * L_s for s in srows], sum(s["steps"] for s in srows)
+        else:  # adaptive: the loops each example ran, the head after every loop
+            passes = [s["passes"] for s in srows]
+            heads = sum(passes)
+        want = passes_cost(model, passes, heads)
     for r in rows:
         if kind == "likelihood" and task.metric_of(r["metric"]) is None:
             continue  # an older store's generations row inside the likelihood point

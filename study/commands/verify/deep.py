@@ -42,7 +42,7 @@ def chosen_points(c: Context, fraction: float, points: list[str]) -> list[tuple[
 
 
 def _is_nll(key: str) -> bool:
-    from study.engine.continuous import NLL_KEYS
+    from study.engine.nllrows import NLL_KEYS
 
     return key in NLL_KEYS.values()
 

@@ -54,7 +54,7 @@ def check_evals_and_samples(c: Context) -> None:
 
 
 def _nll_keys() -> set[str]:
-    from study.engine.continuous import NLL_KEYS
+    from study.engine.nllrows import NLL_KEYS
 
     return set(NLL_KEYS.values())
 
@@ -166,8 +166,8 @@ def _point_of_key(v: Verdict, path: str, rid: str, key: str, rows: list[dict], r
 
     The point is None for `ext` (an external puzzle file: only its digest is stored, so the key is checked
     against the rows instead). None in all (a problem) when no grid, config or row names the key."""
-    from study.engine.continuous import NLL_KEYS
-    from study.engine.evaluate import GEN_SUFFIX
+    from study.engine.nllrows import NLL_KEYS
+    from study.engine.rows import GEN_SUFFIX
 
     if key in NLL_KEYS.values() and key not in known:
         _check_nll_rows(v, path, key, rows, run)
@@ -210,7 +210,7 @@ def _check_rows_at_point(v: Verdict, path: str, key: str, rows: list[dict], pt: 
 
 def _check_nll_rows(v: Verdict, path: str, key: str, rows: list[dict], run: Run | None) -> None:
     """A continuous-quantities point (nll-<split>): T 0, L_s the run's L_t, sampler 'likelihood', its split."""
-    from study.engine.continuous import NLL_KEYS, SAMPLER
+    from study.engine.nllrows import NLL_KEYS, SAMPLER
 
     split = next(s for s, k in NLL_KEYS.items() if k == key)
     want = {"T": 0, "sampler": SAMPLER, "split": split, **({"L_s": run.model.L} if run is not None else {})}

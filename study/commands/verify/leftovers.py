@@ -16,7 +16,7 @@ def check_leftovers(c: Context) -> None:
     import time
 
     from store import QUARANTINE, TEMP_AGE_S
-    from study.engine.trial import damaged_data
+    from study.engine.rows import damaged_data
 
     store, v = c.store, c.v
 

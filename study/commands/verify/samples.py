@@ -76,7 +76,7 @@ def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: li
 
 def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, task) -> None:
     """value, ci_low, ci_high of one evals row, derived again from the per-example scores."""
-    from study.engine.evaluate import likelihood_rows, metric_rows
+    from study.engine.rows import likelihood_rows, metric_rows
 
     m = r["metric"]
     declared = {x.name: x for x in task.likelihood_metrics()}  # a likelihood point's rows: from the nats
@@ -92,7 +92,7 @@ def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, 
         nll = likelihood_rows([s[nats] for s in scores], {}, [declared[nats]])[0]
         want = {"value": math.exp(nll["value"]), "ci_low": math.exp(nll["ci_low"]), "ci_high": math.exp(nll["ci_high"])}
     elif kind == "nll" and all(m in s for s in scores):
-        from study.engine.continuous import NLL_METRICS, nll_rows
+        from study.engine.nllrows import NLL_METRICS, nll_rows
 
         want = nll_rows([{x: s.get(x, s[m]) for x in NLL_METRICS} for s in scores], {})[NLL_METRICS.index(m)]
     elif all(m in s for s in scores):

@@ -1,17 +1,18 @@
 """A done run's final weights: present, this project's (loaded without running code), the bytes its runs row
-recorded (field weights_sha256, store/digest.py), and of the shapes its config makes."""
+recorded (field weights_sha256, store/digest.py), and of the shapes its config makes. Read without torch
+(model/checkpoint_meta.py: the same refusals as torch.load(weights_only=True), tensors as shapes only);
+`--deep` loads them with torch to evaluate again."""
 from __future__ import annotations
 
-import io
-
+from model.checkpoint_meta import CheckpointError, read_state_meta
+from model.flops import param_shapes
 from store.digest import weights_mismatch
 from study.commands.verify.context import Context
 
 
 def check_weights(c: Context) -> None:
-    """Torch is imported here, on the first done run: the weights are read with torch.load (weights_only)."""
-    from model.train import CheckpointError, load_state
-    from study.engine.trial import STATE_KEYS
+    """Each done run's weights, read without torch (read_state_meta)."""
+    from study.engine.rows import STATE_KEYS
 
     store, v = c.store, c.v
     for rid, row in sorted(c.runs.items()):
@@ -24,7 +25,7 @@ def check_weights(c: Context) -> None:
             v.problems.append(f"run {rid} is done but has no weights ({wpath})")
             continue
         try:
-            sd = load_state(io.BytesIO(data), "cpu", wpath)
+            sd = read_state_meta(data, wpath)
             lacking = [k for k in STATE_KEYS if k not in sd]
             if lacking:
                 raise CheckpointError(f"{wpath}: not this project's weights (no {', '.join(lacking)})")
@@ -42,14 +43,8 @@ def check_weights(c: Context) -> None:
 
 
 def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the model a run's config makes (built on the meta device: no memory, no time)."""
-    import torch
-
-    from model import RecursiveDenoiser, SeqSpec
-
-    with torch.device("meta"):
-        model = RecursiveDenoiser(run.model, SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes()))
-    return {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    """Parameter name -> shape of the model a run's config makes (model.flops.param_shapes: no torch)."""
+    return param_shapes(run.model, task.vocab_size, task.pos_sizes())
 
 
 def _check_shapes(c: Context, rid: str, wpath: str, got) -> None:
