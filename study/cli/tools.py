@@ -71,8 +71,9 @@ def predict(
                                 "repeatable"),
     boot: int = typer.Option(400, "--boot", min=50, max=20000, help="bootstrap replicates"),
     law: str = typer.Option("preregistered", "--law", help="the law's form: 'preregistered' (z = ln N + beta ln L) "
-                            "or 'depth-width' (z = ln d + kappa ln K + lambda ln L, a ceiling per T; post-hoc); "
-                            "docs/DESIGN.md"),
+                            "or 'depth-width' (z = ln d + kappa ln K + lambda ln L, a ceiling per T; post-hoc) "
+                            "or 'two-step' (test ELBO from N, L, D, then VPR from the ELBO per T; "
+                            "analysis/ladder/twostep.py); docs/DESIGN.md"),
     plot: Optional[str] = typer.Option(None, "--plot", help="save the ladder figure here (PNG, PDF or SVG by the "
                                        "name): measured vs the law per T, held-out models and targets marked"),
 ):
@@ -82,8 +83,10 @@ def predict(
     from analysis.load import MissingData, load_study
     from study.commands.predict import predict as run_predict
 
-    if law not in LAWS:
-        fail(f"--law {law}: one of {', '.join(LAWS)}")
+    if law not in (*LAWS, "two-step"):
+        fail(f"--law {law}: one of {', '.join((*LAWS, 'two-step'))}")
+    if law == "two-step" and (budget is not None or plot):
+        fail("--law two-step: --budget and --plot are not available for it yet")
 
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
@@ -94,6 +97,11 @@ def predict(
     grid = grid_or_exit(target, data=False) if target is not None else None
     try:
         data = load_study(results, study)
+        if law == "two-step":
+            from study.commands.predict_two_step import predict_two_step
+
+            return predict_two_step(data, hold_out or ([] if target else ["largest"]), grid, T or None,
+                                    boot, typer.echo)
         run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
                     typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:

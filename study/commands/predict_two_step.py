@@ -1,0 +1,125 @@
+"""`study predict --law two-step`: the two-step ladder law of analysis/ladder/twostep.py fitted on a study's
+runs and their checkpoints (analysis.ladder.frame), printed with its errors per step.
+
+The held-out models (by default the largest parameter count; every seed of a model, its checkpoints too)
+are left out of the fit; for each, per T, the step-1 error (predicted vs measured loss, relative), the
+step-2 error (the metric curve at the measured loss) and the chained error (the metric at the predicted
+loss), in points, with 95% intervals, as the OLMo ladder reports them. Then the residuals of both
+steps against the evaluation noise and the misfit flags; with --target, each target's predicted loss
+and metric. A study whose runs lack the continuous quantities gets one line naming `study backfill`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import pandas as pd
+
+from analysis.ladder import LadderError
+from analysis.ladder.frame import ladder_frame
+from analysis.ladder.twostep import MISFIT, fit_two_step
+from analysis.load import StudyData
+from study.commands.predict import fmt_n, grid_models, pct
+
+MIN_MODELS = 4
+
+
+def study_frame(data: StudyData) -> pd.DataFrame:
+    """The two-step frame of a study's done runs, or LadderError naming `study backfill` when runs lack
+    the test ELBO (stores written before the continuous quantities were kept)."""
+    evals = pd.concat([data.evals, data.continuous], ignore_index=True) if data.continuous is not None else data.evals
+    history = data.history if "val" in data.history else data.history.assign(val=None)
+    f = ladder_frame(data.runs, evals, history)
+    fin = f[~f["is_checkpoint"]] if len(f) else f
+    lacking = sorted(fin.loc[fin["elbo"].isna(), "run_id"]) if len(fin) else []
+    if lacking or not len(fin):
+        raise LadderError(f"--law two-step: {len(lacking)} of {len(fin)} runs of study '{data.name}' lack the "
+                          f"test ELBO (eval key nll-test; first {lacking[0] if lacking else '-'}): score them with "
+                          f"`study backfill --study {data.name}`")
+    steps = f.groupby("run_id")["step"].transform("max")
+    many = steps.nunique() > 1  # a steps axis: the label names the model's training steps too
+    return f.assign(label=[f"({k} x {lp}) d={d}" + (f" s={s}" if many else "")
+                           for k, lp, d, s in zip(f["K"], f["L"], f["d_model"], steps)])
+
+
+def split_holdout(f: pd.DataFrame, hold_out: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ladder frame, held-out final points): 'largest' holds out the largest N, 'widest' the largest width,
+    a run id its model (every run of that label)."""
+    labels = set()
+    for h in hold_out:
+        if h == "largest":
+            labels |= set(f.loc[f["N"] == f["N"].max(), "label"])
+        elif h == "widest":
+            labels |= set(f.loc[f["d_model"] == f["d_model"].max(), "label"])
+        elif h in set(f["run_id"]):
+            labels |= set(f.loc[f["run_id"] == h, "label"])
+        else:
+            raise LadderError(f"--hold-out {h}: no run '{h}' in the ladder (a run id, 'largest' or 'widest')")
+    held = f["label"].isin(labels)
+    lad = f[~held]
+    if lad["label"].nunique() < MIN_MODELS:
+        raise LadderError(f"too few runs to fit the two-step law: {lad['label'].nunique()} models left after the "
+                          f"hold-out, at least {MIN_MODELS} models are needed")
+    return lad, f[held & ~f["is_checkpoint"]]
+
+
+def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list[int] | None, n_boot: int,
+                     echo: Callable[[str], None]) -> None:
+    f = study_frame(data)
+    lad, held = split_holdout(f, hold_out)
+    have = sorted(int(c[len("vpr_T"):]) for c in f.columns if c.startswith("vpr_T"))
+    for T in Ts or []:
+        if T not in have:
+            raise LadderError(f"--T {T}: T = {T} was not evaluated (evaluated: {', '.join(map(str, have))})")
+    law = fit_two_step(lad, Ts=Ts, n_boot=n_boot)
+    p = law.loss_fit.params()
+    n_ck = int(lad["is_checkpoint"].sum())
+    echo(f"study {data.name}: the two-step law, test ELBO -> VPR (analysis/ladder/twostep.py), T = "
+         f"{', '.join(map(str, law.Ts))}")
+    echo(f"ladder: {lad['label'].nunique()} models, {lad['run_id'].nunique()} runs, {n_ck} checkpoints, N "
+         f"{fmt_n(lad['N'].min())}..{fmt_n(lad['N'].max())} non-embedding; held out: "
+         + (", ".join(sorted(held["label"].unique())) or "none"))
+    echo(f"step 1: l = E + A N_eff^-alpha + B D^-beta, N_eff = N L^phi{' K^kappa' if law.loss_fit.with_kappa else ''}: "
+         + ", ".join(f"{k} {v:.3g}" for k, v in p.items() if k != "kappa" or law.loss_fit.with_kappa)
+         + ("" if law.loss_fit.converged else " (did not converge)"))
+    for T in law.Ts:
+        m = law.metric[T]
+        echo(f"step 2, T={T}: VPR = c sigmoid(k (l0 - l)), "
+             + ("one curve per shape" if m.per_shape else "one curve for every shape"))
+    echo(f"intervals: 95%, {law.n_boot} bootstrap replicates over the ladder's runs, checkpoints and examples")
+    _errors(law, held, echo)
+    echo(f"residuals, x the evaluation noise (misfit above {MISFIT:g}):")
+    for r in law.residuals.itertuples():
+        what = "step 1 (loss)" if r.step == 1 else f"step 2 (T={int(r.T)})"
+        echo(f"  {what:<15} rms {r.rms_z:.2f} over {r.points} points" + ("  MISFIT" if r.rms_z > MISFIT else ""))
+    echo("misfit: " + ("yes, the law misfits the ladder: read its predictions with care" if law.misfit else "no"))
+    for note in law.notes:
+        echo(f"note: {note}")
+    if target_grid is not None:
+        _targets(law, target_grid, Ts, echo)
+
+
+def _errors(law, held: pd.DataFrame, echo) -> None:
+    if held.empty:
+        echo("held out: none (the fit used every model)")
+        return
+    e = law.errors(held)
+    echo("held-out models, errors per step (step 1: loss, % relative; step 2 and chained: VPR, points; 95%):")
+    cols = "  {:<18} {:>3} {:<24} {:<10} {:<22} {:<22}"
+    echo(cols.format("model", "T", "step 1 [95%]", "measured", "step 2 [95%]", "chained [95%]").rstrip())
+    for r in e.itertuples():
+        flag = "" if (r.step1_covered and r.step2_covered and r.chained_covered) else "  outside"
+        echo(cols.format(r.label, r.T,
+                         f"{100 * r.step1_rel_error:+.2f} [{100 * r.step1_low:+.2f}, {100 * r.step1_high:+.2f}]",
+                         pct(r.measured),
+                         f"{r.step2_error_pts:+.1f} [{r.step2_err_low:+.1f}, {r.step2_err_high:+.1f}]",
+                         f"{r.chained_error_pts:+.1f} [{r.chained_err_low:+.1f}, {r.chained_err_high:+.1f}]").rstrip() + flag)
+
+
+def _targets(law, grid, Ts, echo) -> None:
+    models, _ = grid_models(grid)
+    pred = law.predict(models[["label", "N", "K", "L", "D"]], Ts)
+    echo(f"targets (never trained here), from {grid.path}: predicted loss and VPR (%), 95% intervals:")
+    for r in pred.itertuples():
+        echo(f"  {r.label:<18} T={r.T:<3} loss {r.loss:.4g} [{r.loss_low:.4g}, {r.loss_high:.4g}]"
+             f"{'' if r.loss_inside else ' (outside the ladder losses: step 2 extrapolates)'}  "
+             f"VPR {pct(r.predicted)} [{pct(r.low)}, {pct(r.high)}]")
