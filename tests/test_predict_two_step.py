@@ -74,3 +74,27 @@ def test_a_store_without_the_test_elbo_gets_one_line_naming_backfill(tmp_path):
     r = _study("predict", "--study", STUDY, "--results", str(tmp_path), "--law", "two-step")
     assert r.returncode == 2 and f"study backfill --study {STUDY}" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_design_check_passes_the_preregistered_grid_and_flags_the_old_ladder(synth):
+    from tests.helpers import ROOT
+
+    target = f"{ROOT}/grids/cpu/ladder_two_step_target.yaml"
+    outs = {}
+    for name in ("ladder_two_step.yaml", "ladder.yaml"):
+        r = _study("predict", "--study", STUDY, "--results", synth, "--design", f"{ROOT}/grids/cpu/{name}",
+                   "--target", target, "--boot", "50")
+        assert r.returncode == 0, r.stderr + r.stdout
+        outs[name] = r.stdout
+    good, old = outs["ladder_two_step.yaml"], outs["ladder.yaml"]
+    assert "loss the rungs and their checkpoints are predicted to cover" in good
+    assert "design: passes" in good and "warning" not in good and "outside" not in good
+    assert "predicted at a metric floor or ceiling" in good
+    # the old ladder has no steps axis: the (1 x 2) d=160 target's loss lies below every rung's
+    assert "target (1 x 2) d=160" in old and "outside: step 2 would extrapolate" in old
+    assert "warning: target (1 x 2) d=160" in old and "design: 1 warning(s)" in old
+
+
+def test_design_needs_a_target():
+    r = _study("predict", "--design", "grids/cpu/ladder.yaml")
+    assert r.returncode == 2 and "--target TARGET_GRID" in r.stderr, r.stderr

@@ -74,6 +74,10 @@ def predict(
                             "or 'depth-width' (z = ln d + kappa ln K + lambda ln L, a ceiling per T; post-hoc) "
                             "or 'two-step' (test ELBO from N, L, D, then VPR from the ELBO per T; "
                             "analysis/ladder/twostep.py); docs/DESIGN.md"),
+    design: Optional[str] = typer.Option(None, "--design", help="a ladder grid YAML not trained yet: with --target, "
+                                         "check before training that the targets' predicted loss lies inside the "
+                                         "rungs' and checkpoints' range and warn on rungs at a metric floor or "
+                                         "ceiling (the two-step law fitted on --study is the prior)"),
     plot: Optional[str] = typer.Option(None, "--plot", help="save the ladder figure here (PNG, PDF or SVG by the "
                                        "name): measured vs the law per T, held-out models and targets marked"),
 ):
@@ -92,11 +96,17 @@ def predict(
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
     if any(t < 1 for t in T):
         fail(f"--T {min(T)}: denoising steps are >= 1")
+    if design is not None and target is None:
+        fail("--design GRID: give the targets to check it against with --target TARGET_GRID")
     results_or_exit(results)
     study = study_or_exit(study, results)
     grid = grid_or_exit(target, data=False) if target is not None else None
     try:
         data = load_study(results, study)
+        if design is not None:
+            from study.commands.predict_two_step import design_check
+
+            return design_check(data, grid_or_exit(design, data=False), grid, T or None, boot, typer.echo)
         if law == "two-step":
             from study.commands.predict_two_step import predict_two_step
 

@@ -123,3 +123,33 @@ def _targets(law, grid, Ts, echo) -> None:
         echo(f"  {r.label:<18} T={r.T:<3} loss {r.loss:.4g} [{r.loss_low:.4g}, {r.loss_high:.4g}]"
              f"{'' if r.loss_inside else ' (outside the ladder losses: step 2 extrapolates)'}  "
              f"VPR {pct(r.predicted)} [{pct(r.low)}, {pct(r.high)}]")
+
+
+def design_check(data: StudyData, design_grid, target_grid, Ts: list[int] | None, n_boot: int,
+                 echo: Callable[[str], None]) -> None:
+    """`--design GRID --target TARGET_GRID`: the two-step law fitted on the whole study (the prior) checks a
+    ladder's design before any of it trains (analysis.ladder.design.check_design)."""
+    from analysis.ladder.design import check_design, checkpoint_points
+
+    f = study_frame(data)
+    law = fit_two_step(f, Ts=Ts, n_boot=n_boot)
+    models, runs = grid_models(design_grid)
+    points = pd.concat([checkpoint_points(pd.DataFrame([{"label": m["label"], "N": m["N"], "K": m["K"], "L": m["L"],
+                                                         "steps": r.train.steps}]),
+                                          r.train.checkpoint_every or r.train.steps, r.train.batch_size)
+                        for m, r in zip(models.to_dict("records"), runs)], ignore_index=True)
+    targets, _ = grid_models(target_grid)
+    got = check_design(law, points, targets[["label", "N", "K", "L", "D"]], Ts)
+    lo, hi = got["loss_range"]
+    echo(f"design {design_grid.path}: {len(models)} rungs, {int(points['is_checkpoint'].sum())} checkpoints; the "
+         f"prior: the two-step law fitted on study {data.name} ({f['run_id'].nunique()} runs)"
+         + ("; it misfits its own ladder: read this with care" if law.misfit else ""))
+    echo(f"loss the rungs and their checkpoints are predicted to cover: [{lo:.4g}, {hi:.4g}]")
+    for label, loss, inside in got["targets"]:
+        echo(f"  target {label}: predicted loss {loss:.4g}, "
+             + ("inside: step 2 interpolates" if inside else "outside: step 2 would extrapolate"))
+    for T, share in sorted(got["at_floor_or_ceiling"].items()):
+        echo(f"  T={T}: {100 * share:.0f}% of the rungs predicted at a metric floor or ceiling")
+    for w in got["warnings"]:
+        echo(f"warning: {w}")
+    echo("design: " + ("passes" if not got["warnings"] else f"{len(got['warnings'])} warning(s)"))
