@@ -57,8 +57,9 @@ def synth(tmp_path_factory):
     return root
 
 
-def test_cli_prints_the_errors_of_each_step_apart(synth):
-    r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--boot", "50")
+def test_cli_prints_the_errors_of_each_step_apart(synth, tmp_path):
+    png = str(tmp_path / "ladder.png")
+    r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--boot", "50", "--plot", png)
     assert r.returncode == 0, r.stderr + r.stdout
     out = r.stdout
     assert "the two-step law" in out and "step 1: l = E + A N_eff^-alpha" in out
@@ -67,6 +68,9 @@ def test_cli_prints_the_errors_of_each_step_apart(synth):
     assert table.count("(2 x 1) d=192") == 2 * len(CURVES), table
     assert "step 1 [95%]" in table and "step 2 [95%]" in table and "chained [95%]" in table
     assert "step 1 (loss)" in out and "misfit: no" in out
+    from matplotlib.image import imread
+
+    assert f"figure: {png}" in out and imread(png).shape[1] > 2 * imread(png).shape[0] * 0.9  # two panels side by side
 
 
 def test_a_store_without_the_test_elbo_gets_one_line_naming_backfill(tmp_path):

@@ -9,7 +9,8 @@ One module per job:
 - loss.py: step 1, the loss law l = E + A N_eff^-alpha + B D^-beta, N_eff = N L^phi (Huber, many starts);
 - metric.py: step 2, loss -> metric per T, VPR = c_T sigmoid(k_T (l0_T - l)) by binomial likelihood;
 - twostep.py: the two steps chained, with one bootstrap, errors reported per step;
-- design.py: checks of a ladder's design before anything trains.
+- design.py: checks of a ladder's design before anything trains;
+- twostep_figure.py: the two-step law's figure (both steps).
 """
 from analysis.ladder.figure import BAND, BAR_PTS, TABLE_COLUMNS, ladder_figure, ladder_table
 from analysis.ladder.law import LAWS, N_BOOT, Form, Ladder, LadderError, fit_law

@@ -89,8 +89,8 @@ def predict(
 
     if law not in (*LAWS, "two-step"):
         fail(f"--law {law}: one of {', '.join((*LAWS, 'two-step'))}")
-    if law == "two-step" and (budget is not None or plot):
-        fail("--law two-step: --budget and --plot are not available for it yet")
+    if law == "two-step" and budget is not None:
+        fail("--law two-step: --budget is not available for it yet")
 
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
@@ -111,7 +111,7 @@ def predict(
             from study.commands.predict_two_step import predict_two_step
 
             return predict_two_step(data, hold_out or ([] if target else ["largest"]), grid, T or None,
-                                    boot, typer.echo)
+                                    boot, typer.echo, plot)
         run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
                     typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:

@@ -63,7 +63,7 @@ def split_holdout(f: pd.DataFrame, hold_out: list[str]) -> tuple[pd.DataFrame, p
 
 
 def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list[int] | None, n_boot: int,
-                     echo: Callable[[str], None]) -> None:
+                     echo: Callable[[str], None], plot: str | None = None) -> None:
     f = study_frame(data)
     lad, held = split_holdout(f, hold_out)
     have = sorted(int(c[len("vpr_T"):]) for c in f.columns if c.startswith("vpr_T"))
@@ -96,6 +96,11 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
         echo(f"note: {note}")
     if target_grid is not None:
         _targets(law, target_grid, Ts, echo)
+    if plot:
+        from analysis.ladder.twostep_figure import two_step_figure
+
+        two_step_figure(law, lad, held).savefig(plot, dpi=120, bbox_inches="tight")
+        echo(f"figure: {plot}")
 
 
 def _errors(law, held: pd.DataFrame, echo) -> None:
