@@ -4,7 +4,9 @@ pandas.testing.assert_frame_equal(check_exact=True), timing and placement column
 import sys, pathlib, pandas as pd
 a, b = map(pathlib.Path, sys.argv[1:3])
 SKIP = {"train_seconds", "eval_seconds", "wall_seconds", "seconds", "started", "ended", "written_at", "time", "timestamp",
-        "host", "node", "code_version", "created", "finished", "duration_s", "elapsed"}
+        "host", "node", "code_version", "created", "finished", "duration_s", "elapsed",
+        "sha256"}  # the digests of a run's weights, history and row cover its wall-clock seconds too: the
+# weights' tensors are compared below, the history rows and the row's other fields above
 bad = 0
 for f in sorted(a.rglob("*.parquet")):
     rel = f.relative_to(a)
@@ -19,4 +21,9 @@ for f in sorted(a.rglob("*.parquet")):
     except AssertionError as e:
         print("DIFF", rel, str(e)[:300]); bad += 1
     if extra: print("columns differ", rel, sorted(extra))
+import torch  # the final weights, tensor by tensor (model and optimizer state; timings left out)
+for f in sorted(a.glob("*/weights/*.pt")):
+    x, y = (torch.load(p, weights_only=True) for p in (f, b / f.relative_to(a)))
+    same = all(torch.equal(x[k][n], y[k][n]) for k in ("model",) for n in x[k]) and str(x["opt"]) == str(y["opt"])
+    if not same: print("DIFF weights", f.relative_to(a)); bad += 1
 print("compared", len(list(a.rglob('*.parquet'))), "files;", bad, "differ")
