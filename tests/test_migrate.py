@@ -175,3 +175,39 @@ def test_migrate_adopts_the_grid_of_a_study_run_before_grids_were_recorded(old):
     assert (d / "grids" / f"{sha}.yaml").read_text() == (d / "grid.yaml").read_text()
     r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
+
+
+def test_migrate_drops_the_ppl_rows_of_a_likelihood_point(tmp_path):
+    """Older text8 stores held a `ppl` row (exp of nll) in each likelihood point; today the analysis derives it.
+    Migrated, the evals equal those written today, and verify (which no longer knows a stored ppl) passes."""
+    import math
+
+    from study.commands.verify import verify_study
+    from study.engine.options import TrialOptions
+    from study.engine.trial import execute
+    from study.spec.grid import expand
+    from store import Store
+    from tests.test_tasks_text8 import GRID as T8
+
+    grid = {**T8, "task": {**T8["task"], "n_test": 8, "n_t": 4}, "train": {**T8["train"], "steps": 5},
+            "eval": {"T": [4], "n_examples": 8, "n_samples_kept": 2}}
+    fresh = tmp_path / "fresh"
+    execute(expand(grid, "t8.yaml").runs[0], Store(str(fresh), "t8"), TrialOptions("test"))
+    shutil.copytree(fresh, tmp_path / "results")
+    d = tmp_path / "results" / "t8"
+    (d / "FORMAT").unlink()
+    (f,) = [p for p in (d / "evals").glob("*/*.parquet") if not p.stem.endswith("-gen")]
+    t = pq.read_table(f)
+    nll = next(r for r in t.to_pylist() if r["metric"] == "nll")
+    ppl = {**nll, "metric": "ppl", **{k: math.exp(nll[k]) for k in ("value", "ci_low", "ci_high")}}
+    pq.write_table(pa.concat_tables([t, pa.Table.from_pylist([ppl], schema=t.schema)]), f)
+    r = cli("verify", "--study", "t8", "--results", str(tmp_path / "results"))
+    assert r.exit_code == 2 and "format none recorded (version 0)" in r.stderr, r.output
+    r = cli("migrate", "--study", "t8", "--results", str(tmp_path / "results"))
+    assert r.exit_code == 0, r.output
+    assert "dropped the derived ppl row (exp of nll)" in r.stdout
+    a, b = Store(str(fresh), "t8").read("evals"), Store(str(tmp_path / "results"), "t8").read("evals")
+    key = ["eval_key", "metric"]
+    assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
+    v = verify_study(Store(str(tmp_path / "results"), "t8"))
+    assert v.problems == [], v.problems[:3]

@@ -10,7 +10,9 @@ From version 0 (no FORMAT) to 1:
 - grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
   (store/provenance.py);
 - evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
-  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown".
+  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown";
+- evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
+  never stored since) dropped.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = _runs_digests(store) + _passes_mean(store) + _grid_record(store)
+        changes = _runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _grid_record(store)
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -82,6 +84,19 @@ def _passes_mean(store: Store) -> list[str]:
                 r["forward_passes_mean"] = float(mean)
         store.write_rows("evals", rows, run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: filled forward_passes_mean from {store.path('samples', run_id, key)}")
+    return changes
+
+
+def _drop_ppl(store: Store) -> list[str]:
+    """A likelihood point's `ppl` row (exp(nll), what the analysis derives from the nll row) dropped."""
+    changes = []
+    for name, rows in sorted(_table_files(store, "evals").items()):
+        metrics = {r["metric"] for r in rows}
+        if "ppl" not in metrics or "nll" not in metrics:
+            continue
+        run_id, key = name.split("/")
+        store.write_rows("evals", [r for r in rows if r["metric"] != "ppl"], run_id, key)
+        changes.append(f"{store.path('evals', run_id, key)}: dropped the derived ppl row (exp of nll)")
     return changes
 
 
