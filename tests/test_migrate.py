@@ -211,3 +211,23 @@ def test_migrate_drops_the_ppl_rows_of_a_likelihood_point(tmp_path):
     assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
     v = verify_study(Store(str(tmp_path / "results"), "t8"))
     assert v.problems == [], v.problems[:3]
+
+
+def test_a_current_store_with_its_grid_yaml_but_no_grid_record_fails_verify(fresh, tmp_path):
+    """The shape of a study from before grids were recorded (grid.yaml alone, runs naming no grid) is migrate's
+    to adopt; in a store of this format it is a deleted record, not a grid.yaml to fall back on."""
+    from store.digest import row_sha256
+
+    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
+    d = tmp_path / "results" / STUDY
+    shutil.rmtree(d / "grids")
+    for f in (d / "runs").glob("*.parquet"):
+        null_columns(f, ("grid",))
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("row_sha256"), "row_sha256",
+                         pa.array([row_sha256(r) for r in t.to_pylist()], pa.string()))
+        pq.write_table(t, f)
+    r = cli("verify", "--study", STUDY, "--results", str(tmp_path / "results"))
+    assert r.exit_code == 1, r.output
+    problems = [ln for ln in r.stdout.splitlines() if "PROBLEM" in ln]
+    assert any("log.jsonl: missing or empty, but the study keeps its grid.yaml" in ln for ln in problems), r.stdout
