@@ -231,3 +231,25 @@ def test_a_current_store_with_its_grid_yaml_but_no_grid_record_fails_verify(fres
     assert r.exit_code == 1, r.output
     problems = [ln for ln in r.stdout.splitlines() if "PROBLEM" in ln]
     assert any("log.jsonl: missing or empty, but the study keeps its grid.yaml" in ln for ln in problems), r.stdout
+
+
+def test_migrate_clears_temp_files_under_earlier_names(old):
+    """`<name>.tmp-<pid>[.npz]` temp files of earlier versions (today's readers know only `.<name>.<8 hex>.tmp`)."""
+    import os
+    import time
+
+    d = old / "results" / STUDY
+    rid = sorted(p.stem for p in (d / "runs").glob("*.parquet"))[0]
+    (d / "data").mkdir(exist_ok=True)
+    temps = [d / "weights" / f"{rid}.pt.tmp-4242", d / "data" / "sudoku4-x.npz.tmp-77.npz",
+             d / "weights" / f"{rid}.pt.0123abcd.part"]
+    for p in temps:
+        p.write_bytes(b"half a file")
+        os.utime(p, (time.time() - 3600, time.time() - 3600))
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+    for p in temps:
+        assert f"{p}: removed (a temp file left by an interrupted write)" in r.stdout, r.stdout
+        assert not p.exists()
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
