@@ -386,7 +386,7 @@ def _grids(data: StudyData) -> list:
     by_grid = data.runs["grid"].value_counts().to_dict() if "grid" in data.runs else {}
     out.append(Heading(3, f"Grids run ({len(ran)})"))
     if not ran:
-        out.append(Missing("No grid record (grids/log.jsonl): the study predates it."))
+        out.append(Missing("No grid record (grids/log.jsonl): no grid of the study was run."))
     for g in ran:
         when = "; ".join(f"{c} {t or 'time unknown'}" + (f" ({p})" if p else "") for t, c, p in g["runs"])
         out.append(Details(f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)",

@@ -15,8 +15,8 @@ SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 NAME_RULE = "1-200 letters, digits, '_', '-', '.', starting with a letter or digit, no '..'"
 QUARANTINE = "quarantine"  # <study>/quarantine/<where it was>.<UTC time>: damaged files set aside, never deleted
 # temp files of a write that never finished (a killed process, a full disk): atomicio's `.<name>.<8 hex>.tmp`
-# (Store.write_bytes names its temp files the same way); earlier versions' `<name>.tmp-<pid>[.npz]` and `.part`
-TEMP = re.compile(r"\..+\.[0-9a-f]{8}\.tmp|.+\.tmp-\d+(\.npz)?|.+\.[0-9a-f]{8}\.part")
+# (Store.write_bytes names its temp files the same way; `study migrate` clears format 0's other names)
+TEMP = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
 TEMP_AGE_S = 60.0  # a temp file untouched this long belongs to no live writer: left over
 
 

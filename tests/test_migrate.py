@@ -175,3 +175,81 @@ def test_migrate_adopts_the_grid_of_a_study_run_before_grids_were_recorded(old):
     assert (d / "grids" / f"{sha}.yaml").read_text() == (d / "grid.yaml").read_text()
     r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
+
+
+def test_migrate_drops_the_ppl_rows_of_a_likelihood_point(tmp_path):
+    """Older text8 stores held a `ppl` row (exp of nll) in each likelihood point; today the analysis derives it.
+    Migrated, the evals equal those written today, and verify (which no longer knows a stored ppl) passes."""
+    import math
+
+    from study.commands.verify import verify_study
+    from study.engine.options import TrialOptions
+    from study.engine.trial import execute
+    from study.spec.grid import expand
+    from store import Store
+    from tests.test_tasks_text8 import GRID as T8
+
+    grid = {**T8, "task": {**T8["task"], "n_test": 8, "n_t": 4}, "train": {**T8["train"], "steps": 5},
+            "eval": {"T": [4], "n_examples": 8, "n_samples_kept": 2}}
+    fresh = tmp_path / "fresh"
+    execute(expand(grid, "t8.yaml").runs[0], Store(str(fresh), "t8"), TrialOptions("test"))
+    shutil.copytree(fresh, tmp_path / "results")
+    d = tmp_path / "results" / "t8"
+    (d / "FORMAT").unlink()
+    (f,) = [p for p in (d / "evals").glob("*/*.parquet") if not p.stem.endswith("-gen")]
+    t = pq.read_table(f)
+    nll = next(r for r in t.to_pylist() if r["metric"] == "nll")
+    ppl = {**nll, "metric": "ppl", **{k: math.exp(nll[k]) for k in ("value", "ci_low", "ci_high")}}
+    pq.write_table(pa.concat_tables([t, pa.Table.from_pylist([ppl], schema=t.schema)]), f)
+    r = cli("verify", "--study", "t8", "--results", str(tmp_path / "results"))
+    assert r.exit_code == 2 and "format none recorded (version 0)" in r.stderr, r.output
+    r = cli("migrate", "--study", "t8", "--results", str(tmp_path / "results"))
+    assert r.exit_code == 0, r.output
+    assert "dropped the derived ppl row (exp of nll)" in r.stdout
+    a, b = Store(str(fresh), "t8").read("evals"), Store(str(tmp_path / "results"), "t8").read("evals")
+    key = ["eval_key", "metric"]
+    assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
+    v = verify_study(Store(str(tmp_path / "results"), "t8"))
+    assert v.problems == [], v.problems[:3]
+
+
+def test_a_current_store_with_its_grid_yaml_but_no_grid_record_fails_verify(fresh, tmp_path):
+    """The shape of a study from before grids were recorded (grid.yaml alone, runs naming no grid) is migrate's
+    to adopt; in a store of this format it is a deleted record, not a grid.yaml to fall back on."""
+    from store.digest import row_sha256
+
+    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
+    d = tmp_path / "results" / STUDY
+    shutil.rmtree(d / "grids")
+    for f in (d / "runs").glob("*.parquet"):
+        null_columns(f, ("grid",))
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("row_sha256"), "row_sha256",
+                         pa.array([row_sha256(r) for r in t.to_pylist()], pa.string()))
+        pq.write_table(t, f)
+    r = cli("verify", "--study", STUDY, "--results", str(tmp_path / "results"))
+    assert r.exit_code == 1, r.output
+    problems = [ln for ln in r.stdout.splitlines() if "PROBLEM" in ln]
+    assert any("log.jsonl: missing or empty, but the study keeps its grid.yaml" in ln for ln in problems), r.stdout
+
+
+def test_migrate_clears_temp_files_under_earlier_names(old):
+    """`<name>.tmp-<pid>[.npz]` temp files of earlier versions (today's readers know only `.<name>.<8 hex>.tmp`)."""
+    import os
+    import time
+
+    d = old / "results" / STUDY
+    rid = sorted(p.stem for p in (d / "runs").glob("*.parquet"))[0]
+    (d / "data").mkdir(exist_ok=True)
+    temps = [d / "weights" / f"{rid}.pt.tmp-4242", d / "data" / "sudoku4-x.npz.tmp-77.npz",
+             d / "weights" / f"{rid}.pt.0123abcd.part"]
+    for p in temps:
+        p.write_bytes(b"half a file")
+        os.utime(p, (time.time() - 3600, time.time() - 3600))
+    r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output
+    for p in temps:
+        assert f"{p}: removed (a temp file left by an interrupted write)" in r.stdout, r.stdout
+        assert not p.exists()
+    r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
+    assert r.exit_code == 0, r.output

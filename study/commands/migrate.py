@@ -10,9 +10,16 @@ From version 0 (no FORMAT) to 1:
 - grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
   (store/provenance.py);
 - evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
-  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown".
+  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown";
+- evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
+  never stored since) dropped;
+- temp files under earlier versions' names (`<name>.tmp-<pid>[.npz]`, `<name>.<8 hex>.part`) left by writes
+  that never finished, untouched for store.TEMP_AGE_S: removed (the readers know only today's name).
 """
 from __future__ import annotations
+
+import re
+import time
 
 from store import Store, digest, format as store_format
 
@@ -36,7 +43,8 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = _runs_digests(store) + _passes_mean(store) + _grid_record(store)
+        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _grid_record(store)
+                   + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -85,12 +93,45 @@ def _passes_mean(store: Store) -> list[str]:
     return changes
 
 
+def _drop_ppl(store: Store) -> list[str]:
+    """A likelihood point's `ppl` row (exp(nll), what the analysis derives from the nll row) dropped."""
+    changes = []
+    for name, rows in sorted(_table_files(store, "evals").items()):
+        metrics = {r["metric"] for r in rows}
+        if "ppl" not in metrics or "nll" not in metrics:
+            continue
+        run_id, key = name.split("/")
+        store.write_rows("evals", [r for r in rows if r["metric"] != "ppl"], run_id, key)
+        changes.append(f"{store.path('evals', run_id, key)}: dropped the derived ppl row (exp of nll)")
+    return changes
+
+
 def _grid_record(store: Store) -> list[str]:
     """A study run before grids were recorded: its grid.yaml adopted as the first entry of grids/log.jsonl."""
     from store import provenance
 
     sha = provenance.adopt_grid_yaml(store)
     return [] if sha is None else [f"{store.path(provenance.GRIDS, provenance.LOG)}: adopted grid.yaml as grid {sha}"]
+
+
+OLD_TEMP = re.compile(r".+\.tmp-\d+(\.npz)?|.+\.[0-9a-f]{8}\.part")
+
+
+def _old_temps(store: Store) -> list[str]:
+    """Left-over temp files under earlier versions' names (anywhere but quarantine/ and Tune's .ray/)."""
+    import pyarrow.fs as pafs
+
+    from store import QUARANTINE, TEMP_AGE_S
+
+    cutoff, changes = time.time() - TEMP_AGE_S, []
+    for info in store.fs.get_file_info(pafs.FileSelector(store.dir, recursive=True, allow_not_found=True)):
+        rel = info.path[len(store.dir) + 1:]
+        if (info.type == pafs.FileType.File and OLD_TEMP.fullmatch(info.base_name)
+                and not rel.startswith((QUARANTINE + "/", ".ray/"))
+                and (info.mtime is None or info.mtime.timestamp() < cutoff)):
+            store.fs.delete_file(info.path)
+            changes.append(f"{info.path}: removed (a temp file left by an interrupted write)")
+    return changes
 
 
 def _table_files(store: Store, table: str) -> dict[str, list[dict]]:

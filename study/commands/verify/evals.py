@@ -86,8 +86,8 @@ def declared_metrics(task, kind: str) -> set[str]:
         return {"known_words"}
     if kind == "nll":  # the continuous quantities (study/engine/continuous.py)
         return {"elbo", "ref_nll"}
-    if kind == "likelihood":  # ppl (exp nll) and a generations row inside the point: older stores
-        return {x.name for x in task.likelihood_metrics()} | {"ppl", "known_words"}
+    if kind == "likelihood":  # a generations row inside the point: older stores
+        return {x.name for x in task.likelihood_metrics()} | {"known_words"}
     return set(task.metric_names)
 
 

@@ -19,18 +19,14 @@ class GridRec:
 
 
 def check_grids(c: Context) -> None:
-    """Every grid the study recorded (grids/log.jsonl), each file's hash checked; a study from before
-    the record: its grid.yaml alone."""
+    """Every grid the study recorded (grids/log.jsonl), each file's hash checked (a study from before the
+    record has its grid.yaml adopted as the first entry by `study migrate`)."""
     store, v, runs = c.store, c.v, c.runs
     entries, bad = provenance.read_log(store)
     v.problems += bad
     out, seen = c.grids, set()
     if not entries and not bad:
         _check_log_kept(c)
-        raw = store.read_bytes(store.path("grid.yaml"))
-        if raw is not None:
-            v.underived.add("eval points of grids run before grids were recorded (only the last grid.yaml is known)")
-            out.append(GridRec("grid.yaml", store.path("grid.yaml"), _expand(v, raw, store.path("grid.yaml"))))
         return
     for e in entries:
         sha = e["grid"]
@@ -62,14 +58,17 @@ def check_grids(c: Context) -> None:
 
 
 def _check_log_kept(c: Context) -> None:
-    """A study whose runs rows name the grid that ran them, or that keeps grid files, recorded them in
-    grids/log.jsonl: that log missing or empty is a deletion, not a study from before the record."""
+    """A study whose runs rows name the grid that ran them, or that keeps grid files or a grid.yaml (written
+    with the record, study/engine/version.py; `study migrate` adopts an older one), recorded them in
+    grids/log.jsonl: that log missing or empty is a deletion."""
     named = sorted({(row["grid"], rid) for rid, row in c.runs.items() if row.get("grid")})
     kept = c.store.fs.get_file_info(pafs.FileSelector(c.store.path(provenance.GRIDS), allow_not_found=True))
     kept = sorted(i.base_name for i in kept if i.base_name.endswith(".yaml"))
-    if named or kept:
-        sha, rid = named[0] if named else (kept[0][: -len(".yaml")], None)
-        by = f"runs/{rid}.parquet field grid names grid {sha}" if rid else f"grids/ keeps grid {sha}"
+    last = c.store.read_bytes(c.store.path("grid.yaml"))
+    if named or kept or last is not None:
+        sha, rid = named[0] if named else (kept[0][: -len(".yaml")] if kept else None, None)
+        by = (f"runs/{rid}.parquet field grid names grid {sha}" if rid else f"grids/ keeps grid {sha}" if sha
+              else "the study keeps its grid.yaml")
         c.v.problems.append(f"{c.store.path(provenance.GRIDS, provenance.LOG)}: missing or empty, but {by} "
                             f"({len(named)} runs row(s) name a grid, {len(kept)} grid file(s) kept): the record of "
                             f"the grids the study ran was deleted")

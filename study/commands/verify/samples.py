@@ -3,7 +3,6 @@ evals value derived again from the per-example scores."""
 from __future__ import annotations
 
 import json
-import math
 
 from study.commands.verify.context import Verdict, same
 from study.spec.grid import Run
@@ -88,9 +87,6 @@ def _check_value(v: Verdict, path: str, r: dict, scores: list[dict], kind: str, 
             if not same(mean, want["value"]):
                 v.problems.append(f"{path}: {m} per-example scores average {mean}, not {nats} / "
                                   f"{declared[m].likelihood:.6g} = {want['value']}")
-    elif kind == "likelihood" and m == "ppl" and all(nats in s for s in scores):  # older stores: exp(nll)
-        nll = likelihood_rows([s[nats] for s in scores], {}, [declared[nats]])[0]
-        want = {"value": math.exp(nll["value"]), "ci_low": math.exp(nll["ci_low"]), "ci_high": math.exp(nll["ci_high"])}
     elif kind == "nll" and all(m in s for s in scores):
         from study.engine.nllrows import NLL_METRICS, nll_rows
 
