@@ -289,7 +289,7 @@ def _tbx_class():
                 from store import Store
 
                 run = trial_run(trial.config)
-                ours.update(tracker_metrics(Store(trial.config["results"], run.study), run)[0])
+                ours.update(tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)[0])
             for k, v in ours.items():
                 self._trial_writer[trial].add_scalar(f"study/{k}", v, global_step=step)
             ray_own = {k: result[k] for k in RAY_KEYS if k in result}
