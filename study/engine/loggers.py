@@ -30,6 +30,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from study.engine.nllrows import NLL_KEYS
+from study.engine.nllrows import SAMPLER as NLL_SAMPLER
 from study.engine.options import TrialOptions
 from study.engine.raytune import ray_dir, trial_run
 
@@ -183,7 +185,10 @@ def mlflow_metrics(result: dict) -> dict:
 def metric_name(metric: str, T: int, L_s: int, sampler: str, split: str, run) -> str:
     """A tracker's name for one evals row, by what a researcher compares across runs: `vpr/T4` at L_s = the
     run's training depth, its first sampler, the test split (a looped and a single-pass model at one T share
-    the column); any other point says how it differs: `vpr/T4/Ls1`, `vpr/T4/entropy`, `vpr/T4/val`."""
+    the column); any other point says how it differs: `vpr/T4/Ls1`, `vpr/T4/entropy`, `vpr/T4/val`. The
+    continuous quantities (nothing sampled, no T) are the metric and split alone: `elbo`, `ref_nll/val`."""
+    if sampler == NLL_SAMPLER:
+        return metric + ("" if split == "test" else f"/{split}")
     name = f"{metric}/T{int(T)}"
     if int(L_s) != run.model.L:
         name += f"/Ls{int(L_s)}"
@@ -207,7 +212,7 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
         ev = store.read("evals", filter_run=run.run_id)
     except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
         ev = None
-    keys = {pt.key for pt in run.eval_points()}
+    keys = {pt.key for pt in run.eval_points()} | set(NLL_KEYS.values())  # the sampled points and the ELBO's
     for r in ([] if ev is None or not len(ev) else ev[ev.eval_key.isin(keys)].itertuples(index=False)):
         name = metric_name(r.metric, r.T, r.L_s, r.sampler, r.split, run)
         for suffix, v in (("", r.value), ("/ci_low", r.ci_low), ("/ci_high", r.ci_high)):
