@@ -5,7 +5,7 @@ One module per job:
   form), its binomial fit;
 - onestep.py: that law fitted on a study, with held-out models and a bootstrap over runs and examples;
 - figure.py: its table and figure;
-- frame.py: the two-step law's input, one frame of runs and checkpoints (CONTRACT32);
+- frame.py: the two-step law's input, one frame of runs and checkpoints;
 - loss.py: step 1, the loss law l = E + A N_eff^-alpha + B D^-beta, N_eff = N L^phi (Huber, many starts);
 - metric.py: step 2, loss -> metric per T, VPR = c_T sigmoid(k_T (l0_T - l)) by binomial likelihood;
 - twostep.py: the two steps chained, with one bootstrap, errors reported per step;

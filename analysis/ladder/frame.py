@@ -1,4 +1,4 @@
-"""The two-step law's input (the contract of issue 32, /work/notes/CONTRACT32.md): one frame of every
+"""The two-step law's input: one frame of every
 finished run's final point and its checkpoints, from the store's tables.
 
 Columns: run_id, K, L, d_model, N (non-embedding parameters), D (steps x batch; step x batch at a
