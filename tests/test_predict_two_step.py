@@ -7,8 +7,10 @@ nll-test rows, VPR rate rows per T, checkpoints as history rows' val JSON). Noth
 from __future__ import annotations
 
 import datetime as dt
+import os
 import json
 
+import pandas as pd
 import pytest
 
 from store import Store
@@ -27,15 +29,15 @@ def _ev(rid, key, T, L, sampler, split, metric, value, se=None):
                     eval_flops=1, eval_seconds=0.1, created_at=WHEN)
 
 
-def write_store(root: str, frame, continuous: bool = True) -> None:
+def write_store(root: str, frame, continuous: bool = True, study: str = STUDY) -> None:
     """Each run of `frame` (analysis.ladder.frame's columns) as the store keeps it."""
-    store = Store(root, STUDY)
+    store = Store(root, study)
     for rid, g in frame.groupby("run_id"):
         fin = g[~g["is_checkpoint"]].iloc[0]
         K, L = int(fin["K"]), int(fin["L"])
         store.write_rows("runs", [full_row(
-            "runs", run_id=rid, study=STUDY, task="sudoku", task_params="{}", K=K, L_t=L, d_model=int(fin["d_model"]),
-            heads=4, batch=128, steps=int(fin["step"]), seed=0, n_params=int(fin["N"]) + 1000,
+            "runs", run_id=rid, study=study, task="sudoku", task_params="{}", K=K, L_t=L, d_model=int(fin["d_model"]),
+            heads=4, batch=128, steps=int(fin["step"]), seed=int(fin.get("seed", 0)), n_params=int(fin["N"]) + 1000,
             n_params_non_embedding=int(fin["N"]), status="done", config=json.dumps({"run": rid}),
             created_at=WHEN)], f"{rid}.parquet")
         rows = [_ev(rid, f"T{T}-Ls{L}-confidence", T, L, "confidence", "test", "vpr", fin[f"vpr_T{T}"]) for T in CURVES]
@@ -102,3 +104,103 @@ def test_design_check_passes_the_preregistered_grid_and_flags_the_old_ladder(syn
 def test_design_needs_a_target():
     r = _study("predict", "--design", "grids/cpu/ladder.yaml")
     assert r.returncode == 2 and "--target TARGET_GRID" in r.stderr, r.stderr
+
+
+def test_the_bar_is_computed_part_by_part_and_fails_where_the_errors_miss():
+    """analysis.ladder.criteria on a law fitted to the true two-step law: errors made to miss by hand fail
+    the parts they should, and only those."""
+    import pandas as pd
+
+    from analysis.ladder.criteria import check_bar
+    from analysis.ladder.frame import split_holdout
+    from analysis.ladder.twostep import fit_two_step
+
+    f = ladder(widths=(48, 64, 96, 128, 192), steps=(800,))
+    f = f.assign(label=[f"({k} x {lp}) d={d}" for k, lp, d in zip(f["K"], f["L"], f["d_model"])])
+    lad, held = split_holdout(f, ["widest"])
+    law = fit_two_step(lad, n_boot=40, seed=2)
+    errs = law.errors(held)
+    good = check_bar(law, errs, held)
+    assert list(good["criterion"]) == [1, 2, 3, 4]
+    assert good.set_index("criterion").loc[4, "passed"] == (not law.misfit)
+    bad = errs.copy()
+    bad.loc[bad.index[0], "step1_rel_error"] = 0.05  # 5% off: criterion 1 fails
+    mid = bad[(bad["measured"] >= 0.05) & (bad["measured"] <= 0.95)].index
+    bad.loc[mid[:2], "chained_error_pts"] = 9.0  # two misses: more than one in six
+    bad.loc[bad.index[-1], "chained_covered"] = False
+    got = check_bar(law, bad, held).set_index("criterion")["passed"]
+    assert not got[1] and not got[3]
+    assert not got[2] or len(mid) < 2
+    one = check_bar(law, errs.assign(chained_error_pts=0.0, step1_rel_error=0.0, step1_low=-0.01, step1_high=0.01,
+                                     step1_covered=True, step2_covered=True, chained_covered=True), held)
+    assert one.set_index("criterion").loc[[1, 3], "passed"].all()
+    assert pd.api.types.is_bool_dtype(one["passed"])
+
+
+@pytest.mark.slow  # three fits of the two-step law with their bootstraps: minutes on 2 cores
+def test_hold_out_widest_prints_the_bar_and_a_trained_target_is_measured_against_it(synth, tmp_path):
+    """The backtest (`--hold-out widest`) and the target (`--target GRID` whose study the store holds) are
+    both held to the bar, part by part; the target's seeds are matched to the grid's models by shape,
+    width and steps."""
+    from tests.helpers import ROOT
+
+    r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--hold-out", "widest",
+               "--boot", "50")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "bar on the held-out models" in r.stdout
+    for part in ("  1. ", "  2. ", "  3. ", "  4. "):
+        assert part in r.stdout, r.stdout
+    assert "bar: passed" in r.stdout or "bar: not passed" in r.stdout
+    target = f"{ROOT}/grids/cpu/ladder_two_step_target.yaml"
+    frames = [ladder(seed=s, widths=(160,), steps=(800,)) for s in range(3)]
+    tgt = pd.concat([fr.assign(run_id=fr["run_id"] + f"_s{s}", seed=s) for s, fr in enumerate(frames)], ignore_index=True)
+    tgt = tgt[tgt["K"].eq(1) & tgt["L"].isin([1, 2])]
+    write_store(synth, tgt, study="cpu_ladder_two_step_target")
+    r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--target", target,
+               "--boot", "50", "--T", "2", "--T", "4")
+    assert r.returncode == 0, r.stderr + r.stdout
+    out = r.stdout
+    assert "measured: 2 targets, 6 runs trained in study 'cpu_ladder_two_step_target'" in out, out
+    assert "bar on the targets" in out and out.count("(1 x 2) d=160") >= 2
+
+
+@pytest.mark.slow  # two fits of the two-step law with their bootstraps
+def test_budget_names_the_best_shape_width_and_steps_from_the_two_step_law(synth):
+    from store import Store
+    from tests.helpers import ROOT
+
+    r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--budget", "1e13")
+    assert r.returncode == 2 and "grid.yaml" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    text = open(f"{ROOT}/grids/cpu/ladder_two_step.yaml").read().replace("study: cpu_ladder_two_step", f"study: {STUDY}")
+    st = Store(synth, STUDY)
+    st.write_bytes(st.path("grid.yaml"), text.encode())
+    try:
+        r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--budget", "1e13",
+                   "--boot", "50", "--T", "4")
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "best model within 1e+13 training FLOPs, by the two-step law" in r.stdout
+        line = next(x for x in r.stdout.splitlines() if x.startswith("  T=4: "))
+        assert " s=" in line and " d=" in line and "VPR" in line, line
+        flops = float(line.split("FLOPs")[0].split()[-1])
+        assert flops <= 1e13
+        assert "runner-up shape" in r.stdout
+        r = _study("predict", "--study", STUDY, "--results", synth, "--law", "two-step", "--budget", "1e3")
+        assert r.returncode == 2 and "no candidate trains within --budget" in r.stderr, r.stderr
+    finally:
+        st.delete(st.path("grid.yaml"))
+
+
+def test_report_ladder_figure_draws_both_steps_when_runs_store_the_elbo(synth, tmp_path, monkeypatch):
+    """`study report --figure ladder` on a store with the test ELBO: the two-step law's two panels (loss vs
+    N_eff, VPR vs loss per T) and its held-out errors as the figure's table; without the ELBO, the one-step."""
+    import analysis.figures.ladder as fl
+    from analysis.figures import FIGURES, Options
+    from analysis.load import load_study
+
+    monkeypatch.setattr(fl, "N_BOOT_FIGURE", 20)
+    paths = FIGURES["ladder"](load_study(synth, STUDY), str(tmp_path), Options())
+    names = sorted(os.path.basename(p) for p in paths)
+    assert "ladder.png" in names and "ladder_two_step_errors.csv" in names, names
+    errs = pd.read_csv(tmp_path / "ladder_two_step_errors.csv")
+    assert {"step1_rel_error", "step2_error_pts", "chained_error_pts"} <= set(errs.columns)
+    assert set(errs["label"]) == {"(2 x 1) d=192 s=400", "(2 x 1) d=192 s=800"}

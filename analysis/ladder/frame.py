@@ -16,6 +16,9 @@ import json
 import numpy as np
 import pandas as pd
 
+from analysis.ladder.law import LadderError
+from analysis.load import StudyData
+
 Z95 = 1.959964
 
 
@@ -63,3 +66,45 @@ def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame,
                     ck[k[len("val_"):]] = float(x)
             rows.append(ck)
     return pd.DataFrame(rows)
+
+
+MIN_MODELS = 4
+
+
+def study_frame(data: StudyData) -> pd.DataFrame:
+    """The two-step frame of a study's done runs, or LadderError naming `study backfill` when runs lack
+    the test ELBO (stores written before the continuous quantities were kept)."""
+    evals = pd.concat([data.evals, data.continuous], ignore_index=True) if data.continuous is not None else data.evals
+    history = data.history if "val" in data.history else data.history.assign(val=None)
+    f = ladder_frame(data.runs, evals, history)
+    fin = f[~f["is_checkpoint"]] if len(f) else f
+    lacking = sorted(fin.loc[fin["elbo"].isna(), "run_id"]) if len(fin) else []
+    if lacking or not len(fin):
+        raise LadderError(f"--law two-step: {len(lacking)} of {len(fin)} runs of study '{data.name}' lack the "
+                          f"test ELBO (eval key nll-test; first {lacking[0] if lacking else '-'}): score them with "
+                          f"`study backfill --study {data.name}`")
+    steps = f.groupby("run_id")["step"].transform("max")
+    many = steps.nunique() > 1  # a steps axis: the label names the model's training steps too
+    return f.assign(label=[f"({k} x {lp}) d={d}" + (f" s={s}" if many else "")
+                           for k, lp, d, s in zip(f["K"], f["L"], f["d_model"], steps)])
+
+
+def split_holdout(f: pd.DataFrame, hold_out: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ladder frame, held-out final points): 'largest' holds out the largest N, 'widest' the largest width,
+    a run id its model (every run of that label)."""
+    labels = set()
+    for h in hold_out:
+        if h == "largest":
+            labels |= set(f.loc[f["N"] == f["N"].max(), "label"])
+        elif h == "widest":
+            labels |= set(f.loc[f["d_model"] == f["d_model"].max(), "label"])
+        elif h in set(f["run_id"]):
+            labels |= set(f.loc[f["run_id"] == h, "label"])
+        else:
+            raise LadderError(f"--hold-out {h}: no run '{h}' in the ladder (a run id, 'largest' or 'widest')")
+    held = f["label"].isin(labels)
+    lad = f[~held]
+    if lad["label"].nunique() < MIN_MODELS:
+        raise LadderError(f"too few runs to fit the two-step law: {lad['label'].nunique()} models left after the "
+                          f"hold-out, at least {MIN_MODELS} models are needed")
+    return lad, f[held & ~f["is_checkpoint"]]

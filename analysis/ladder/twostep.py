@@ -88,6 +88,16 @@ class TwoStep:
                              "loss_inside": bool(self.loss_range[0] <= est[j] <= self.loss_range[1])})
         return pd.DataFrame(rows)
 
+    def metric_boot(self, targets: pd.DataFrame, T: int) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate (targets,), replicates (B, targets)) of the chained metric at T for targets (columns N, K,
+        L, D): each replicate's curve at that replicate's predicted loss, so differences between targets
+        are paired."""
+        l_est, l_boot = self.predict_loss(targets)
+        shapes = [shape_of(k, lp) for k, lp in zip(targets["K"], targets["L"])]
+        est = np.array([float(curve(self.metric[T].theta_for(s), [x])[0]) for s, x in zip(shapes, l_est)])
+        boot = np.column_stack([_paired(self._curve_b(T, s), l_boot[:, j]) for j, s in enumerate(shapes)])
+        return est, boot
+
     def errors(self, measured: pd.DataFrame, Ts: list[int] | None = None) -> pd.DataFrame:
         """Step-1, step-2 and chained errors on held-out models: `measured` holds their final points (the
         frame's columns; seeds of one model share a label and are averaged). Intervals hold the fit's

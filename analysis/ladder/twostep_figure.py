@@ -9,11 +9,12 @@ from matplotlib.figure import Figure
 
 from analysis.ladder.metric import curve
 from analysis.ladder.twostep import TwoStep
+from analysis.plotting import legend
 
 
 def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None = None) -> Figure:
     """Two panels from the ladder's frame (and the held-out final points, marked)."""
-    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    fig = Figure(figsize=(10.0, 5.2), layout="constrained")
     FigureCanvasAgg(fig)
     a1, a2 = fig.subplots(1, 2)
     phi = law.loss_fit.params()["phi"]
@@ -29,7 +30,7 @@ def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None
         a1.plot(grid, law.loss_fit.predict(grid, np.ones_like(grid), np.full_like(grid, D)), lw=1,
                 label=f"law, D = {D:.3g}")
     a1.set(xscale="log", xlabel="N_eff = N L^phi (non-embedding)", ylabel=law.loss_col, title="step 1: the loss law")
-    a1.legend(fontsize=7)
+    legend(a1, len(a1.get_legend_handles_labels()[1]), below=True)
     ls = np.linspace(allp[law.loss_col].min(), allp[law.loss_col].max(), 100)
     for i, T in enumerate(law.Ts):
         color = f"C{i}"
@@ -40,5 +41,5 @@ def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None
             a2.plot(ls, curve(np.asarray(theta), ls), color=color, lw=1,
                     label=f"T = {T}" + ("" if name == "*" else f" {name}"))
     a2.set(xlabel=law.loss_col, ylabel="VPR", title="step 2: loss to VPR per T")
-    a2.legend(fontsize=7)
+    legend(a2, len(a2.get_legend_handles_labels()[1]), below=True)
     return fig

@@ -89,8 +89,6 @@ def predict(
 
     if law not in (*LAWS, "two-step"):
         fail(f"--law {law}: one of {', '.join((*LAWS, 'two-step'))}")
-    if law == "two-step" and budget is not None:
-        fail("--law two-step: --budget is not available for it yet")
 
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
@@ -108,10 +106,12 @@ def predict(
 
             return design_check(data, grid_or_exit(design, data=False), grid, T or None, boot, typer.echo)
         if law == "two-step":
+            from study.commands.predict import trained_study
             from study.commands.predict_two_step import predict_two_step
 
-            return predict_two_step(data, hold_out or ([] if target else ["largest"]), grid, T or None,
-                                    boot, typer.echo, plot)
+            trained = trained_study(results, grid.study) if grid is not None and grid.study != study else None
+            return predict_two_step(data, hold_out or ([] if (target or budget) else ["largest"]), grid, T or None,
+                                    boot, typer.echo, plot, trained, budget)
         run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
                     typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:

@@ -40,7 +40,7 @@ def pct(v: float) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{100 * v:.1f}"
 
 
-def _ladder_runs(data: StudyData):
+def ladder_runs(data: StudyData):
     """The study's grid (as last run) expanded, as study.spec.grid.Run by run id; {} when it is absent or no
     longer expands (an older grid format)."""
     if not data.grid_text:
@@ -54,7 +54,7 @@ def _ladder_runs(data: StudyData):
     return {r.run_id: r for r in g.runs}
 
 
-def _row(run, label: str | None = None) -> dict:
+def model_row(run, label: str | None = None) -> dict:
     c = run.costs()
     return {"label": label or f"({run.model.K} x {run.model.L}) d={run.model.d_model}", "K": run.model.K,
             "L": run.model.L, "d_model": run.model.d_model, "N": c["n_params_non_embedding"],
@@ -74,7 +74,7 @@ def grid_models(grid) -> tuple[pd.DataFrame, list]:
             rows[seen[key]]["run_ids"].append(r.run_id)
             continue
         seen[key] = len(rows)
-        rows.append({**_row(r), "seeds": 1, "run_ids": [r.run_id]})
+        rows.append({**model_row(r), "seeds": 1, "run_ids": [r.run_id]})
         runs.append(r)
     return pd.DataFrame(rows), runs
 
@@ -94,7 +94,7 @@ def ladder_candidates(law: Ladder, base) -> pd.DataFrame:
         for L in Ls:
             for d in widths:
                 r = dataclasses.replace(base, model=base.model.model_copy(update={"K": K, "L": L, "d_model": d}))
-                rows.append(_row(r))
+                rows.append(model_row(r))
     return pd.DataFrame(rows)
 
 
@@ -241,7 +241,7 @@ def budget(law: Ladder, cands: pd.DataFrame, flops: float, Ts, where: str, echo)
                  f"of replicates: {sure}; their own intervals {'overlap' if v['overlap'] else 'do not overlap'}")
 
 
-def _trained(results: str, study: str) -> StudyData | None:
+def trained_study(results: str, study: str) -> StudyData | None:
     """The target grid's own study, when the store holds runs of it."""
     from analysis.load import MissingData, load_study
     from store import Store, is_safe_name
@@ -262,11 +262,11 @@ def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | No
     header(law, data, echo)
     heldout_table(law, Ts, echo)
     residuals(law, echo)
-    runs_by_id = _ladder_runs(data) if (target_grid is not None or flops is not None) else {}
+    runs_by_id = ladder_runs(data) if (target_grid is not None or flops is not None) else {}
     models = runs = measured = None
     if target_grid is not None:
         models, runs = grid_models(target_grid)
-        trained = _trained(results, target_grid.study) if target_grid.study != data.name else None
+        trained = trained_study(results, target_grid.study) if target_grid.study != data.name else None
         measured = targets(law, models, runs, Ts, ladder_flops(law, runs_by_id), echo, trained)
     if flops is not None:
         if models is not None:

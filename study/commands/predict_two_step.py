@@ -15,55 +15,16 @@ from typing import Callable
 import pandas as pd
 
 from analysis.ladder import LadderError
-from analysis.ladder.frame import ladder_frame
+from analysis.ladder.frame import split_holdout, study_frame
 from analysis.ladder.twostep import MISFIT, fit_two_step
 from analysis.load import StudyData
 from study.commands.predict import fmt_n, grid_models, pct
 
-MIN_MODELS = 4
-
-
-def study_frame(data: StudyData) -> pd.DataFrame:
-    """The two-step frame of a study's done runs, or LadderError naming `study backfill` when runs lack
-    the test ELBO (stores written before the continuous quantities were kept)."""
-    evals = pd.concat([data.evals, data.continuous], ignore_index=True) if data.continuous is not None else data.evals
-    history = data.history if "val" in data.history else data.history.assign(val=None)
-    f = ladder_frame(data.runs, evals, history)
-    fin = f[~f["is_checkpoint"]] if len(f) else f
-    lacking = sorted(fin.loc[fin["elbo"].isna(), "run_id"]) if len(fin) else []
-    if lacking or not len(fin):
-        raise LadderError(f"--law two-step: {len(lacking)} of {len(fin)} runs of study '{data.name}' lack the "
-                          f"test ELBO (eval key nll-test; first {lacking[0] if lacking else '-'}): score them with "
-                          f"`study backfill --study {data.name}`")
-    steps = f.groupby("run_id")["step"].transform("max")
-    many = steps.nunique() > 1  # a steps axis: the label names the model's training steps too
-    return f.assign(label=[f"({k} x {lp}) d={d}" + (f" s={s}" if many else "")
-                           for k, lp, d, s in zip(f["K"], f["L"], f["d_model"], steps)])
-
-
-def split_holdout(f: pd.DataFrame, hold_out: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(ladder frame, held-out final points): 'largest' holds out the largest N, 'widest' the largest width,
-    a run id its model (every run of that label)."""
-    labels = set()
-    for h in hold_out:
-        if h == "largest":
-            labels |= set(f.loc[f["N"] == f["N"].max(), "label"])
-        elif h == "widest":
-            labels |= set(f.loc[f["d_model"] == f["d_model"].max(), "label"])
-        elif h in set(f["run_id"]):
-            labels |= set(f.loc[f["run_id"] == h, "label"])
-        else:
-            raise LadderError(f"--hold-out {h}: no run '{h}' in the ladder (a run id, 'largest' or 'widest')")
-    held = f["label"].isin(labels)
-    lad = f[~held]
-    if lad["label"].nunique() < MIN_MODELS:
-        raise LadderError(f"too few runs to fit the two-step law: {lad['label'].nunique()} models left after the "
-                          f"hold-out, at least {MIN_MODELS} models are needed")
-    return lad, f[held & ~f["is_checkpoint"]]
-
-
 def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list[int] | None, n_boot: int,
-                     echo: Callable[[str], None], plot: str | None = None) -> None:
+                     echo: Callable[[str], None], plot: str | None = None, trained: StudyData | None = None,
+                     flops: float | None = None) -> None:
+    """`trained`: the target grid's own study when the store holds it (its finished runs are then measured
+    against the prediction and held to the bar); `flops`: a training budget (`budget` below)."""
     f = study_frame(data)
     lad, held = split_holdout(f, hold_out)
     have = sorted(int(c[len("vpr_T"):]) for c in f.columns if c.startswith("vpr_T"))
@@ -94,8 +55,16 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
     echo("misfit: " + ("yes, the law misfits the ladder: read its predictions with care" if law.misfit else "no"))
     for note in law.notes:
         echo(f"note: {note}")
+    if not held.empty:
+        _bar(law, law.errors(held), held, "held-out models", echo)
     if target_grid is not None:
         _targets(law, target_grid, Ts, echo)
+        if trained is not None:
+            _measured_targets(law, trained, target_grid, echo)
+    if flops is not None:
+        from study.commands.predict_budget import budget_two_step
+
+        budget_two_step(law, data, lad, flops, Ts, echo)
     if plot:
         from analysis.ladder.twostep_figure import two_step_figure
 
@@ -118,6 +87,37 @@ def _errors(law, held: pd.DataFrame, echo) -> None:
                          pct(r.measured),
                          f"{r.step2_error_pts:+.1f} [{r.step2_err_low:+.1f}, {r.step2_err_high:+.1f}]",
                          f"{r.chained_error_pts:+.1f} [{r.chained_err_low:+.1f}, {r.chained_err_high:+.1f}]").rstrip() + flag)
+
+
+def _bar(law, errors: pd.DataFrame, measured: pd.DataFrame, what: str, echo) -> None:
+    """The pre-registered bar (analysis.ladder.criteria) on `what`, part by part, and its verdict."""
+    from analysis.ladder.criteria import check_bar
+
+    bar = check_bar(law, errors, measured)
+    echo(f"the two-step ladder's bar on the {what} (analysis/ladder/criteria.py; docs/guide/prediction.md):")
+    for r in bar.itertuples():
+        echo(f"  {r.criterion}. {'pass' if r.passed else 'FAIL'}: {r.detail}")
+    echo(f"bar: {'passed' if bar['passed'].all() else 'not passed'} ({int(bar['passed'].sum())} of {len(bar)} parts)")
+
+
+def _measured_targets(law, trained: StudyData, grid, echo) -> None:
+    """The targets the store holds trained (the target grid's own study): errors per step and the bar."""
+    try:
+        f = study_frame(trained)
+    except LadderError as e:
+        echo(f"measured: study {trained.name!r}: {e}")
+        return
+    fin = f[~f["is_checkpoint"]]
+    models, runs = grid_models(grid)
+    want = {(int(m.K), int(m.L), int(m.d_model), int(r.train.steps)) for m, r in zip(models.itertuples(), runs)}
+    fin = fin[[(int(k), int(lp), int(d), int(s)) in want
+               for k, lp, d, s in zip(fin["K"], fin["L"], fin["d_model"], fin["step"])]]
+    if fin.empty:
+        echo(f"measured: study {trained.name!r} holds no finished run of these targets yet")
+        return
+    echo(f"measured: {fin['label'].nunique()} targets, {len(fin)} runs trained in study {trained.name!r}")
+    _errors(law, fin, echo)
+    _bar(law, law.errors(fin), fin, "targets", echo)
 
 
 def _targets(law, grid, Ts, echo) -> None:
