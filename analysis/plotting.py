@@ -24,6 +24,7 @@ import tasks  # noqa: E402
 
 FORMATS = ("svg", "pdf")
 PNG_DPI = 130
+DATELESS = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}  # savefig's metadata per format
 
 
 @dataclass(frozen=True)
@@ -340,8 +341,11 @@ def save(fig, out_dir: str | None, name: str, fmt: str) -> list:
         for ext in ("png", fmt):
             p = os.path.join(out_dir, f"{name}.{ext}")
             # zlib level 3, not 6: a third less time encoding a large figure for a file about 4% larger
-            fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox,
-                        **({"pil_kwargs": {"compress_level": 3}} if ext == "png" else {}))
+            # no date in the file and SVG ids from a fixed salt: the same figure is the same bytes (a report
+            # reuses the files of unchanged figures, analysis/incremental.py, and must equal a full redraw)
+            with matplotlib.rc_context({"svg.hashsalt": "rmdm-study"}):
+                fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox, metadata=DATELESS[ext],
+                            **({"pil_kwargs": {"compress_level": 3}} if ext == "png" else {}))
             paths.append(p)
     finally:
         fig._layout_engine = engine

@@ -111,20 +111,49 @@ def _move_into(src: str, dst: str) -> None:
 
 
 def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, derived: Derived,
-             report: bool) -> tuple[dict[str, list[str] | str], list[str]]:
+             report: bool, redraw: bool = False) -> tuple[dict[str, list[str] | str], list[str], list[str]]:
     """draw() and, with `report`, report.html and report.md (analysis.report), all staged (staged): written into
-    `out_dir` only once every one is. (what draw returns, the report's paths), every path in `out_dir`."""
+    `out_dir` only once every one is. A figure whose key (analysis.incremental) is the one `out_dir`'s manifest
+    records, with its files there unchanged, is not drawn again: its files are copied as they are (`redraw`:
+    every figure is drawn). (what draw returns, the report's paths, the figures drawn), every path in `out_dir`."""
+    from analysis.incremental import Keys, entry, intact, read_manifest, write_manifest
+
     out_dir = os.path.abspath(out_dir)
+    keys = Keys(data, derived, opts)
+    keyed = {n: keys.key(n) for n in names}
+    manifest = read_manifest(out_dir)
+    reuse = [] if redraw else [n for n in names if manifest.get(n, {}).get("key") == keyed[n]
+                               and intact(out_dir, manifest[n])]
     with staged(out_dir) as tmp:
-        drawn = draw(data, names, tmp, opts, jobs, derived)
+        drawn = draw(data, [n for n in names if n not in reuse], tmp, opts, jobs, derived)
+        for n in reuse:
+            drawn[n] = _copy_files(out_dir, tmp, manifest[n])
+        drawn = {n: drawn[n] for n in names}
+        for n, got in drawn.items():
+            if isinstance(got, str):
+                manifest.pop(n, None)  # not drawn: tried again next time
+            elif n not in reuse:
+                manifest[n] = entry(keyed[n], got, tmp)
+        write_manifest(tmp, manifest)
         pages = []
         if report:
             from analysis.report import write_report
 
             pages = list(write_report(data, tmp, drawn, opts, derived))
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
-    return {n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()}, \
-        [moved(p) for p in pages]
+    return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
+            [moved(p) for p in pages], [n for n in names if n not in reuse and not isinstance(drawn[n], str)])
+
+
+def _copy_files(out_dir: str, tmp: str, recorded: dict) -> list[str]:
+    """A reused figure's files, copied byte for byte from `out_dir` into the staging folder: their paths there."""
+    paths = []
+    for rel, _ in recorded["files"]:
+        dst = os.path.join(tmp, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(os.path.join(out_dir, rel), dst)
+        paths.append(dst)
+    return paths
 
 
 def _context():

@@ -12,7 +12,10 @@ and a config file. Timed in-process (typer's CliRunner, output captured):
 - status: `study status GRID`;
 - report: `study report --figure all` (every figure and table, report.html and .md; figures drawn
   in one worker per core, the default from 200 runs);
-- plan:   `study.engine.health.classify`, what `study run` does before dispatching anything.
+- plan:   `study.engine.health.classify`, what `study run` does before dispatching anything;
+- incremental: after the warm report, one run added (a new seed of one model, the store's writer) and
+  `study report --figure all` again into the same folder: both times and second / first (issue 34's
+  target: <= 0.10 at 1,000 runs). Each phase's first report draws into a folder of its own.
 `--s3` builds and reads the stores on moto's S3 server on 127.0.0.1 (as tests/test_s3.py does;
 needs the test extra). Each step runs twice: cold (the store's read index, store/index.py, absent:
 every file parsed, in parallel, and the index written) and warm (only files new since the index).
@@ -89,13 +92,21 @@ def _build_part(args) -> int:
     root, gpath, workers, part, parts = args
     from store import Store
     from study.spec.grid import load_grid
-    from study.engine.trial import now, run_row
 
     grid = load_grid(gpath)
     store = Store(root, grid.study)
     if part == 0:
         store.write_text(store.path("grid.yaml"), open(gpath).read())
-    rng = random.Random(part)
+    one = _run_writer(store, random.Random(part))
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(one, grid.runs[part::parts]))
+
+
+def _run_writer(store, rng):
+    """one(run): write every file of a finished run into `store` (the store's own writer), the number of
+    table files written."""
+    from study.engine.trial import now, run_row
+
     cells = "123456789"
     import io
 
@@ -141,8 +152,23 @@ def _build_part(args) -> int:
             n += 2
         return n
 
-    with ThreadPoolExecutor(workers) as pool:
-        return sum(pool.map(one, grid.runs[part::parts]))
+    return one
+
+
+def add_run(root: str, n_runs: int, tmp: str) -> str:
+    """Write one more finished run into the n-run study (a new seed of its first model), as `study run` would
+    leave it: its run id."""
+    from store import Store
+    from study.spec.grid import load_grid
+
+    lrs, seeds = shape(n_runs)
+    gpath = os.path.join(tmp, f"scale{n_runs}_plus.yaml")
+    with open(gpath, "w") as f:
+        f.write(grid_text(n_runs).replace(f"seed: {list(range(seeds))}", f"seed: {list(range(seeds + 1))}"))
+    grid = load_grid(gpath)
+    run = next(r for r in grid.runs if r.train.seed == seeds)
+    _run_writer(Store(root, grid.study), random.Random(-1))(run)
+    return run.run_id
 
 
 def _upload(local_root: str, root: str, study: str) -> None:
@@ -205,8 +231,10 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
 
     steps = {
         "status": lambda: cli("status", gpath, "--results", root),
+        # a folder per phase: each phase's report is a first one (a second into the same folder would
+        # redraw nothing, analysis/incremental.py); the incremental case below reports into the warm one again
         "report": lambda: cli("report", "--study", grid.study, "--figure", "all", "--results", root,
-                              "--out", os.path.join(tmp, f"fig{n_runs}")),
+                              "--out", os.path.join(tmp, f"fig{n_runs}-{phase}")),
         "plan": lambda: classify(grid, Store(root, grid.study)),
     }
     for phase in ("cold", "warm"):
@@ -226,7 +254,20 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         sfx = "_s" if phase == "cold" else "_warm_s"
         print(f"  {out['runs']} runs, {files} table files (built in {built:.1f}s), {phase}: status {sec('status' + sfx)}"
               f"  report {sec('report' + sfx)}  plan {sec('plan' + sfx)}", flush=True)
+    out.update(incremental(n_runs, root, tmp, grid.study, cli, out["report_warm_s"]))
     return out
+
+
+def incremental(n_runs: int, root: str, tmp: str, study: str, cli, first_s: float) -> dict:
+    """The incremental case: after the warm report, one run added with the store's writer, and the report
+    again into the same folder (only the figures whose rows changed are drawn). Both times and their ratio."""
+    rid = add_run(root, n_runs, tmp)
+    secs, r = timed(lambda: cli("report", "--study", study, "--figure", "all", "--results", root,
+                                "--out", os.path.join(tmp, f"fig{n_runs}-warm")), False)
+    drawn = next((ln for ln in r.output.splitlines() if " redrawn, " in ln), "no figure line")
+    print(f"  incremental: report {first_s:.2f}s, one run added ({rid}), report again {secs:.2f}s ({drawn}); "
+          f"second / first {secs / first_s:.2f}", flush=True)
+    return {"report_incremental_s": secs, "incremental_ratio": secs / first_s}
 
 
 def main() -> None:

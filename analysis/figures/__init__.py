@@ -6,6 +6,9 @@ is the report's caption. It defines
 
     ORDER: int   its place in `--figure all` and in the report (figures are sorted by it)
     COST: int    how slow it is to draw at scale, 0 for quick (analysis/render.py starts the costliest first)
+    READS: tuple the study's inputs draw reads (analysis.incremental.INPUTS: "aggregated", "runs",
+                 "history"...), digested into the figure's key: a report redraws the figure only when
+                 they, the options or the code changed; without READS, every input (always safe)
     draw(data: StudyData, derived: Derived, opts: Options) -> Drawing
 
 draw builds the matplotlib figure and the tables written beside it from the study (analysis.load)

@@ -15,6 +15,7 @@ from analysis.plotting import (Drawing, Options, MAX_MODELS, facet_title, facets
 
 ORDER = 40
 COST = 7
+READS = ("aggregated",)
 
 ADAPTIVE_MARKERS = "*XPh"  # compute: one per adaptive-depth setting (threshold, cap)
 

@@ -15,6 +15,7 @@ from analysis.tables import SHAPE_FIELDS, differing, family_key, heatmap_matrix
 
 ORDER = 50
 COST = 6
+READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -21,6 +21,7 @@ from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, rate_ylim,
 
 ORDER = 110
 COST = 4
+READS = ("evals", "runs")  # and the samples its evals rows name
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -15,6 +15,7 @@ from analysis.tables import fmt_params, shape_label
 
 ORDER = 20
 COST = 5
+READS = ("aggregated", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -11,6 +11,7 @@ from analysis.tables import SHAPE_FIELDS, select
 
 ORDER = 60
 COST = 0
+READS = ("aggregated", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -10,6 +10,7 @@ from analysis.tables import fmt_params
 
 ORDER = 30
 COST = 1
+READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

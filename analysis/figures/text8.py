@@ -10,6 +10,7 @@ from analysis.tables import text8_table
 
 ORDER = 90
 COST = 2
+READS = ("likelihood",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -14,6 +14,7 @@ from analysis.tuning import IMPORTANCE_METHOD, load_searches
 
 ORDER = 120
 COST = 0
+READS = ("searches",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -30,6 +30,9 @@ def report(
     compare: list[str] = typer.Option([], "--compare", help="RUN_A:RUN_B: also compare these two models (any "
                                       "seed's run id names its model) with a paired interval and a verdict; "
                                       "repeatable"),
+    redraw: bool = typer.Option(False, "--redraw", help="draw every figure again (by default a figure whose rows, "
+                                "options and code are those the folder's .manifest.json records, its files "
+                                "unchanged there, is kept as it is)"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
     from analysis.figures import Options
@@ -55,8 +58,9 @@ def report(
     derived = Derived(data)  # the tables figures, report and verdicts share, each computed once
     sigterm_as_ctrl_c()  # a SIGTERM (`kill`, a scheduler) stops the report as Ctrl-C does
     try:  # files are written into out_dir only once all are (analysis.render.staged)
-        drawn, pages = draw_all(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)),
-                                derived, report=figure == "all")
+        drawn, pages, redrawn = draw_all(data, names, out_dir, opts,
+                                         jobs if jobs is not None else auto_jobs(data, len(names)), derived,
+                                         report=figure == "all", redraw=redraw)
     except KeyboardInterrupt:
         typer.echo(f"interrupted: nothing written to {out_dir} (it is as it was); `study report` again draws it all",
                    err=True)
@@ -69,11 +73,20 @@ def report(
                 typer.echo(p)
     for p in pages:
         typer.echo(p)
+    typer.echo(_drawn_line(drawn, redrawn))
     if figure == "all" or named:
         _print_comparisons(data, opts, derived)
     _print_claims(data)
     bad = sum(isinstance(v, str) for v in drawn.values())
     raise typer.Exit(1 if bad == len(names) else 0)
+
+
+def _drawn_line(drawn: dict, redrawn: list[str]) -> str:
+    """'12 figures: 1 redrawn, 11 unchanged' (and how many the data cannot support: 'n not drawn')."""
+    missing = sum(isinstance(v, str) for v in drawn.values())
+    line = (f"{len(drawn)} figure{'s' if len(drawn) != 1 else ''}: {len(redrawn)} redrawn, "
+            f"{len(drawn) - len(redrawn) - missing} unchanged")
+    return line + (f", {missing} not drawn" if missing else "")
 
 
 def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, threshold: float | None) -> list[str]:

@@ -1,0 +1,138 @@
+"""`study report` redraws only what changed (analysis/incremental.py): a second report of an unchanged study
+redraws nothing, one after a new run redraws the figures that read its rows only, and what it leaves in the
+folder is byte for byte what a full `--redraw` writes; a figure file changed or removed on disk is redrawn.
+
+Run: .venv/bin/python -m pytest tests/test_report_incremental.py -q   (the analysis tests' store, real Parquet)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from analysis.incremental import INPUTS, MANIFEST, Keys, frame_digest, intact, read_manifest
+from store import Store
+from tests.test_analysis_data import TS, _write, eval_row, run_row, write_all
+
+FIGURE_LINE = re.compile(r"^(\d+) figures: (\d+) redrawn, (\d+) unchanged(?:, (\d+) not drawn)?$", re.M)
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = str(tmp_path / "results")
+    write_all(root)
+    return root
+
+
+def report(results: str, out, *extra: str) -> tuple[int, int, int]:
+    """`study report --figure all` of the ablation study (Sudoku and text8 runs) into `out`: (figures, redrawn,
+    unchanged) as it prints them."""
+    from study.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--figure", "all", "--results", results,
+                                 "--out", str(out), "--jobs", "1", *extra])
+    assert r.exit_code == 0, r.output
+    got = FIGURE_LINE.findall(r.output)
+    assert len(got) == 1, r.output
+    n, redrawn, unchanged, missing = (int(v or 0) for v in got[0])
+    assert n == redrawn + unchanged + missing
+    return n, redrawn, unchanged
+
+
+def add_run(results: str) -> None:
+    """A second seed of the (1 x 3) trained with loss ALL: a Sudoku run, with its history."""
+    run = run_row("ablation", "sudoku", {"n": 9, "mask_rate": 0.25}, 1, 3, loss="all", seed=1)
+    _write(Store(results, "ablation"), run, [eval_row(run, T, 3, "vpr", v) for T, v in zip(TS, [0.62, 0.82, 0.9, 0.96])])
+
+
+def files(folder) -> dict[str, bytes]:
+    """Every file of the folder, the reports' minute of writing masked (the only thing two reports may differ by)."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        data = open(os.path.join(folder, name), "rb").read()
+        out[name] = re.sub(rb"\d{4}-\d\d-\d\d \d\d:\d\d UTC", b"<time>", data) if name.startswith("report.") else data
+    return out
+
+
+def test_an_incremental_report_is_a_full_redraw_byte_for_byte(results, tmp_path):
+    inc, full = tmp_path / "inc", tmp_path / "full"
+    n, drawn, _ = report(results, inc)
+    assert drawn >= 5 and (inc / MANIFEST).is_file()
+    first = read_manifest(str(inc))
+    assert set(first) >= {"losses", "schedules", "text8", "training-curves"}
+    before = files(inc)
+
+    # unchanged: nothing redrawn, every file as it was
+    assert report(results, inc) == (n, 0, drawn)
+    assert read_manifest(str(inc)) == first and files(inc) == before
+
+    add_run(results)  # a Sudoku run: the figures of the aggregated rows, runs or history change; text8's do not
+    _, redrawn, unchanged = report(results, inc)
+    second = read_manifest(str(inc))
+    changed = {f for f in second if second[f]["key"] != first[f]["key"]}
+    assert "text8" not in changed and {"losses", "schedules", "training-curves"} <= changed
+    assert (redrawn, unchanged) == (len(changed), drawn - len(changed))
+    assert second["text8"] == first["text8"]
+    assert files(inc)["losses.png"] != before["losses.png"]  # the new seed is drawn
+
+    # the same study drawn whole into another folder: the same files, byte for byte (manifest included)
+    assert report(results, full, "--redraw") == (n, drawn, 0)
+    assert files(inc) == files(full)
+
+
+def test_a_figure_file_changed_or_removed_on_disk_is_redrawn(results, tmp_path):
+    out = tmp_path / "figs"
+    n, drawn, _ = report(results, out)
+    good = (out / "losses.png").read_bytes()
+    (out / "losses.png").write_bytes(good[:-10] + b"edited...!")  # same size, other bytes
+    (out / "text8_table.csv").unlink()
+    assert report(results, out) == (n, 2, drawn - 2)
+    assert (out / "losses.png").read_bytes() == good and (out / "text8_table.csv").is_file()
+    # --redraw draws every figure, whatever the manifest says
+    assert report(results, out, "--redraw") == (n, drawn, 0)
+
+
+def test_one_figure_keeps_the_others_entries_and_an_edited_manifest_is_not_trusted(results, tmp_path):
+    from study.cli import app
+
+    out = tmp_path / "figs"
+    report(results, out)
+    whole = read_manifest(str(out))
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--figure", "losses", "--results", results,
+                                 "--out", str(out)])
+    assert r.exit_code == 0 and "1 figure: 0 redrawn, 1 unchanged" in r.output, r.output
+    assert read_manifest(str(out)) == whole
+    # a manifest naming a file outside the folder: never read or copied, the figure is drawn
+    assert not intact(str(out), {"key": "k", "files": [["../results/x.png", "0" * 64]]})
+    text = json.loads((out / MANIFEST).read_text())
+    text["figures"]["losses"]["files"][0][0] = os.path.join("..", "figs", "losses.png")
+    (out / MANIFEST).write_text(json.dumps(text))
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--figure", "losses", "--results", results,
+                                 "--out", str(out)])
+    assert r.exit_code == 0 and "1 figure: 1 redrawn, 0 unchanged" in r.output, r.output
+
+
+def test_keys_follow_the_options_and_every_figure_reads_known_inputs(results):
+    from analysis.derived import Derived
+    from analysis.figures import FIGURES, Options
+    from analysis.load import load_study
+
+    for name, fig in FIGURES.items():
+        assert set(getattr(fig.module, "READS", INPUTS)) <= set(INPUTS), name
+    data = load_study(results, "ablation")
+    keys = lambda opts: {n: Keys(data, Derived(data), opts).key(n) for n in FIGURES}
+    a, b = keys(Options()), keys(Options(fmt="pdf"))
+    assert a == keys(Options()) and len(set(a.values())) == len(a)
+    assert all(a[n] != b[n] for n in FIGURES)
+
+
+def test_a_table_digest_reads_values_order_and_lists():
+    df = pd.DataFrame({"a": [1, 2], "b": [[1.0, 2.0], [3.0]], "c": ["x", None]})
+    d = frame_digest(df)
+    assert d == frame_digest(df.copy()) and d != frame_digest(df.iloc[::-1])
+    assert d != frame_digest(df.assign(b=[[1.0, 2.0], [3.5]])) and d != frame_digest(df.assign(c=["x", "y"]))
+    assert frame_digest(None) != frame_digest(b"") != frame_digest(df.iloc[:0])
