@@ -273,18 +273,28 @@ def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_
     return d.pivot_table(index="L_t", columns="L_s", values="value", aggfunc="mean").sort_index().sort_index(axis=1)
 
 
+def _likelihood_unit(task: str, metric: str) -> str:
+    """The table's column of a likelihood task's metric, from the task's own declaration (Metric.likelihood):
+    'nll' for the bound in nats (likelihood 1.0), 'bpc' in bits (ln 2), whatever the task names them."""
+    m = tasks.TASKS[task][1].metric_of(metric)
+    if m is not None and m.likelihood is not None:
+        return "nll" if m.likelihood == 1.0 else "bpc" if math.isclose(m.likelihood, math.log(2)) else metric
+    return {"bits_per_char": "bpc", "perplexity": "ppl"}.get(metric, metric)
+
+
 def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth: the rows of the
     tasks evaluated by their likelihood (Task.eval_mode 'likelihood', tasks.is_likelihood).
 
     Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
-    ppl = exp(nll)): the three are one number in three units.
+    ppl = exp(nll)): the three are one number in three units. A task's metrics are read by their declared
+    unit (Metric.likelihood), not their names: a likelihood task of its own may name them as it likes.
     """
     d = agg[agg["task"].map(tasks.is_likelihood).astype(bool)]
-    if d.empty or not d["metric"].isin(["nll", "bpc", "bits_per_char"]).any():
+    d = d.assign(metric=[_likelihood_unit(t, m) for t, m in zip(d["task"], d["metric"])])
+    if d.empty or not d["metric"].isin(["nll", "bpc"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
-    alias = {"bits_per_char": "bpc", "perplexity": "ppl"}
-    d = select(d.assign(metric=d["metric"].replace(alias)), split=split)
+    d = select(d, split=split)
     d = d[d["metric"].isin(["nll", "bpc", "ppl"])]
     if d.empty:
         raise MissingData(f"text8 table: no text8 nll / bpc evaluations on split {split!r}")

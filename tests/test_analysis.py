@@ -495,3 +495,34 @@ def test_an_older_or_smaller_evaluation_of_a_point_is_left_out_and_listed(tmp_pa
     assert "## Left out" in md and "2 evaluation rows are left out" in md
     assert "T1-Ls3-confidence " in md.replace("|", " ") and "an older evaluation of the same point" in md
     assert pd.read_csv(out / "threshold_crossings.csv")["best"].tolist() == pytest.approx([0.5])
+
+
+def test_likelihood_table_reads_a_tasks_own_metric_names_by_their_unit(tmp_path):
+    """A likelihood task of its own names its NLL metrics as it likes (`nats`, `bits`, declared with
+    Metric.likelihood 1.0 and ln 2): the table reads them by unit. Was: only the names nll / bpc (MissingData)."""
+    from typing import Literal
+
+    import tasks
+    from store import Store
+    from tasks import Metric
+    from tasks.text8 import Text8, Text8Config
+    from test_analysis_data import _write, eval_row, run_row
+
+    class NatsConfig(Text8Config):
+        name: Literal["text8_nats"] = "text8_nats"
+
+    class Nats(Text8):
+        name, primary_metric, sample_score = "text8_nats", "nats", "nats"
+        metrics = (Metric("nats", "NLL bound (nats / char)", higher_is_better=False, likelihood=1.0),
+                   Metric("bits", "bits per char", higher_is_better=False, likelihood=math.log(2)))
+
+    tasks.register(NatsConfig, Nats)
+    try:
+        store = Store(str(tmp_path), "nats")
+        run = run_row("nats", "text8_nats", {"seq_len": 64}, 1, 1)
+        _write(store, run, [{**eval_row(run, 1, 1, "nats", 3.0), "eval_key": "nll-test"},
+                            {**eval_row(run, 1, 1, "bits", 3.0 / math.log(2)), "eval_key": "nll-test"}])
+        t = text8_table(aggregate(load_study(str(tmp_path), "nats").evals))
+        assert t[["nll", "bpc", "ppl"]].iloc[0].tolist() == pytest.approx([3.0, 3.0 / math.log(2), math.exp(3.0)])
+    finally:
+        tasks.TASKS.pop("text8_nats", None)

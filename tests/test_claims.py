@@ -146,3 +146,43 @@ def test_a_larger_max_keeps_the_seeds_already_run():
     for a, b in zip(small["claims"], large["claims"]):
         assert b["A"]["runs"][:4] == a["A"]["runs"] and len(b["A"]["runs"]) == 6
         assert b["B"]["runs"][:4] == a["B"]["runs"]
+
+
+def test_a_rerun_with_a_larger_max_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
+    """run_claims itself (the runner and the store's evaluations faked): a run with max 4 spends its looks up to
+    4 seeds, undecided; a rerun with max 6 finds those 4 seeds, owes the next look (5) at once, not 3 again, and
+    goes on to 6."""
+    import types
+
+    import pandas as pd
+
+    import study.engine.claims as engine_claims
+    import study.engine.runner as runner
+    from study.engine.options import RunOptions
+
+    noisy = [0.05, -0.02, 0.03, -0.01, 0.02, 0.0]  # small and spread: undecided at every look
+    done: set[str] = set()
+    rounds: list[int] = []
+
+    def fake_run_grid(grid, results, options):
+        done.update(r.run_id for r in grid.runs)
+        rounds.append(len({r.train.seed for r in grid.runs}))
+        return 0
+
+    def fake_load_study(results, name):
+        spec = engine_claims.json.loads(open(tmp_path / "res" / name / "claims.json").read())
+        ev = _evals(spec, noisy[:len(spec['claims'][0]['A']['runs'])])
+        return types.SimpleNamespace(evals=ev[ev.run_id.isin(done)])
+
+    monkeypatch.setattr(runner, "run_grid", fake_run_grid)
+    monkeypatch.setattr(engine_claims, "load_study", fake_load_study)
+    text = BASE + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n"
+    said: list[str] = []
+    opts = RunOptions(echo=said.append)
+    assert engine_claims.run_claims(grid_of(text), str(tmp_path / "res"), opts) == 0
+    assert rounds == [2, 3, 4] and "undecided" in said[-1]
+    first = set(done)
+    rounds.clear()
+    assert engine_claims.run_claims(grid_of(text.replace("max: 4", "max: 6")), str(tmp_path / "res"), opts) == 0
+    assert rounds == [2, 5, 6], rounds  # round 1 finds the min seeds, the 4 run before make the next look 5
+    assert first < done and len(done - first) == 2 * 2  # seeds 5 and 6 of the claim's two models, nothing again

@@ -1,8 +1,9 @@
 """The README and the guide (docs/guide/*.md) cannot drift from the code: every fenced bash, python or yaml block on
 them carries a `<!-- doc-test: MODE -->` marker and is checked by it:
 - `run`: run by bash on the one-minute study (README's first block builds its store; the guide's run after it);
-- `parse`: needs a long run or a cluster, so each `study ...` line goes through the command line's own parser (every
-  command, option and value type; placeholders such as GRID stand for values), and every grid file it names exists;
+- `parse`: needs a long run, a cluster, a network or another study's store, so each `study ...` line goes through the
+  command line's own parser (every command, option and value type; placeholders such as GRID stand for values), and
+  every grid file it names exists; a `study plan` (no --measure) runs in seconds and is never only parsed;
 - `grid`: a grid, expanded and validated as `study plan` does;
 - `python`: run in Python on the one-minute study's store;
 - `install` (the README's set-up, tests/test_install.py) and `test_api` (the API example, tests/test_api.py).
@@ -126,6 +127,15 @@ def test_commands_parse(page, i, body):
         for a in args:
             if re.fullmatch(r"grids/\S+\.yaml", a):
                 assert os.path.isfile(os.path.join(ROOT, a)), f"{page}: {a} does not exist"
+
+
+def test_no_command_that_runs_in_seconds_is_only_parsed():
+    """`parse` is for commands that need a long run, a cluster, a network or a store the test has not built: a
+    `study plan` (no --measure: it trains) reads grid files only and runs in seconds, so it is run. (Three were
+    parsed only: concepts.md's, grids.md's narrowed axes and running.md's --mfu estimate.)"""
+    parsed = [(page, args) for page, _, body in of_mode("parse") for args in _commands(body)
+              if args[:1] == ["plan"] and "--measure" not in args and not any(a.isupper() for a in args[1:2])]
+    assert parsed == [], "run these (`<!-- doc-test: run -->`): they need no store and run in seconds"
 
 
 @pytest.mark.parametrize("page, i, body", of_mode("grid"), ids=lambda v: str(v)[:40])

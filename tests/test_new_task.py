@@ -218,6 +218,20 @@ def test_a_task_in_one_file_runs_plan_run_status_report_verify_and_eval(tmp_path
     verified = ok("verify", "--results", results).stdout  # the grid's points and the external one
     assert "OK: every check agrees" in verified and "148 samples re-scored" in verified, verified
 
+    # the validation split end to end: its points evaluated on the trained runs (nothing trained again),
+    # reported on their own (`--split val`) and verified with the rest
+    trained = store.read("runs").sort_values("run_id").train_seconds.tolist()
+    ok("run", str(grid), "eval.split=val", "--results", results, "--num-cpus", "2")
+    assert store.read("runs").sort_values("run_id").train_seconds.tolist() == trained
+    val = store.read("evals")
+    val = val[(val.split == "val") & (val.sampler != "likelihood")]
+    assert set(val.metric) == {"sorted_rate", "in_order", "exact"} and len(val) == 2 * 3 * 3
+    assert (val.n_examples == 12).all()  # n_val, as the task's config declares it
+    ok("report", "--figure", "all", "--split", "val", "--results", results, "--out", str(tmp_path / "val"))
+    assert "sorted_rate" in (tmp_path / "val" / "report.md").read_text()
+    verified = ok("verify", "--results", results).stdout
+    assert "OK: every check agrees" in verified and f"{148 + 2 * 3 * 12} samples re-scored" in verified, verified
+
 
 def test_without_the_plugin_the_task_is_unknown_by_name(tmp_path):
     from tests.helpers import study
