@@ -27,6 +27,11 @@ class Summary:
                 self._keys.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
                 if name in samples:
                     self._whole.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+        self._sampled: dict[str, set[str]] = {}  # samples/<run_id>/<eval_key>.parquet that parse
+        for name in samples:
+            parts = name.split("/")
+            if len(parts) == 2:
+                self._sampled.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
         self._bad_history = {n[: -len(".parquet")] for n in bad_history}
         self._history = {n[: -len(".parquet")] for n in history}
 
@@ -35,6 +40,11 @@ class Summary:
 
     def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
         return set((self._whole if whole else self._keys).get(run_id, ()))
+
+    def half_keys(self, run_id: str) -> set[str]:
+        """Eval keys of a run held by one file of the pair only (an evals file without its samples, or
+        samples without their evals file): a point that is neither whole nor absent."""
+        return (self.eval_keys(run_id) | self._sampled.get(run_id, set())) - self.eval_keys(run_id, whole=True)
 
     def history_readable(self, run_id: str) -> bool:
         return run_id not in self._bad_history

@@ -149,3 +149,29 @@ def test_the_terminal_bar_fills_as_runs_train_before_any_ends(capsys):
     assert "eta 0m20s" in str(view.bar.desc)
     view.close()
     assert "eta 0m20s" in capsys.readouterr().err
+
+
+def test_the_bar_shows_on_a_terminal_of_zero_columns(monkeypatch):
+    """A pseudo-terminal whose size was never set (`script`, `expect`, some containers) says 0 columns:
+    tqdm drew nothing there for the whole run (only a newline); the line is drawn at a fixed width."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    term = os.fdopen(slave, "w")
+    monkeypatch.setattr("sys.stderr", term)
+    clock, beats = [0.0], {"a": {"step": 10, "train_seconds": 10.0, "time": 10.0, "phase": "train"}}
+    view = LiveView(2, {"a": 30, "b": 30}, echo=lambda _: None, tty=True, beats=lambda: dict(beats),
+                    clock=lambda: clock[0])
+    view.started("a")
+    clock[0] = 10.0
+    view.read_at = None
+    view.show()
+    view.close()
+    term.flush()
+    shown = os.read(master, 65536).decode()
+    term.close()
+    os.close(master)
+    assert "done 0/2" in shown and "eta" in shown, repr(shown)

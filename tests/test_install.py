@@ -62,3 +62,14 @@ def test_version_and_figure_help():
     assert v.returncode == 0 and re.fullmatch(r"rmdm-study \S+\n", v.stdout), v.stdout
     h = study("report", "--help")
     assert "training-curves" in h.stdout and "default: iso-param" in h.stdout
+
+
+def test_a_license_and_a_changelog_are_there_and_the_readme_names_them():
+    """What a user of any package expects to find (issue 33): a LICENSE (MIT), a CHANGELOG with an
+    Unreleased section, both linked from the README."""
+    license_text = open(os.path.join(ROOT, "LICENSE")).read()
+    assert license_text.startswith("MIT License") and "Permission is hereby granted" in license_text
+    changelog = open(os.path.join(ROOT, "CHANGELOG.md")).read()
+    assert changelog.startswith("# Changelog") and "\n## Unreleased" in changelog
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert "(CHANGELOG.md)" in readme and "(LICENSE)" in readme

@@ -180,3 +180,31 @@ def test_every_reader_refuses_a_symlink_out_of_the_store(study_dir):
     os.symlink(outside / "w.pt", weights)
     r = cli("eval", run.run_id, "--puzzles", str(tmp / "p.txt"), "--results", results)
     assert r.exit_code == 2 and f"error: {weights} is a symlink to {outside}/w.pt, outside the store" in r.output, r.output
+
+
+def test_prune_migrate_and_tune_refuse_a_runs_folder_linked_out_of_the_store(tmp_path):
+    """The readers that also move or rewrite files (`study prune`, `study migrate`) and `study tune` refuse a
+    runs/ that is a symlink out of the study's directory, in one line, exit 2, as `study run` does; the files
+    the link points at are left as they were (before, prune and migrate read through it, tune trained)."""
+    from typer.testing import CliRunner
+
+    from store import format as store_format
+    from study.cli import app
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    (tmp_path / "g.yaml").write_text(tiny_grid("lk"))
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.parquet").write_bytes(b"not the store's")
+    for name in ("lk", "tune_sudoku_lr"):
+        (results / name).mkdir(parents=True)
+        (results / name / store_format.FILE).write_bytes(store_format.stamp_bytes())
+        os.symlink(outside, results / name / "runs")
+    for args, study_name in ((("prune", str(tmp_path / "g.yaml"), "--apply"), "lk"), (("migrate", "--study", "lk"), "lk"),
+                             (("tune", str(root / "grids" / "tune_sudoku_lr.yaml")), "tune_sudoku_lr")):
+        r = CliRunner().invoke(app, [*args, "--results", str(results)])
+        runs = results / study_name / "runs"
+        assert r.exit_code == 2, (args, r.exit_code, r.output)
+        assert f"error: {runs} is a symlink to {outside}, outside the store" in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert os.listdir(outside) == ["x.parquet"]

@@ -224,9 +224,12 @@ def test_study_run_redoes_swapped_weights_and_any_missing_file(copy):
     os.remove(spath)
     hpath = d / "history" / f"{ids[(2, 1)]}.parquet"
     os.remove(hpath)
+    half = [d / "samples" / ids[(2, 1)] / "nll-test.parquet", d / "evals" / ids[(1, 0)] / "nll-test.parquet"]
+    for p in half:  # a continuous point half there: the other file of its pair stays
+        os.remove(p)
     r = study("run", str(copy.parent / "g.yaml"), "--results", str(copy), "--num-cpus", "2", timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert os.path.exists(spath) and hpath.exists()
+    assert os.path.exists(spath) and hpath.exists() and all(p.exists() for p in half)
     row = pq.read_table(d / "runs" / f"{ids[(1, 1)]}.parquet").to_pylist()[0]
     from model.train import load_state
     from store.digest import sha256
@@ -236,3 +239,20 @@ def test_study_run_redoes_swapped_weights_and_any_missing_file(copy):
     assert load_state(str(swapped))["step"] == 20  # trained again
     r = verify(copy)
     assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("table", ["samples", "evals"])
+def test_a_done_run_with_half_a_continuous_point_is_not_done(copy, table):
+    """A done run whose nll-test point lost one file of its pair (its samples, or its evals file) is planned
+    for re-evaluation, as verify names it a problem: `study run` said "0 to run" while verify failed."""
+    from store import Store
+    from study.engine.health import classify
+    from study.spec.grid import load_grid
+
+    rid = runs(copy)[(2, 1)]
+    os.remove(copy / STUDY / table / rid / "nll-test.parquet")
+    assert verify(copy).returncode == 1
+    grid = load_grid(str(copy.parent / "g.yaml"))
+    plan = classify(grid, Store(str(copy), STUDY))
+    assert [r.run_id for r in plan.todo] == [rid], plan.why
+    assert plan.why[rid] == "re-evaluate: eval point(s) nll-test missing or unreadable", plan.why

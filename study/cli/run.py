@@ -103,6 +103,7 @@ def prune(
     """List the runs of GRID's study that no grid of the study asks for any more (failed or unfinished runs
     that GRID does not ask for, done runs that no grid of the study asks for); with --apply, move their
     files aside. Done runs that a grid of the study asks for are never touched."""
+    from store import OutsideStore
     from store.lease import LeaseHeld
     from study.commands.prune import prune as run_prune
 
@@ -112,6 +113,8 @@ def prune(
         code = run_prune(g, results, apply, echo=typer.echo)
     except LeaseHeld as e:
         fail(str(e))
+    except OutsideStore as e:
+        fail(e.strerror or str(e))
     raise typer.Exit(code)
 
 
@@ -135,6 +138,7 @@ def tune(
     sinks = log_or_exit(log, results)
     g = grid_or_exit(grid, overrides=overrides)
     results_or_exit(results, create=True)
+    links_out_or_exit(results, g.study)  # as `study run`: nothing read or written through a link out of the store
     try:
         code = tune_grid(g, results, RunOptions(address=address, num_cpus=num_cpus, wait=wait, log=tuple(sinks),
                                                 echo=typer.echo))

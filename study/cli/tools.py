@@ -165,6 +165,7 @@ def migrate(
     results: str = RESULTS,
 ):
     """Rewrite a study's store to the current format version (lossless, idempotent; holds the lease)."""
+    from store import OutsideStore
     from store.lease import LeaseHeld
     from study.commands.migrate import migrate_study
 
@@ -173,6 +174,8 @@ def migrate(
         changes = migrate_study(results, study, echo=typer.echo)
     except LeaseHeld as e:
         fail(str(e))
+    except OutsideStore as e:
+        fail(e.strerror or str(e))
     for line in changes:
         typer.echo(f"migrated {line}")
     typer.echo(f"study {study}: " + (f"{len(changes)} change(s); now" if changes else "already") +

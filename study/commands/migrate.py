@@ -36,6 +36,7 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
     found = store_format.found(store)
     if found is None:
         raise MigrateError(f"no study {study} under {results}: nothing to migrate")
+    store.refuse_links_out()  # OutsideStore: nothing is read or rewritten through a link out of the store
     if found == store_format.VERSION:
         return []
     if found > store_format.VERSION or found < 0:

@@ -158,6 +158,7 @@ def prune(grid: Grid, results: str, apply: bool, echo=print) -> int:
     if not store.exists(store.dir):
         echo(f"study {grid.study}: nothing under {store.dir}")
         return 0
+    store.refuse_links_out()  # OutsideStore: nothing is listed or moved through a link out of the store
     plan = plan_prune(grid, store)
     for note in plan.notes:
         echo(f"note: {note}")

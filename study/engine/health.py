@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from store import Store, digest
 from study.spec.grid import Grid, Run
+from study.engine.nllrows import NLL_KEYS
 from study.engine.progress import retried_since
 
 
@@ -32,6 +33,7 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
         row = seen.run_row(run.run_id)
         status = row["status"] if row else None
         missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id, whole=True)
+        missing |= seen.half_keys(run.run_id) & set(NLL_KEYS.values())  # a continuous point half there
         if status == "done":
             problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)) if deep else None
             if problem is None and missing:

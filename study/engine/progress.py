@@ -158,8 +158,10 @@ class LiveView:
         if self.tty and self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=max(1, sum(self.steps.values())), unit="step", dynamic_ncols=True,
-                            file=sys.stderr, bar_format=self.BAR_FORMAT, desc=self.line())  # never without the line
+            fixed = not _columns(sys.stderr)  # a terminal of 0 columns and rows: tqdm would draw nothing there
+            self.bar = tqdm(total=max(1, sum(self.steps.values())), unit="step", dynamic_ncols=not fixed,
+                            ncols=100 if fixed else None, nrows=24 if fixed else None, file=sys.stderr,
+                            bar_format=self.BAR_FORMAT, desc=self.line())  # never without the line
         if self.bar is not None:
             text = self.line()
             self.bar.total = max(1, sum(self.steps.values()))
@@ -229,3 +231,14 @@ def trial_progress(view: LiveView, steps: int):
             view.show(force=False)
 
     return TrialProgress()
+
+
+def _columns(f) -> int | None:
+    """The columns of the terminal `f` is, 0 where it says it has none (a pseudo-terminal whose size was never
+    set: `script`, `expect`, some containers), None where `f` is no terminal or cannot tell."""
+    import os
+
+    try:
+        return os.get_terminal_size(f.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return None
