@@ -178,7 +178,7 @@ def _fit(frame: pd.DataFrame, loss_col: str, Ts: list[int] | None, n_boot: int, 
     residuals = pd.DataFrame(res)
     for r in residuals.itertuples():
         if r.rms_z > MISFIT:
-            notes.append(f"step {r.step}{'' if r.T is None else f' at T = {r.T}'}: residuals {r.rms_z:.1f} x the "
+            notes.append(f"step {r.step}{'' if pd.isna(r.T) else f' at T = {int(r.T)}'}: residuals {r.rms_z:.1f} x the "
                          f"evaluation noise (above {MISFIT:g}): the law misfits the ladder")
 
     rng = np.random.default_rng(seed)

@@ -9,12 +9,12 @@ from matplotlib.figure import Figure
 
 from analysis.ladder.metric import curve
 from analysis.ladder.twostep import TwoStep
-from analysis.plotting import legend
+from analysis.plotting import LEGEND_FONT
 
 
 def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None = None) -> Figure:
     """Two panels from the ladder's frame (and the held-out final points, marked)."""
-    fig = Figure(figsize=(10.0, 5.2), layout="constrained")
+    fig = Figure(figsize=(12.0, 6.2), layout="constrained")
     FigureCanvasAgg(fig)
     a1, a2 = fig.subplots(1, 2)
     phi = law.loss_fit.params()["phi"]
@@ -30,7 +30,7 @@ def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None
         a1.plot(grid, law.loss_fit.predict(grid, np.ones_like(grid), np.full_like(grid, D)), lw=1,
                 label=f"law, D = {D:.3g}")
     a1.set(xscale="log", xlabel="N_eff = N L^phi (non-embedding)", ylabel=law.loss_col, title="step 1: the loss law")
-    legend(a1, len(a1.get_legend_handles_labels()[1]), below=True)
+    _below(a1)
     ls = np.linspace(allp[law.loss_col].min(), allp[law.loss_col].max(), 100)
     for i, T in enumerate(law.Ts):
         color = f"C{i}"
@@ -38,8 +38,17 @@ def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None
         if len(held):
             a2.scatter(held[law.loss_col], held[f"vpr_T{T}"], marker="*", s=90, color=color, edgecolor="black")
         for name, theta in law.metric[T].curves.items():
+            if law.metric[T].per_shape and name == "*":
+                continue  # fitted per shape: the pooled curve is not the law
             a2.plot(ls, curve(np.asarray(theta), ls), color=color, lw=1,
                     label=f"T = {T}" + ("" if name == "*" else f" {name}"))
     a2.set(xlabel=law.loss_col, ylabel="VPR", title="step 2: loss to VPR per T")
-    legend(a2, len(a2.get_legend_handles_labels()[1]), below=True)
+    _below(a2)
     return fig
+
+
+def _below(ax) -> None:
+    """The panel's legend under its x label (never over the data), in up to three columns."""
+    n = len(ax.get_legend_handles_labels()[1])
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), borderaxespad=0.0, fontsize=LEGEND_FONT,
+              ncol=min(3, max(1, n // 4)))
