@@ -263,10 +263,10 @@ def tight(fig) -> None:
 
 
 def palette(keys) -> dict:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis.theme import color_palette
 
     keys = list(dict.fromkeys(keys))
-    return dict(zip(keys, sns.color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
+    return dict(zip(keys, color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
 
 
 def needs_T(d: pd.DataFrame, what: str) -> None:
@@ -276,9 +276,9 @@ def needs_T(d: pd.DataFrame, what: str) -> None:
 
 
 def theme() -> None:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis.theme import set_theme
 
-    sns.set_theme(style="whitegrid", context="notebook")
+    set_theme()  # seaborn's whitegrid / notebook theme, without importing seaborn (analysis/theme.py)
     # titles at a fixed height above their axes: matplotlib's automatic placement lays out the whole
     # y axis on every draw of every titled panel, only to dodge tick labels on top (we never put any
     # there): a fifth of a large figure's drawing

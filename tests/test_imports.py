@@ -2,8 +2,8 @@
 done 3-run store (benchmarks/cli_latency.py's), imports only the heavy modules it needs.
 
 - status, plan, prune: none of torch, ray, seaborn, matplotlib, scipy;
-- report --figure iso-param: matplotlib and seaborn (the theme and palettes every figure draws with:
-  analysis/plotting.py), scipy (through them), never torch or ray;
+- report --figure iso-param: matplotlib only (seaborn's theme and palettes come from analysis/theme.py, which
+  does not import it: tests/test_theme.py), never seaborn, scipy, torch or ray;
 - verify (without --deep): none of them: the weights are read without torch (model/checkpoint_meta.py), the
   cost, rows and scores re-derived with the torch-free functions that wrote them (study/engine/rows.py).
 The Python API's tables (rmdm_study: runs, evals, history, table, compare) import none of them.
@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.cli_latency import commands, make_store, study_code  # noqa: E402
 
 HEAVY = ("torch", "ray", "seaborn", "matplotlib", "scipy", "optuna", "sklearn")
-EXPECTED = {"status": [], "plan": [], "prune": [], "report": ["matplotlib", "scipy", "seaborn"], "verify": []}
+EXPECTED = {"status": [], "plan": [], "prune": [], "report": ["matplotlib"], "verify": []}
 
 
 @pytest.fixture(scope="module")

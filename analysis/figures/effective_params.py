@@ -25,7 +25,7 @@ READS = ("evals", "runs")  # and the samples its evals rows name
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
 
     eff = derived.effective(opts.split)
     table, beta = effective_tables(eff)

@@ -19,7 +19,7 @@ READS = ("aggregated", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
 
     pairs = derived.pairs()
     if pairs.empty:

@@ -14,7 +14,7 @@ READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
 
     table = derived.crossings(opts.threshold, opts.pareto_x, opts.split)
     reached = table[table["reached"]]

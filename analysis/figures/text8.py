@@ -14,7 +14,7 @@ READS = ("likelihood",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
 
     table = text8_table(derived.aggregated(), split=opts.split)
     theme()

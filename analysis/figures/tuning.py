@@ -18,10 +18,10 @@ READS = ("searches",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    import seaborn as sns  # here, not at the top: the module loads without it
+    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
 
     searches = load_searches(data.dir)
-    sns.set_theme(style="whitegrid", context="notebook")
+    sns.set_theme()
     fig, axes = plt.subplots(len(searches), 2, figsize=(11 + LEGEND_WIDTH, 3.8 * len(searches)), squeeze=False)
     tables = {}
     for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):
