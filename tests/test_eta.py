@@ -175,3 +175,27 @@ def test_the_bar_shows_on_a_terminal_of_zero_columns(monkeypatch):
     term.close()
     os.close(master)
     assert "done 0/2" in shown and "eta" in shown, repr(shown)
+
+
+def test_the_eta_does_not_jump_up_between_one_runs_end_and_the_next_ones_start():
+    """Two slots, four runs of 100 steps at 1 step/s: when one run ends and the next has not started yet,
+    the ETA still counts two slots (the sweep's, seen running at once), not one: it does not double."""
+    from study.engine.progress import LiveView
+
+    now = [0.0]
+    beats = {}
+    view = LiveView(4, {f"r{i}": 100 for i in range(4)}, echo=lambda s: None, tty=False, beats=lambda: beats,
+                    clock=lambda: now[0])
+    view.started("r0")
+    view.started("r1")
+    now[0] = 50.0
+    beats.update({r: {"step": 50, "time": 50.0, "train_seconds": 50.0} for r in ("r0", "r1")})
+    both = view.eta()
+    assert both == pytest.approx(150.0, rel=0.01)  # 50 s each left, then r2 and r3 side by side
+    now[0] = 100.0
+    beats.update({"r0": {"step": 100, "time": 100.0, "train_seconds": 100.0, "phase": "done"},
+                  "r1": {"step": 100, "time": 100.0, "train_seconds": 100.0}})
+    view.read_at = None
+    view.finished("r0", True)  # r2 not started yet: for a moment one run runs
+    gap = view.eta()
+    assert gap == pytest.approx(100.0, rel=0.01), gap  # not 200: r2 and r3 still train side by side

@@ -61,7 +61,7 @@ def pace_of(hb: dict | None) -> float | None:
     return float(step) / float(secs) if ok and math.isfinite(step / secs) else None
 
 
-def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: float) -> float | None:
+def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: float, slots_n: int = 0) -> float | None:
     """Seconds until the runs still owed (`owed`: run_id -> its training steps) have trained: the one ETA
     of `study run` and `study status`.
 
@@ -70,7 +70,9 @@ def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: fl
     runs `running` keep their slots (a heartbeat saying "done" frees its slot); the others wait and take
     the first slot that frees, longest first, as the runner orders them. A run not measured yet trains at
     the mean pace of the runs measured (any of `beats`, finished ones too). None while no pace is
-    measured or nothing runs."""
+    measured or nothing runs. `slots_n`: the sweep's slots when known (the most runs seen running at once):
+    a slot that is free for a moment, between one run's end and the next one's start, still takes a
+    waiting run, so the ETA does not jump up each time a run ends."""
     measured = [p for p in (pace_of(hb) for hb in beats.values()) if p]
     running = {r for r in running if r in owed and (beats.get(r) or {}).get("phase") != "done"}
     if not measured or not running:
@@ -85,6 +87,7 @@ def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: fl
             done += pace * max(0.0, now - float(hb["time"]))
         left = max(0.0, steps - min(done, steps)) / pace
         (slots if rid in running else waiting).append(left)
+    slots += [0.0] * max(0, slots_n - len(slots))  # free for a moment: the next run starts there
     for left in sorted(waiting, reverse=True):  # each into the slot that frees first
         i = min(range(len(slots)), key=slots.__getitem__)
         slots[i] += left
@@ -115,6 +118,7 @@ class LiveView:
         self.read_at: float | None = None
         self.step0: dict[str, tuple[int, float]] = {}  # first (step, time) reported here (no `beats`)
         self.running: set[str] = set()
+        self.peak = 0  # the most runs seen running at once: the sweep's slots
         self.since: dict[str, float] = {}  # when each run started here (with `beats`)
         self.ended: set[str] = set()
         self.done = self.failed = 0
@@ -140,7 +144,7 @@ class LiveView:
 
     def eta(self, beats: dict[str, dict] | None = None) -> float | None:
         owed = {r: n for r, n in self.steps.items() if r not in self.ended}
-        return eta(owed, self.current() if beats is None else beats, self.running, self.clock())
+        return eta(owed, self.current() if beats is None else beats, self.running, self.clock(), self.peak)
 
     def steps_done(self, beats: dict[str, dict] | None = None) -> int:
         """Training steps done of those the sweep owes (a finished run: all of its steps)."""
@@ -175,6 +179,7 @@ class LiveView:
     # ---- events ----------------------------------------------------------------------------
     def started(self, run_id: str) -> None:
         self.running.add(run_id)
+        self.peak = max(self.peak, len(self.running))
         if self.read_beats is not None:
             self.since[run_id] = self.clock()
         self.show()
