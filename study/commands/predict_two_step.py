@@ -72,12 +72,12 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
         echo(f"figure: {plot}")
 
 
-def _errors(law, held: pd.DataFrame, echo) -> None:
+def _errors(law, held: pd.DataFrame, echo, what: str = "held-out models") -> None:
     if held.empty:
         echo("held out: none (the fit used every model)")
         return
     e = law.errors(held)
-    echo("held-out models, errors per step (step 1: loss, % relative; step 2 and chained: VPR, points; 95%):")
+    echo(f"{what}, errors per step (step 1: loss, % relative; step 2 and chained: VPR, points; 95%):")
     cols = "  {:<18} {:>3} {:<24} {:<10} {:<22} {:<22}"
     echo(cols.format("model", "T", "step 1 [95%]", "measured", "step 2 [95%]", "chained [95%]").rstrip())
     for r in e.itertuples():
@@ -116,7 +116,7 @@ def _measured_targets(law, trained: StudyData, grid, echo) -> None:
         echo(f"measured: study {trained.name!r} holds no finished run of these targets yet")
         return
     echo(f"measured: {fin['label'].nunique()} targets, {len(fin)} runs trained in study {trained.name!r}")
-    _errors(law, fin, echo)
+    _errors(law, fin, echo, "targets")
     _bar(law, law.errors(fin), fin, "targets", echo)
 
 
