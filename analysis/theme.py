@@ -3,7 +3,7 @@
 THEME is what `seaborn.set_theme(style="whitegrid", context="notebook")` sets in matplotlib's rcParams
 (seaborn 0.13; tests/test_theme.py holds it equal to seaborn's, rcParam by rcParam, where seaborn is
 installed), less `image.cmap` ('rocket', a seaborn colormap no figure here uses: every image names its
-own). DEEP is seaborn's "deep" palette; `color_palette(name, n)` samples a matplotlib colormap as
+own), and its one-letter colour codes (COLOR_CODES). DEEP is seaborn's "deep" palette; `color_palette(name, n)` samples a matplotlib colormap as
 seaborn's color_palette does (n evenly spaced bins, both ends left out), and `relative_luminance` is
 seaborn's rule for text on a coloured cell.
 """
@@ -38,8 +38,15 @@ THEME = {
 }
 
 
+# the one-letter colour codes seaborn's set_theme remaps (set_color_codes("deep")): "k" is (.1, .1, .1), not
+# black, wherever a figure or matplotlib names it (a table's cell edges, for one)
+COLOR_CODES = dict(zip("bgrmyck", [DEEP[0], DEEP[2], DEEP[3], DEEP[4], DEEP[8], DEEP[9], (0.1, 0.1, 0.1)]))
+
+
 def set_theme() -> None:
     matplotlib.rcParams.update(THEME)
+    for code, rgb in COLOR_CODES.items():
+        matplotlib.colors.colorConverter.colors[code] = rgb
 
 
 def color_palette(name: str, n: int | None = None) -> list[tuple[float, float, float]]:

@@ -36,11 +36,14 @@ fig, ax = plt.subplots(figsize=(4, 3))
 for i in range(4):
     ax.plot([0, 1, 2], [i, i + 1, i * 2], marker="o", label=f"line {{i}}")
 ax.bar([0, 1], [1, 2], color=pal("deep")[2])
+ax.plot([0, 2], [0, 1], color="k")
+ax.table(cellText=[["a", "b"]], loc="bottom")
 ax.legend(); ax.set_title("t"); ax.set_xlabel("x")
 fig.savefig(sys.argv[2], dpi=80, metadata={{"Software": None}})
 print(json.dumps({{"rc": changed, "deep": [list(c) for c in pal("deep")], "deep12": [list(c) for c in pal("deep", 12)],
                   "viridis": [list(c) for c in pal("viridis", 5)],
-                  "lum": [lum(c) for c in ("#440154", (0.2, 0.7, 0.3), (0.99, 0.9, 0.1, 1.0))]}}))
+                  "lum": [lum(c) for c in ("#440154", (0.2, 0.7, 0.3), (0.99, 0.9, 0.1, 1.0))],
+                  "codes": {{c: list(matplotlib.colors.to_rgb(c)) for c in "bgrmyck"}}}}))
 """
 
 
@@ -56,7 +59,7 @@ def test_the_theme_is_seaborns_rcparam_by_rcparam_and_draws_the_same_bytes(tmp_p
     ours, ours_png = _side("ours", tmp_path)
     theirs, theirs_png = _side("seaborn", tmp_path)
     assert ours["rc"] == theirs["rc"]
-    for key in ("deep", "deep12", "viridis", "lum"):
+    for key in ("deep", "deep12", "viridis", "lum", "codes"):
         assert ours[key] == theirs[key], key
     assert ours_png == theirs_png
 
