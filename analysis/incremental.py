@@ -5,7 +5,7 @@ A figure's key is a sha256 of everything its files are made from:
   them, not only those the figure reads, so a changed --threshold redraws every figure);
 - the code: the figure module's own source, and the source of every other module of analysis/ (the
   shared plotting, tables and derived code; not the other figure modules), stats/ and tasks/ (metric
-  labels), with the versions of matplotlib, seaborn, numpy and pandas (a changed library redraws all);
+  labels), with the versions of matplotlib, numpy and pandas (a changed library redraws all);
 - the rows it reads: a digest (pandas.util.hash_pandas_object, in row order) of each input the figure
   module declares in READS (INPUTS below: the aggregated evaluations, or only their likelihood tasks' rows,
   the runs, the evaluations, the history, the continuous quantities, the Optuna storage's bytes); a module
@@ -40,7 +40,7 @@ MANIFEST = ".manifest.json"
 VERSION = 1  # of the key's recipe and the manifest's layout: a change redraws everything
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_PACKAGES = ("analysis", "stats", "tasks")  # the code a figure's files depend on, besides its own module
-LIBRARIES = ("matplotlib", "seaborn", "numpy", "pandas")
+LIBRARIES = ("matplotlib", "numpy", "pandas")  # seaborn is not drawn with (analysis/theme.py)
 
 
 def _split_of(df: pd.DataFrame | None, split: str) -> pd.DataFrame | None:
@@ -56,7 +56,10 @@ def _storage_bytes(data: StudyData, derived: Derived, split: str):
     from analysis.tuning import find_storage
 
     path = find_storage(data.dir)
-    return None if path is None else open(path, "rb").read()
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 # what a figure may read, each a function of (study, derived tables, split): a DataFrame, bytes or None

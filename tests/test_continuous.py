@@ -112,8 +112,8 @@ def test_existing_numbers_unchanged_without_them(trained, tmp_path, monkeypatch)
     as_text = lambda rs: json.dumps(rs, default=lambda a: a.tolist() if hasattr(a, "tolist") else str(a))
     assert as_text(new) == as_text(old) and any(h["val"] for h in old)
     assert plain.read("evals")["eval_key"].str.startswith("nll-").sum() == 0
-    w_new = torch.load(store.weights_path(run.run_id), weights_only=False)["model"]
-    w_old = torch.load(plain.weights_path(run.run_id), weights_only=False)["model"]
+    w_new = torch.load(store.weights_path(run.run_id), weights_only=True)["model"]
+    w_old = torch.load(plain.weights_path(run.run_id), weights_only=True)["model"]
     assert all(torch.equal(w_new[k], w_old[k]) for k in w_new)
 
 

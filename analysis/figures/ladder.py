@@ -30,21 +30,21 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     if widths < MIN_WIDTHS:
         raise MissingData(f"a ladder needs finished runs at {MIN_WIDTHS} or more widths (d_model); "
                           f"this study has {widths}")
-    two = _two_step(data)
+    two = _two_step(data, opts.split)
     if two is not None:
         return two
     law = fit_study(data, hold_out=["largest"], split=opts.split)
     return Drawing(ladder_figure(law), "ladder", {"ladder_table": ladder_table(law)})
 
 
-def _two_step(data: StudyData) -> Drawing | None:
+def _two_step(data: StudyData, split: str) -> Drawing | None:
     """The two-step law's figure and errors, or None when runs lack the test ELBO or too few models remain."""
     from analysis.ladder.frame import split_holdout, study_frame
     from analysis.ladder.twostep import fit_two_step
     from analysis.ladder.twostep_figure import two_step_figure
 
     try:
-        lad, held = split_holdout(study_frame(data), ["largest"])
+        lad, held = split_holdout(study_frame(data, split), ["largest"])
     except LadderError:
         return None
     law = fit_two_step(lad, n_boot=N_BOOT_FIGURE)

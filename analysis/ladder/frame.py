@@ -71,12 +71,12 @@ def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame,
 MIN_MODELS = 4
 
 
-def study_frame(data: StudyData) -> pd.DataFrame:
-    """The two-step frame of a study's done runs, or LadderError naming `study backfill` when runs lack
+def study_frame(data: StudyData, split: str = "test") -> pd.DataFrame:
+    """The two-step frame of a study's done runs (final points on `split`), or LadderError naming `study backfill` when runs lack
     the test ELBO (stores written before the continuous quantities were kept)."""
     evals = pd.concat([data.evals, data.continuous], ignore_index=True) if data.continuous is not None else data.evals
     history = data.history if "val" in data.history else data.history.assign(val=None)
-    f = ladder_frame(data.runs, evals, history)
+    f = ladder_frame(data.runs, evals, history, split=split)
     fin = f[~f["is_checkpoint"]] if len(f) else f
     lacking = sorted(fin.loc[fin["elbo"].isna(), "run_id"]) if len(fin) else []
     if lacking or not len(fin):

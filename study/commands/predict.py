@@ -79,16 +79,21 @@ def grid_models(grid) -> tuple[pd.DataFrame, list]:
     return pd.DataFrame(rows), runs
 
 
+def candidate_widths(ladder_widths, heads: int) -> list[int]:
+    """The ladder's widths and wider ones (its largest times WIDTH_STEPS), each a multiple of 16 and of the
+    heads: the widths a budget's candidates take."""
+    quantum = 16 * heads // math.gcd(16, heads)
+    top = int(max(ladder_widths))
+    wider = {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS}
+    return sorted({int(w) for w in ladder_widths} | wider)
+
+
 def ladder_candidates(law: Ladder, base) -> pd.DataFrame:
     """The ladder's (K, L) shapes (every K with every L it trained) at its widths and wider ones, priced
     with the ladder's training recipe (`base`: one ladder run)."""
     lad = law.models[law.models["role"] == "ladder"]
     Ks, Ls = sorted(set(lad["K"])), sorted(set(lad["L"]))
-    heads = base.model.n_heads
-    top = int(lad["d_model"].max())
-    quantum = 16 * heads // math.gcd(16, heads)
-    wider = {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS}
-    widths = sorted(set(lad["d_model"].astype(int)) | wider)
+    widths = candidate_widths(lad["d_model"], base.model.n_heads)
     rows = []
     for K in Ks:
         for L in Ls:

@@ -2,7 +2,7 @@
 reaches the best metric within a training budget, at each T, with its interval and the runner-up shape.
 
 Candidates (our choice): the ladder's (K x L) shapes, at its widths and wider ones (as the one-step
-`--budget` takes them: study.commands.predict.WIDTH_STEPS), trained for each of the ladder's step counts
+`--budget` takes them: study.commands.predict.candidate_widths), trained for each of the ladder's step counts
 and 2x and 4x its longest, every one priced with the ladder's own training recipe (its grid's first run)
 by study/spec/cost.py's cost model. A candidate outside the ladder's N or D is an extrapolation of step 1
 and one whose predicted loss lies outside the ladder's losses an extrapolation of step 2: both are named.
@@ -10,7 +10,6 @@ and one whose predicted loss lies outside the ladder's losses an extrapolation o
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import numpy as np
@@ -19,7 +18,7 @@ import pandas as pd
 from analysis.ladder import LadderError
 from analysis.ladder.law import q95
 from analysis.load import StudyData
-from study.commands.predict import WIDTH_STEPS, fmt_n, ladder_runs, model_row, pct
+from study.commands.predict import candidate_widths, fmt_n, ladder_runs, model_row, pct
 
 STEP_STEPS = (2, 4)  # longer training than the ladder's longest, as multiples of it
 
@@ -32,11 +31,7 @@ def candidates(data: StudyData, lad: pd.DataFrame) -> pd.DataFrame:
     if base is None:
         raise LadderError("--budget needs the ladder's recipe: the study's grid.yaml does not give its runs "
                           "(absent, or no longer expands)")
-    heads = base.model.n_heads
-    quantum = 16 * heads // math.gcd(16, heads)
-    top = int(lad["d_model"].max())
-    widths = sorted(set(lad["d_model"].astype(int)) | {max(quantum, round(top * s / quantum) * quantum)
-                                                       for s in WIDTH_STEPS})
+    widths = candidate_widths(lad["d_model"], base.model.n_heads)
     fin = lad[~lad["is_checkpoint"]]
     longest = int(fin["step"].max())
     steps = sorted(set(fin["step"].astype(int)) | {longest * m for m in STEP_STEPS})

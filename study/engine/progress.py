@@ -4,6 +4,7 @@ failed run's trial started again since its row was written (a `--retry-failed` u
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -241,8 +242,6 @@ def trial_progress(view: LiveView, steps: int):
 def _columns(f) -> int | None:
     """The columns of the terminal `f` is, 0 where it says it has none (a pseudo-terminal whose size was never
     set: `script`, `expect`, some containers), None where `f` is no terminal or cannot tell."""
-    import os
-
     try:
         return os.get_terminal_size(f.fileno()).columns
     except (OSError, ValueError, AttributeError):
