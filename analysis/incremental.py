@@ -124,7 +124,7 @@ class Keys:
             self._inputs[name] = frame_digest(INPUTS[name](self.data, self.derived, self.opts.split))
         return self._inputs[name]
 
-    def _code(self, module) -> list:
+    def _code(self, path: str) -> list:
         if self._shared is None:
             figures = os.path.join(ROOT, "analysis", "figures")
             shared = [s for p in CODE_PACKAGES for s in _sources(p, None)
@@ -132,16 +132,16 @@ class Keys:
                               and not s[0].endswith("__init__.py"))]
             versions = [(lib, _version(lib)) for lib in LIBRARIES]
             self._shared = hashlib.sha256(json.dumps([shared, versions]).encode()).hexdigest()
-        return [self._shared, _file_sha(module.__file__)]
+        return [self._shared, _file_sha(path)]
 
     def key(self, name: str) -> str:
-        from analysis.figures import FIGURES
+        from analysis.catalog import figures
 
-        module = FIGURES[name].module
-        reads = getattr(module, "READS", tuple(INPUTS))
+        info = figures()[name]  # from the module's source: matplotlib is not imported for a key
+        reads = info.reads if info.reads is not None else tuple(INPUTS)
         parts = {"version": VERSION, "figure": name, "study": self.data.name,
                  "options": json.dumps(dataclasses.asdict(self.opts), sort_keys=True, default=str),
-                 "code": self._code(module), "rows": {r: self._input(r) for r in sorted(reads)}}
+                 "code": self._code(info.path), "rows": {r: self._input(r) for r in sorted(reads)}}
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -19,24 +19,10 @@ import pandas as pd  # noqa: E402
 
 from analysis.derived import Derived  # noqa: E402
 from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import DEFAULT_SPLIT, SHAPE_FIELDS, differing, one_split, shape_label  # noqa: E402
+from analysis.tables import SHAPE_FIELDS, differing, one_split, shape_label  # noqa: E402
 import tasks  # noqa: E402
 
-FORMATS = ("svg", "pdf")
-PNG_DPI = 130
-DATELESS = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}  # savefig's metadata per format
-
-
-@dataclass(frozen=True)
-class Options:
-    """The options of `study report` that figures and the report read."""
-
-    fmt: str = "svg"  # second format beside PNG
-    threshold: float | None = None  # pareto: default 0.95 for VPR, 0.70 for RTR
-    T: int | None = None  # cross-depth: denoising steps of the heatmap (default: the middle T of those with most cells)
-    pareto_x: str = "T"  # pareto y-axis: "T" (at L_s = L_t) or "forward_passes" (T * L_s, any L_s)
-    split: str = DEFAULT_SPLIT  # the one evaluation split every figure and table reads
-    compare: tuple = ()  # (run id A, run id B) pairs the report compares beside its iso pairs
+from analysis.options import DATELESS, FORMATS, PNG_DPI, Options  # noqa: E402,F401 (the figures' API)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import signal
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
+from analysis.catalog import figures
 from analysis.derived import Computed, Derived
 from analysis.load import MissingData, StudyData
 
@@ -41,14 +42,17 @@ def auto_jobs(data: StudyData, n_figures: int) -> int:
 
 
 def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
-         derived: Derived | None = None) -> dict[str, list[str] | str]:
+         derived: Derived | None = None, meanwhile=None) -> dict[str, list[str] | str]:
     """{figure name: the paths it wrote, or why it was not drawn}, in the order of `names`. The derived
-    tables the figures compute are kept in `derived` (the caller's, for the report)."""
-    # imported here, not above: prestart() runs before the store is read and must not wait for matplotlib
-    from analysis.figures import FIGURES
-
+    tables the figures compute are kept in `derived` (the caller's, for the report). `meanwhile()`, if
+    given, is called once in this process: while the workers draw when there are workers, else first."""
     derived = derived if derived is not None else Derived(data)
     if jobs <= 1 or len(names) < 2:
+        # imported here, not above: with workers, this process never imports matplotlib (they do)
+        from analysis.figures import FIGURES
+
+        if meanwhile is not None:
+            meanwhile()
         out: dict[str, list[str] | str] = {}
         for n in names:
             try:
@@ -58,7 +62,8 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
         return out
     derived.aggregated()  # once here, sent with the study: every figure but two reads it
     # the slowest figures first, so the last worker to finish does not start a long one at the end
-    order = sorted(names, key=lambda n: -FIGURES[n].cost)
+    info = figures()
+    order = sorted(names, key=lambda n: -info[n].cost)
     # the study pickled once, into a private directory every worker reads it from (as initargs it is
     # pickled again for each worker and pushed through its pipe one after the other: tens of MB
     # for a 1,000-run study, half a second before the last worker starts drawing)
@@ -69,6 +74,8 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
         with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=_context(), initializer=_init,
                                  initargs=(path,)) as pool:
             futures = {n: pool.submit(_draw_one, n, out_dir, opts) for n in order}
+            if meanwhile is not None:  # this process's own work (the report's comparisons) beside the drawing
+                meanwhile()
             results = {n: f.result() for n, f in futures.items()}
     out = {}
     for n in names:
@@ -125,7 +132,9 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     reuse = [] if redraw else [n for n in names if manifest.get(n, {}).get("key") == keyed[n]
                                and intact(out_dir, manifest[n])]
     with staged(out_dir) as tmp:
-        drawn = draw(data, [n for n in names if n not in reuse], tmp, opts, jobs, derived)
+        # the report's paired comparisons (seconds at scale; no figure computes them) while the workers draw
+        drawn = draw(data, [n for n in names if n not in reuse], tmp, opts, jobs, derived,
+                     meanwhile=(lambda: _comparisons(derived, opts)) if report else None)
         for n in reuse:
             drawn[n] = _copy_files(out_dir, tmp, manifest[n])
         drawn = {n: drawn[n] for n in names}
@@ -143,6 +152,15 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
     return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
             [moved(p) for p in pages], [n for n in names if n not in reuse and not isinstance(drawn[n], str)])
+
+
+def _comparisons(derived: Derived, opts) -> None:
+    """derived.comparisons as the report and the terminal read them, computed now (kept in `derived`, a
+    MissingData too: it is their answer for this study)."""
+    try:
+        derived.comparisons(list(opts.compare), opts.split)
+    except MissingData:
+        pass
 
 
 def _copy_files(out_dir: str, tmp: str, recorded: dict) -> list[str]:

@@ -126,3 +126,16 @@ def test_python_api_tables_import_no_heavy_module(store):
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-1500:]
     assert p.stdout.strip().splitlines()[-1] == "HEAVY=", p.stdout
+
+
+def test_report_with_workers_draws_without_matplotlib_in_its_own_process(store):
+    """`report --figure all` with drawing workers: the figures are ordered, keyed and captioned from their
+    sources (analysis/catalog.py), so the main process never imports matplotlib (its workers do)."""
+    gpath, root, tmp = store
+    out = os.path.join(tmp, "fig-all-jobs")
+    argv = commands(gpath, root, out)["report"]
+    argv = [a if a != "iso-param" else "all" for a in argv] + ["--jobs", "2"]
+    got, p = heavy_imports(argv)
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert got == [], f"study report --figure all --jobs 2 imported {got} in its own process"
+    assert os.path.exists(os.path.join(out, "iso_param.png")) and os.path.exists(os.path.join(out, "report.md"))

@@ -35,7 +35,7 @@ def report(
                                 "unchanged there, is kept as it is)"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
-    from analysis.figures import Options
+    from analysis.options import Options
 
     names = _report_options_or_exit(figure, fmt, pareto_x, split, threshold)
     results_or_exit(results)
@@ -91,12 +91,14 @@ def _drawn_line(drawn: dict, redrawn: list[str]) -> str:
 
 def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, threshold: float | None) -> list[str]:
     """The figures `study report` draws (every one for 'all'), once every option is known good; else exit 2."""
-    from analysis.figures import FIGURES, FORMATS
+    from analysis.catalog import figures
+    from analysis.options import FORMATS
 
-    names = list(FIGURES) if figure == "all" else [figure]
+    known = figures()
+    names = list(known) if figure == "all" else [figure]
     for n in names:
-        if n not in FIGURES:
-            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(FIGURES)}, all", err=True)
+        if n not in known:
+            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(known)}, all", err=True)
             raise typer.Exit(2)
     if fmt not in FORMATS:
         typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
