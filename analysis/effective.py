@@ -252,6 +252,18 @@ def resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.rand
     return float(row["value"]) + se * rng.standard_normal(B)
 
 
+def resample_runs(rows: list[dict], scores: list, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:
+    """resample_run of each row in turn, stacked (runs, B). Where every row is a rate without per-example
+    scores (what a sweep that keeps fewer samples than it evaluates has), one binomial draw of shape
+    (runs, B): numpy draws it element by element in that order, so the values are those of the loop
+    (the same generator states), at a fraction of the cost of 100,000 calls for a 10,000-run study."""
+    ns = np.array([int(r["n_examples"]) for r in rows])
+    if tasks.is_rate(metric) and (ns > 0).all() and all(s is None for s in scores):
+        ps = np.clip(np.array([float(r["value"]) for r in rows]), 0.0, 1.0)
+        return rng.binomial(ns[:, None], ps[:, None], size=(len(rows), B)) / ns[:, None]
+    return np.stack([resample_run(r, s, metric, rng, B) for r, s in zip(rows, scores)])
+
+
 # ---- the analysis ----------------------------------------------------------------------------------
 def _rows(data: StudyData, split: str) -> list[tuple[str, str, str, pd.DataFrame]]:
     """(variant, metric, sampler, evals rows of that metric) per task variant: one split, one sampler,
@@ -270,7 +282,8 @@ def _rows(data: StudyData, split: str) -> list[tuple[str, str, str, pd.DataFrame
         sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
         d = d[(d["sampler"] == sampler) & (d["L_s"] == d["L_t"])]
         if not d.empty:
-            out.append((variant, metric, sampler, d.assign(_family=d["model_key"].map(family_core))))
+            cores = {k: family_core(k) for k in d["model_key"].unique()}  # once per model, not per row
+            out.append((variant, metric, sampler, d.assign(_family=d["model_key"].map(cores))))
     return out
 
 
@@ -342,9 +355,9 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
         recs = by_point.get((k, T))
         if not recs:
             return None
-        boots = np.stack([resample_run(x, example_scores(data, x["run_id"], x["eval_key"], metric,
-                                                           int(x["n_examples"]), cache), metric, rng, B)
-                          for x in recs])  # (runs, B)
+        scores = [example_scores(data, x["run_id"], x["eval_key"], metric, int(x["n_examples"]), cache)
+                  for x in recs]
+        boots = resample_runs(recs, scores, metric, rng, B)  # (runs, B)
         idx = np.floor(seed_u[k][:, :len(recs)] * len(recs)).astype(int)  # (B, runs) seeds drawn
         return float(np.mean([x["value"] for x in recs])), boots[idx, np.arange(B)[:, None]].mean(axis=1)
 
