@@ -188,3 +188,19 @@ def test_two_single_pass_sizes_get_the_reason_not_a_figure(tmp_path):
     r = CliRunner().invoke(app, ["report", "--figure", "effective-params", "--results", root, "--study", "two",
                                  "--out", str(tmp_path / "cli")])
     assert r.exit_code == 1 and "effective-params: not drawn" in r.output and "2 single-pass sizes" in r.output
+
+
+def test_resample_runs_draws_what_the_loop_over_runs_draws():
+    """The one-call binomial draw of a point's runs gives the values (and leaves the generator where) the
+    loop of resample_run does; a point with per-example scores or a non-rate metric takes the loop."""
+    import numpy as np
+
+    from analysis.effective import resample_run, resample_runs
+
+    rows = [{"n_examples": 200, "value": 0.3}, {"n_examples": 50, "value": 1.2}, {"n_examples": 200, "value": 0.9}]
+    for scores, metric in (([None] * 3, "vpr"), ([None, np.ones(50), None], "vpr")):
+        a, b = np.random.default_rng(7), np.random.default_rng(7)
+        got = resample_runs(rows, scores, metric, a, 300)
+        want = np.stack([resample_run(r, s, metric, b, 300) for r, s in zip(rows, scores)])
+        assert got.shape == (3, 300) and (got == want).all()
+        assert a.random() == b.random()
