@@ -2,6 +2,7 @@
 step on synthetic stores of 100, 1,000 (and, with --big, 10,000) finished runs.
 
 Run: .venv/bin/python benchmarks/store_scale.py [--sizes 100 1000] [--big] [--warm-only] [--s3] [--profile report]
+     [--store-dir DIR]
 (a benchmark, not a test: run it on a quiet machine; figures go to benchmarks/RESULTS.md by hand;
 --big builds 10,000 runs, 420,000 files: about 15 minutes here with --build-procs 2)
 
@@ -21,6 +22,9 @@ needs the test extra). Each step runs twice: cold (the store's read index, store
 every file parsed, in parallel, and the index written) and warm (only files new since the index).
 `study run` leaves the index current (its last step, the final classify, reads the store through it),
 so "warm" is what the first report after a sweep meets; "cold" is a store whose index was deleted.
+`--store-dir DIR` keeps the stores in DIR/scale<n>/ and reuses one already built there (a 10,000-run store
+takes about 10 minutes to build and 6 to index cold): its build time then reads 0, and the run the
+incremental case adds is removed again afterwards, so the store is the same for the next use.
 Targets (issue 17): 1,000 runs report in <= 10 s locally, <= 60 s over S3; growth 10,000/1,000 <= 10.
 The last line is machine-readable (warm figures, as `study run` leaves the store):
     report_s_1000=<s> status_s_1000=<s> growth=<ratio report 10000/1000 measured with --big, else na>
@@ -29,6 +33,7 @@ A line before it gives the 100 -> 1,000 ratios (not extrapolated into `growth`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import math
@@ -171,6 +176,19 @@ def add_run(root: str, n_runs: int, tmp: str) -> str:
     return run.run_id
 
 
+def remove_run(study_dir: str, rid: str) -> None:
+    """Every file of run `rid` in a local study folder (its rows, evaluations, samples, history, config and
+    weights): the store as it was before add_run; its read index drops the entries at its next read."""
+    for table in ("runs", "history"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(study_dir, table, f"{rid}.parquet"))
+    for table in ("evals", "samples"):
+        shutil.rmtree(os.path.join(study_dir, table, rid), ignore_errors=True)
+    for path in (os.path.join(study_dir, "configs", f"{rid}.json"), os.path.join(study_dir, "weights", f"{rid}.pt")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def _upload(local_root: str, root: str, study: str) -> None:
     """Copy a study built on local disk to the store `root` (an s3:// URI), one request per file."""
     import pyarrow.fs as pafs
@@ -211,7 +229,12 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         f.write(grid_text(n_runs))
     grid = load_grid(gpath)
     t0 = time.perf_counter()
-    if root.startswith("s3://"):
+    reused = bool(args.store_dir) and os.path.isdir(os.path.join(root, grid.study, "runs"))
+    if reused:
+        files = sum(f.endswith(".parquet") for t in ("runs", "evals", "history", "samples")
+                    for _, _, fs in os.walk(os.path.join(root, grid.study, t)) for f in fs)  # as build() counts
+        print(f"  reusing the store built in {root}", flush=True)
+    elif root.startswith("s3://"):
         # writing through the store costs ~6 requests a file on S3 (multipart upload, atomic rename,
         # directory markers): build on local disk, then upload each file with one request
         local = os.path.join(tmp, f"local{n_runs}")
@@ -219,7 +242,7 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         _upload(local, root, grid.study)
     else:
         files = build(root, gpath, args.build_workers, args.build_procs)
-    built = time.perf_counter() - t0
+    built = 0.0 if reused else time.perf_counter() - t0
     runner = CliRunner()
     out = {"runs": len(grid.runs), "files": files, "build_s": built}
 
@@ -238,6 +261,8 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         "plan": lambda: classify(grid, Store(root, grid.study)),
     }
     for phase in ("cold", "warm"):
+        if phase == "cold" and reused and args.warm_only:
+            continue  # a reused store's index is current: nothing to build
         if phase == "cold":  # no index: every file parsed
             Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index", missing_dir_ok=True)
         for name, fn in steps.items():
@@ -254,16 +279,21 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
         sfx = "_s" if phase == "cold" else "_warm_s"
         print(f"  {out['runs']} runs, {files} table files (built in {built:.1f}s), {phase}: status {sec('status' + sfx)}"
               f"  report {sec('report' + sfx)}  plan {sec('plan' + sfx)}", flush=True)
-    out.update(incremental(n_runs, root, tmp, grid.study, cli, out["report_warm_s"]))
+    out.update(incremental(n_runs, root, tmp, grid.study, cli, out["report_warm_s"], keep=bool(args.store_dir)))
     return out
 
 
-def incremental(n_runs: int, root: str, tmp: str, study: str, cli, first_s: float) -> dict:
+def incremental(n_runs: int, root: str, tmp: str, study: str, cli, first_s: float, keep: bool = False) -> dict:
     """The incremental case: after the warm report, one run added with the store's writer, and the report
-    again into the same folder (only the figures whose rows changed are drawn). Both times and their ratio."""
+    again into the same folder (only the figures whose rows changed are drawn). Both times and their ratio.
+    `keep` (a store reused from --store-dir): the added run's files are removed afterwards."""
     rid = add_run(root, n_runs, tmp)
-    secs, r = timed(lambda: cli("report", "--study", study, "--figure", "all", "--results", root,
-                                "--out", os.path.join(tmp, f"fig{n_runs}-warm")), False)
+    try:
+        secs, r = timed(lambda: cli("report", "--study", study, "--figure", "all", "--results", root,
+                                    "--out", os.path.join(tmp, f"fig{n_runs}-warm")), False)
+    finally:
+        if keep:
+            remove_run(os.path.join(root, study), rid)
     drawn = next((ln for ln in r.output.splitlines() if " redrawn, " in ln), "no figure line")
     print(f"  incremental: report {first_s:.2f}s, one run added ({rid}), report again {secs:.2f}s ({drawn}); "
           f"second / first {secs / first_s:.2f}", flush=True)
@@ -278,6 +308,7 @@ def main() -> None:
     ap.add_argument("--profile", choices=["status", "report", "plan"], help="print a cProfile of that step")
     ap.add_argument("--build-workers", type=int, default=8, help="threads per building process")
     ap.add_argument("--build-procs", type=int, default=os.cpu_count() or 1, help="processes building a store")
+    ap.add_argument("--store-dir", help="keep the stores in DIR/scale<n>/ and reuse one built there (local disk)")
     ap.add_argument("--warm-only", action="store_true",
                     help="time only the warm steps (one status builds the index first): for --big")
     args = ap.parse_args()
@@ -296,8 +327,11 @@ def main() -> None:
             root = f"s3://{BUCKET}/results?endpoint_override={endpoint}&scheme=http&region=us-east-1"
         else:
             root = os.path.join(tmp, "results")
+        roots = {n: root for n in sizes}
+        if args.store_dir and not args.s3:
+            roots = {n: os.path.join(os.path.abspath(args.store_dir), f"scale{n}") for n in sizes}
         print(f"store: {'S3 (moto, 127.0.0.1)' if args.s3 else 'local disk'}, one file per run and point", flush=True)
-        res = {n: measure(n, root, tmp, args) for n in sizes}
+        res = {n: measure(n, roots.get(n, root), tmp, args) for n in sizes}
     finally:
         if server is not None:
             server.stop()
