@@ -309,8 +309,10 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
+        token = {ch: i for i, ch in enumerate(digits)}  # not digits.index: `study verify` re-scores every output
+
         def tokens(text: str, blank: int) -> np.ndarray:
-            return np.array([[digits.index(ch) if ch in digits else blank for ch in text]], dtype=np.int64)
+            return np.array([[token.get(ch, blank) for ch in text]], dtype=np.int64)
 
         cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
         has_ref = reference_text is not None
