@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow.fs as pafs
 
 import tasks
-from store import Store, list_studies
+from store import Store, index, list_studies
 
 # columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
 # None in the runs of other tasks) after task_variant; model_key (below) is what tells models apart
@@ -303,9 +302,8 @@ def _configs(store: Store) -> tuple[dict[str, dict], dict[str, str]]:
     sel = pafs.FileSelector(f"{store.dir}/configs", allow_not_found=True)
     infos = [i for i in store.fs.get_file_info(sel)
              if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
-    # one round trip per file on an object store: read them in parallel
-    with ThreadPoolExecutor(16 if not store.local else 4) as pool:
-        datas = list(pool.map(lambda i: store.read_bytes(i.path), infos))
+    # one round trip per file on an object store: read them in parallel (store.index.read_map)
+    datas = index.read_map(store, lambda i: store.read_bytes(i.path), infos, threads=16 if not store.local else 4)
     out, texts = {}, {}
     for info, data in zip(infos, datas):
         run_id = info.base_name[: -len(".json")]

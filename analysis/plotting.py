@@ -5,24 +5,57 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import textwrap
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from analysis.derived import Derived
+from analysis.load import MissingData, StudyData
+from analysis.options import DATELESS, FORMATS, PNG_DPI, Options  # noqa: F401 (the figures' API)
+from analysis.tables import SHAPE_FIELDS, differing, one_split, shape_label
+import tasks
 
-from analysis.derived import Derived  # noqa: E402
-from analysis.load import MissingData, StudyData  # noqa: E402
-from analysis.tables import SHAPE_FIELDS, differing, one_split, shape_label  # noqa: E402
-import tasks  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-from analysis.options import DATELESS, FORMATS, PNG_DPI, Options  # noqa: E402,F401 (the figures' API)
+
+def mpl():
+    """matplotlib, imported at the first figure drawn, not with this module: a report whose figures are all
+    unchanged (analysis/incremental.py) keys them by importing their modules, and draws nothing; matplotlib
+    is a third of a cold one-figure report. The Agg backend is chosen here, once, as this module did at its
+    import: no figure here needs pyplot, but a caller's pyplot (the Python API's user, a test) is headless."""
+    global _agg_chosen
+    import matplotlib
+
+    if not _agg_chosen:
+        matplotlib.use("Agg")
+        _agg_chosen = True
+    return matplotlib
+
+
+_agg_chosen = False
+
+
+def figure(**kw) -> Figure:
+    """A new Figure drawn on an Agg canvas: what plt.figure(**kw) gives with the Agg backend, without
+    pyplot (its import, its backend machinery, its registry of open figures that each needs closing)."""
+    mpl()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**kw)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kw):
+    """plt.subplots(nrows, ncols, figsize=figsize, **kw) on a figure of figure(): (the Figure, its axes)."""
+    fig = figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
 
 
 @dataclass
@@ -139,8 +172,11 @@ def flush_bands(fig) -> None:
     """Draw the bands and seed bars line collected, per axes: one PolyCollection of bands (alpha 0.15,
     below the lines), one LineCollection of bars and one scatter of their caps (as errorbar(capsize=3)
     draws them)."""
+    from matplotlib.collections import LineCollection, PolyCollection
+    from matplotlib.colors import to_rgba
+
     # colors as an (n, 4) array: a list of two colors would read as one (color, alpha) pair
-    rgba = lambda colors: np.array([matplotlib.colors.to_rgba(c) for c in colors])
+    rgba = lambda colors: np.array([to_rgba(c) for c in colors])
     for ax in fig.axes:
         pending = ax.__dict__.pop("_rmdm_bands", None)
         if not pending:
@@ -221,7 +257,7 @@ def seed_note(d: pd.DataFrame) -> str:
 def grid(n: int, w: float = 4.6, h: float = 3.8, cols: int = 4):
     cols = min(cols, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -264,6 +300,7 @@ def needs_T(d: pd.DataFrame, what: str) -> None:
 def theme() -> None:
     from analysis.theme import set_theme
 
+    matplotlib = mpl()
     set_theme()  # seaborn's whitegrid / notebook theme, without importing seaborn (analysis/theme.py)
     # titles at a fixed height above their axes: matplotlib's automatic placement lays out the whole
     # y axis on every draw of every titled panel, only to dodge tick labels on top (we never put any
@@ -316,6 +353,7 @@ def save(fig, out_dir: str | None, name: str, fmt: str) -> list:
     if out_dir is None:
         return [fig]
     os.makedirs(out_dir, exist_ok=True)
+    matplotlib = mpl()
     paths = []
     # savefig(bbox_inches="tight") draws the whole figure once only to measure it, per file: with a
     # hundred models (a legend entry and tick label each) drawing is most of a report. Measure once,
@@ -335,7 +373,9 @@ def save(fig, out_dir: str | None, name: str, fmt: str) -> list:
             paths.append(p)
     finally:
         fig._layout_engine = engine
-        plt.close(fig)
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is not None:  # a figure pyplot made (a caller's) leaves its registry; figure()'s are not in it
+            plt.close(fig)
     return paths
 
 
@@ -346,7 +386,7 @@ def _tight_bbox(fig, dpi: float):
     old = fig.dpi
     fig.set_dpi(dpi)
     try:
-        pad = matplotlib.rcParams["savefig.pad_inches"]
+        pad = mpl().rcParams["savefig.pad_inches"]
         return fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad, pad)
     finally:
         fig.set_dpi(old)

@@ -2,6 +2,9 @@
 iso-param` and `prune` (a dry run) on a demo-like 3-run store, each a cold process (a new interpreter, as
 a shell starts it), median of 5, beside the floor measured in the same run: `python -c pass` and
 `python -c "import pandas, pyarrow"` (what reading three Parquet files cannot avoid).
+`report` writes into one folder each time: the first draws the figure, the others find it unchanged (its key,
+analysis/incremental.py) and copy it, so its median is a report run again; `report-redraw` (--redraw, into
+its own folder) draws it every time: a study's first report, or one after new runs.
 
 Run: .venv/bin/python benchmarks/cli_latency.py [--reps 5] [--quick]
 (a benchmark, not a test: run it on an idle machine; a figure taken under load is a note, not a result;
@@ -38,7 +41,7 @@ eval: {{T: [1, 2, 4, 8], L_s: [train, 1], n_examples: 500, n_samples_kept: 50}}
 couple:
   - [{{K: 1, L: 2}}, {{K: 1, L: 1}}, {{K: 2, L: 1}}]
 """
-TARGETS = {"status": 1.0, "plan": 1.0, "verify": 1.0, "report": 1.5}
+TARGETS = {"status": 1.0, "plan": 1.0, "verify": 1.0, "report": 1.5, "report-redraw": 1.5}
 
 
 def make_store(tmp: str) -> tuple[str, str]:
@@ -53,12 +56,14 @@ def make_store(tmp: str) -> tuple[str, str]:
 
 
 def commands(gpath: str, root: str, out: str) -> dict[str, list[str]]:
-    """Each read command's argv (after `study`)."""
+    """Each read command's argv (after `study`); the reports write into `out` and `out`-redraw."""
     res = ["--results", root]
+    report = ["report", "--study", STUDY, "--figure", "iso-param"]
     return {"status": ["status", gpath, *res],
             "plan": ["plan", gpath],
             "verify": ["verify", "--study", STUDY, *res],
-            "report": ["report", "--study", STUDY, "--figure", "iso-param", "--out", out, *res],
+            "report": [*report, "--out", out, *res],
+            "report-redraw": [*report, "--redraw", "--out", f"{out}-redraw", *res],
             "prune": ["prune", gpath, *res]}
 
 
@@ -99,7 +104,7 @@ def main() -> None:
         target = TARGETS.get(name)
         note = "" if name in ("python", "floor") else f"  {secs / res['floor']:.2f}x floor (target <= 2x)"
         note += f"  target < {target} s: {'met' if secs < target else 'MISSED'}" if target else ""
-        print(f"  {name:8s} {secs:6.2f}{note}")
+        print(f"  {name:13s} {secs:6.2f}{note}")
     print(" ".join(f"{k}_s={v:.2f}" for k, v in res.items()) + (" (quick: 1 repetition)" if args.quick else ""))
 
 

@@ -132,7 +132,8 @@ class Study:
     def figure(self, name: str, **options):
         """Draw one figure of `study report` (names: analysis.figures.FIGURES) and return it as a matplotlib
         Figure (a list where the figure has several parts); nothing is written. options: those of
-        `study report` (split, threshold, T, pareto_x)."""
+        `study report` (split, threshold, T, pareto_x). The figure is not one of pyplot's: a notebook shows
+        it as the cell's value, a script writes it with fig.savefig(path)."""
         from matplotlib.figure import Figure
 
         from analysis.figures import FIGURES, Options

@@ -10,7 +10,6 @@ import json
 import os
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pyarrow as pa
@@ -294,8 +293,7 @@ class Store:
             data = self.read_bytes(info.path)
             return None if data is None else self._parse(info.path, data, schema)  # None: deleted since listed
 
-        with ThreadPoolExecutor(index.workers(self)) as pool:
-            return [t for t in pool.map(one, infos) if t is not None]
+        return [t for t in index.read_map(self, one, infos) if t is not None]
 
     def summary(self) -> "Summary":
         """What `study status` and a resume's planning need of every run, in one pass over the store.
@@ -457,7 +455,6 @@ class Store:
             except ValueError:
                 return None
 
-        with ThreadPoolExecutor(index.workers(self)) as pool:
-            beats = list(pool.map(one, names.values()))
+        beats = index.read_map(self, one, names.values())
         return {rid: hb for rid, hb in zip(names, beats) if hb is not None}
 

@@ -26,6 +26,7 @@ the training split only. Tokens are digits 0..n-1 (shown 1..n, then A..P).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -309,8 +310,13 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
+        token = {ch: i for i, ch in enumerate(digits)}
+
         def tokens(text: str, blank: int) -> np.ndarray:
-            return np.array([[digits.index(ch) if ch in digits else blank for ch in text]], dtype=np.int64)
+            if text.isascii():  # as below, by a table of the ASCII codes: `study verify` re-scores every kept output
+                t = _ascii_tokens(digits)[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+                return np.where(t < 0, blank, t)[None]
+            return np.array([[token.get(ch, blank) for ch in text]], dtype=np.int64)
 
         cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
         has_ref = reference_text is not None
@@ -328,6 +334,14 @@ class Sudoku(Task):
 
     def format_outputs(self, inputs: Inputs, output: torch.Tensor) -> str:
         return format_puzzles(inputs.source, output.numpy())
+
+
+@functools.lru_cache(maxsize=None)
+def _ascii_tokens(digits: str) -> np.ndarray:
+    """ASCII code -> the token of that digit (its place in `digits`), -1 for any other character."""
+    table = np.full(128, -1, dtype=np.int64)
+    table[[ord(ch) for ch in digits]] = np.arange(len(digits))
+    return table
 
 
 def _fixed_rate(rate) -> float | None:

@@ -19,7 +19,6 @@ import hashlib
 import io
 import math
 import os
-import urllib.request
 import zipfile
 from typing import Literal
 
@@ -163,6 +162,8 @@ def download_text8(dest_dir: str, sha256: str | None = None, url: str = TEXT8_UR
     Checks: the archive's published size, the member's CRC-32 (zipfile verifies it on read),
     exactly 100,000,000 characters of a-z and space, and, when given, the SHA-256 of the zip.
     """
+    import urllib.request  # here: every `study` command imports the tasks, and downloading is rare
+
     with urllib.request.urlopen(url, timeout=60) as r:  # noqa: S310 (a fixed or user-given URL)
         blob = r.read()
     digest = hashlib.sha256(blob).hexdigest()

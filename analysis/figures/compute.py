@@ -3,7 +3,6 @@ Adaptive-depth points (sampler `confidence+adaptive(0.9)`, L_s its cap) beside t
 lines at the forward passes they actually spent (mean per example)."""
 from __future__ import annotations
 
-from matplotlib.lines import Line2D
 import pandas as pd
 
 import tasks
@@ -21,6 +20,8 @@ ADAPTIVE_MARKERS = "*XPh"  # compute: one per adaptive-depth setting (threshold,
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    from matplotlib.lines import Line2D  # here: keying a figure imports its module (plotting.mpl)
+
     panels = []
     for v, m, dv in derived.by_variant("compute", opts.split):
         if dv["forward_passes"].nunique() < 2:

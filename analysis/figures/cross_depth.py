@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import textwrap
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -19,6 +18,8 @@ READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    from matplotlib.patches import Rectangle  # here: keying a figure imports its module (plotting.mpl)
+
     families = []
     for variant, metric, d in derived.by_variant("cross-depth", opts.split):
         d = d.assign(_family=d["model_key"].map(family_key))
@@ -56,7 +57,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
                         label=None if shared else tasks.metric(metric).label)
         for i, lt in enumerate(m.index):  # outline the cells sampled at the training depth
             if lt in list(m.columns):
-                ax.add_patch(plt.Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
+                ax.add_patch(Rectangle((list(m.columns).index(lt), i), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xlabel("sampling depth L_s (loops per step)")
         ax.set_ylabel("training depth L_t")
         extra = f", {names[rep]}" if names[rep] else ""

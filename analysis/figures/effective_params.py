@@ -9,7 +9,6 @@ axes with the fitted L^beta and its interval. Tables effective_params.csv and ef
 beside it."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -17,7 +16,7 @@ import tasks
 from analysis.effective import ABOVE, IN_RANGE, effective_tables
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, rate_ylim, theme, tight, wrap_label
+from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, rate_ylim, subplots, theme, tight, wrap_label
 
 ORDER = 110
 COST = 4
@@ -31,7 +30,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     table, beta = effective_tables(eff)
     panels = list(eff.table.groupby(["task_variant", "family"], sort=True))
     theme()
-    fig, axes = plt.subplots(len(panels), 2, figsize=(12.5 + 2 * LEGEND_WIDTH, 4.6 * len(panels) + 0.6), squeeze=False)
+    fig, axes = subplots(len(panels), 2, figsize=(12.5 + 2 * LEGEND_WIDTH, 4.6 * len(panels) + 0.6), squeeze=False)
     for (ax, bx), ((variant, fam), t) in zip(axes, panels):
         c = eff.curves[(eff.curves["task_variant"] == variant) & (eff.curves["family"] == fam)]
         Ts = sorted(t["T"].unique())

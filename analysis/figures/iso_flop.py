@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, legend, line, needs_T, rate_ylim, seed_note, theme, tight, x_axis,
-                               ylabel)
+from analysis.plotting import (Drawing, Options, figure, legend, line, needs_T, rate_ylim, seed_note, theme, tight,
+                               x_axis, ylabel)
 from analysis.tables import fmt_params, shape_label
 
 ORDER = 20
@@ -43,7 +42,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     n = len(panels)
     cols = min(n, 4)  # panels wrap into rows of four; the parameter table spans the rows on the right
     rows = math.ceil(n / cols)
-    fig = plt.figure(figsize=(4.6 * cols + 5.2, 5.2 * rows + 0.4 * max(0, n - 8) / cols))
+    fig = figure(figsize=(4.6 * cols + 5.2, 5.2 * rows + 0.4 * max(0, n - 8) / cols))
     gs = fig.add_gridspec(rows, cols + 1, width_ratios=[1] * cols + [1.15])
     c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
     for i, (p, metric, rec, single) in enumerate(panels):

@@ -1,11 +1,9 @@
 """The text8 NLL / BPC / perplexity table, with a bar chart of NLL (training curves: `training-curves`)."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import Drawing, Options, theme, tight, wrap_label
+from analysis.plotting import Drawing, Options, subplots, theme, tight, wrap_label
 from analysis.tables import text8_table
 
 ORDER = 90
@@ -19,7 +17,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     table = text8_table(derived.aggregated(), split=opts.split)
     theme()
     labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
+    fig, ax = subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
     colors = [sns.color_palette("deep")[3] if lt == 1 else sns.color_palette("deep")[0] for lt in table["L_t"]]
     bars = ax.bar(labels, table["nll"], color=colors)
     for b, nll, bpc, ppl in zip(bars, table["nll"], table["bpc"], table["ppl"]):

@@ -5,11 +5,9 @@ with the best so far, and the parameters' importances.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from analysis.derived import Derived
 from analysis.load import StudyData
-from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend
+from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, subplots
 from analysis.tuning import IMPORTANCE_METHOD, load_searches
 
 ORDER = 120
@@ -22,7 +20,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
 
     searches = load_searches(data.dir)
     sns.set_theme()
-    fig, axes = plt.subplots(len(searches), 2, figsize=(11 + LEGEND_WIDTH, 3.8 * len(searches)), squeeze=False)
+    fig, axes = subplots(len(searches), 2, figsize=(11 + LEGEND_WIDTH, 3.8 * len(searches)), squeeze=False)
     tables = {}
     for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):
         ax_h.scatter(df["number"], df["value"], s=18, color=sns.color_palette("deep")[0], label="trial value")

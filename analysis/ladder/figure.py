@@ -1,14 +1,16 @@
 """The one-step ladder's table (predicted vs measured per model and T) and its figure."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 import tasks
 from analysis.ladder.law import Ladder, q95, sig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 # ---- the ladder's table and figure ------------------------------------------------------------------
@@ -60,6 +62,11 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     (N_eff, or d_eff for the depth-width law), coloured by (K x L) shape; the law's curve with its 95%
     band at a fixed scale; held-out models and targets as their prediction (open diamond, 95% interval) and,
     where trained, their measurement (filled square, 95% interval)."""
+    # matplotlib here, not above: analysis.figures imports this module to key a figure (analysis.plotting.mpl)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     Ts = law._Ts(Ts)
     tab = ladder_table(law, targets, measured)
     info = law.models.set_index("model_key")
