@@ -108,6 +108,66 @@ class _Scores:
         return [json.loads(s) for s in d["scores"]]
 
 
+class _Points:
+    """(sampler, {T: aggregated row}) of each model sampled at its training depth (L_s = L_t) on one split,
+    in its task variant's primary metric and the sampler analysis.tables.select picks (confidence, else the
+    commonest). Found in one pass over the aggregated table: a select() per model costs a second at 1,000
+    runs. Models without a confidence row (rare) take select() itself, so its rule is stated once."""
+
+    def __init__(self, agg: pd.DataFrame, metric_of: dict[str, str], split: str):
+        self.agg, self.metric_of, self.split = agg, metric_of, split
+        primary = agg[agg["metric"].eq(agg["task_variant"].map(metric_of))]
+        pairs = list(zip(primary["task_variant"].tolist(), primary["model_key"].tolist(),
+                         primary["sampler"].tolist()))
+        self.odd = {(v, k) for v, k, _ in pairs} - {(v, k) for v, k, s in pairs if s == "confidence"}
+        at = primary[primary["sampler"].eq("confidence") & primary["split"].eq(split)
+                     & primary["L_s"].eq(primary["L_t"])]
+        # the first row of each T in table order, as select(...).drop_duplicates("T") per model keeps
+        self.found: dict[tuple, dict] = {}
+        for r in at.drop_duplicates(["task_variant", "model_key", "T"]).to_dict("records"):
+            self.found.setdefault((r["task_variant"], r["model_key"]), {})[r["T"]] = r
+
+    def get(self, variant: str, key: str) -> tuple:
+        """(sampler, {T: its aggregated row}) of one model; (None, {}) if it has none."""
+        if (variant, key) in self.odd:
+            rows = self.agg[self.agg["task_variant"].eq(variant) & self.agg["model_key"].eq(key)]
+            sel = select(rows, self.metric_of[variant], split=self.split)
+            sel = sel[sel["L_s"] == sel["L_t"]]
+            return ((sel["sampler"].iloc[0], {r["T"]: r for r in sel.drop_duplicates("T").to_dict("records")})
+                    if len(sel) else (None, {}))
+        found = self.found.get((variant, key))
+        return ("confidence", found) if found else (None, {})
+
+
+class _SeedRows:
+    """The evals rows of each (model, T, L_s, sampler, metric) as positions, with the columns compare reads
+    as plain lists: one pass over the table instead of a DataFrame per group (4,000 at 1,000 runs)."""
+
+    KEYS = ["model_key", "T", "L_s", "sampler", "metric"]
+
+    def __init__(self, ev: pd.DataFrame):
+        self.ev, self.cols = ev, {}
+        self.at: dict[tuple, list[int]] = {}
+        complete = ev[self.KEYS].notna().all(axis=1).tolist()  # a groupby leaves out rows with a key missing
+        for i, (k, ok) in enumerate(zip(zip(*(ev[c].tolist() for c in self.KEYS)), complete)):
+            if ok:
+                self.at.setdefault(k, []).append(i)
+
+    def get(self, key: tuple) -> list[int] | None:
+        return self.at.get(key)
+
+    def column(self, name: str, pos: list[int]) -> list:
+        if name not in self.cols:
+            self.cols[name] = self.ev[name].tolist()
+        col = self.cols[name]
+        return [col[i] for i in pos]
+
+    def scores(self, scores: _Scores, pos: list[int], metric: str) -> dict:
+        """{seed: per-example scores} of the rows at `pos` (the last row of a seed seen twice wins)."""
+        cols = (self.column(c, pos) for c in ("seed", "run_id", "eval_key", "n_examples"))
+        return {sd: scores.get(r, e, metric, int(n)) for sd, r, e, n in zip(*cols)}
+
+
 def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT,
             agg: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per pair (study_pairs) and T both models were evaluated at (each at L_s = its L_t, the
@@ -125,45 +185,33 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             f = model_fields(k)
             label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
     scores = _Scores(data)
-    # each table split once by what the pairs look up (a boolean filter per pair costs seconds at 1,000 runs)
     metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
                  for v, g in agg.groupby("task_variant", sort=False)}
-    of_model = dict(tuple(agg.groupby(["task_variant", "model_key"], sort=False)))
-    seed_rows = dict(tuple(ev.groupby(["model_key", "T", "L_s", "sampler", "metric"], sort=False)))
-    none = ev.iloc[:0]
-    points: dict[tuple, tuple] = {}
-
-    def at_depth(variant: str, key: str) -> tuple:
-        """(sampler, {T: its aggregated row}) of one model sampled at its training depth; (None, {}) if none."""
-        if (variant, key) not in points:
-            sel = select(of_model.get((variant, key), agg.iloc[:0]), metric_of[variant], split=split)
-            sel = sel[sel["L_s"] == sel["L_t"]]
-            points[(variant, key)] = ((sel["sampler"].iloc[0], {r["T"]: r for r in sel.drop_duplicates("T")
-                                                                .to_dict("records")})
-                                      if len(sel) else (None, {}))
-        return points[(variant, key)]
+    points = _Points(agg, metric_of, split)
+    seed_rows = _SeedRows(ev)
 
     rows = []
     for p in pairs.itertuples(index=False):
         if p.task_variant not in metric_of:
             continue
         metric = metric_of[p.task_variant]
-        (sampler, pa), (sampler_b, pb) = at_depth(p.task_variant, p.key_a), at_depth(p.task_variant, p.key_b)
+        (sampler, pa), (sampler_b, pb) = points.get(p.task_variant, p.key_a), points.get(p.task_variant, p.key_b)
         if not pa or not pb or sampler != sampler_b:
             continue
         for T in sorted(set(pa) & set(pb)):
             ra, rb = pa[T], pb[T]
             # the per-seed rows of each model at this point (each of its runs' evals rows)
-            ea = seed_rows.get((p.key_a, T, int(ra["L_s"]), sampler, metric), none)
-            eb = seed_rows.get((p.key_b, T, int(rb["L_s"]), sampler, metric), none)
-            if ea.empty or eb.empty:
+            ea = seed_rows.get((p.key_a, T, int(ra["L_s"]), sampler, metric))
+            eb = seed_rows.get((p.key_b, T, int(rb["L_s"]), sampler, metric))
+            if not ea or not eb:
                 continue
-            same_n = ea["n_examples"].nunique() == 1 and set(ea["n_examples"]) == set(eb["n_examples"])
-            a_vals, b_vals = dict(zip(ea["seed"], ea["value"])), dict(zip(eb["seed"], eb["value"]))
+            na, nb = seed_rows.column("n_examples", ea), seed_rows.column("n_examples", eb)
+            same_n = len({n for n in na if not pd.isna(n)}) == 1 and set(na) == set(nb)
+            a_vals = dict(zip(seed_rows.column("seed", ea), seed_rows.column("value", ea)))
+            b_vals = dict(zip(seed_rows.column("seed", eb), seed_rows.column("value", eb)))
             a_sc = b_sc = None
             if same_n and needs_examples(a_vals, b_vals):  # per-example scores only where they are used
-                a_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in ea.itertuples()}
-                b_sc = {r.seed: scores.get(r.run_id, r.eval_key, metric, int(r.n_examples)) for r in eb.itertuples()}
+                a_sc, b_sc = (seed_rows.scores(scores, e, metric) for e in (ea, eb))
             diff, lo, hi, how, used = paired_difference(
                 a_vals, b_vals, tasks.is_rate(metric, ra.get("task")), a_sc, b_sc,
                 (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))

@@ -270,10 +270,8 @@ class Store:
         schema = SCHEMAS[table]
         if filter_run is None:
             if table in index.ROWS_TABLES:
-                _, parsed = index.scan(self, table, schema)
-                tables = [parsed[k] for k in sorted(parsed)]
-            else:
-                tables = self._read_files(index.list_files(self, table), schema)
+                return index.read_table(self, table, schema).to_pandas()
+            tables = self._read_files(index.list_files(self, table), schema)
             # one chunk per column, not one per file: pandas keeps Arrow strings chunked, and every
             # groupby, merge or filter on a 40,000-chunk column pays per chunk
             return (pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()).to_pandas()

@@ -157,77 +157,139 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True):
     `rows=False` returns only row counts (the verdict), for tables too large to hold (samples).
     Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
     """
-    files = list_files(store, table)
-    prefix = f"{store.dir}/{table}/"
-    rel = {i.path: i.path[len(prefix):] for i in files}
-    keep_rows = rows and table in ROWS_TABLES
-    index = load_index(store, table, schema)
-    damaged = index is None and store.exists(_index_path(store, table))  # rewritten whole below
-    cached: dict[str, tuple[tuple[int, int], int, int]] = {}  # rel -> (ident, first row in index, crc)
-    if index is not None and index.num_rows:
-        names = index["_file"].to_pylist()
-        sizes, mtimes = index["_size"].to_pylist(), index["_mtime_ns"].to_pylist()
-        crcs = index["_crc"].to_pylist()
-        for r, (name, s, m, c) in enumerate(zip(names, sizes, mtimes, crcs)):
-            cached.setdefault(name, ((s, m), r, c))
-    out: dict[str, pa.Table | int] = {}
-    fresh = []
-    hits = []
-    crc: dict[str, int] = {}  # rel -> tail CRC of the bytes read or checked now
-    for info in files:
-        name = rel[info.path]
-        hit = cached.get(name)
-        if hit is not None and hit[0] == _ident(info):
-            if store.local:  # the same size and mtime: the same bytes? (bit rot, a reset mtime)
-                now = _read_tail_crc(info.path, int(info.size or 0))
-                if now is None or now != hit[2]:
-                    fresh.append(info)
-                    continue
-                crc[name] = now
+    seen = _Seen(store, table, schema, rows)
+    out = seen.per_file()
+    seen.save(out)
+    return seen.files, out
+
+
+def read_table(store, table: str, schema: pa.Schema) -> pa.Table:
+    """Every readable file's rows of a ROWS_TABLES table in one table, files in path order: what
+    concatenating scan()'s tables in name order gives (Store.read), but with the rows of unchanged files
+    taken from the index as a few long slices (one per stretch of unchanged files between changed ones)
+    instead of one table per file: 20,000 per-file slices and their concatenation cost more than the
+    rest of the read at 1,000 runs."""
+    seen = _Seen(store, table, schema, True)
+    runs = seen.runs()
+    if runs is None or seen.due():  # an index not in file order, or one to rewrite: the per-file tables
+        out = seen.per_file()
+        seen.save(out)
+        tables = [out[k] for k in sorted(out)]
+        return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
+    fresh = {seen.rel[info.path]: t for info, t in seen.parsed if t is not None}
+    body = seen.sub.drop_columns([n for n, _ in META]) if seen.sub is not None else None
+    pieces, span = [], None  # span: [first, last) index rows of the stretch of unchanged files so far
+    for name in sorted(set(fresh) | set(seen.hits)):
+        if name in fresh:
+            if span is not None:
+                pieces.append(body.slice(span[0], span[1] - span[0]))
+                span = None
+            pieces.append(fresh[name])
+        elif name in runs:  # an unchanged file with rows (one of zero rows adds none)
+            a, b = runs[name]
+            span = (a, b) if span is None else (span[0], b)
+    if span is not None:
+        pieces.append(body.slice(span[0], span[1] - span[0]))
+    return pa.concat_tables(pieces).combine_chunks() if pieces else schema.empty_table()
+
+
+class _Seen:
+    """One pass over a table's listing: which files the index holds unchanged (hits; their rows: `sub`)
+    and the others, parsed now (`parsed`: (info, table or None)), with each file's tail CRC."""
+
+    def __init__(self, store, table: str, schema: pa.Schema, rows: bool):
+        self.store, self.table, self.schema = store, table, schema
+        self.files = files = list_files(store, table)
+        prefix = f"{store.dir}/{table}/"
+        self.rel = rel = {i.path: i.path[len(prefix):] for i in files}
+        self.keep_rows = rows and table in ROWS_TABLES
+        self.index = index = load_index(store, table, schema)
+        self.damaged = index is None and store.exists(_index_path(store, table))  # rewritten whole by save
+        cached: dict[str, tuple[tuple[int, int], int, int]] = {}  # rel -> (ident, first row in index, crc)
+        if index is not None and index.num_rows:
+            names = index["_file"].to_pylist()
+            sizes, mtimes = index["_size"].to_pylist(), index["_mtime_ns"].to_pylist()
+            crcs = index["_crc"].to_pylist()
+            for r, (name, s, m, c) in enumerate(zip(names, sizes, mtimes, crcs)):
+                cached.setdefault(name, ((s, m), r, c))
+        self.n_cached = len(cached)
+        fresh, self.hits = [], []
+        self.crc = crc = {}  # rel -> tail CRC of the bytes read or checked now
+        for info in files:
+            name = rel[info.path]
+            hit = cached.get(name)
+            if hit is not None and hit[0] == _ident(info):
+                if store.local:  # the same size and mtime: the same bytes? (bit rot, a reset mtime)
+                    now = _read_tail_crc(info.path, int(info.size or 0))
+                    if now is None or now != hit[2]:
+                        fresh.append(info)
+                        continue
+                    crc[name] = now
+                else:
+                    crc[name] = hit[2]
+                self.hits.append(name)
             else:
-                crc[name] = hit[2]
-            hits.append(name)
-        else:
-            fresh.append(info)
+                fresh.append(info)
 
-    def parse(info: pafs.FileInfo):
-        data = store.read_bytes(info.path)
-        if data is None:
-            return info, None
-        crc[rel[info.path]] = tail_crc(data)
-        return info, store._parse(info.path, data, schema)
+        def parse(info: pafs.FileInfo):
+            data = store.read_bytes(info.path)
+            if data is None:
+                return info, None
+            crc[rel[info.path]] = tail_crc(data)
+            return info, store._parse(info.path, data, schema)
 
-    parsed = read_map(store, parse, fresh)
-    if hits:
-        hit_set = set(hits)
-        mask = pc.is_in(index["_file"], pa.array(sorted(hit_set), pa.string()))
-        sub = index.filter(mask)
-        if keep_rows:
-            body = sub.drop_columns([n for n, _ in META])
-            names = sub["_file"].to_pylist()
-            # rows of one file are contiguous in the index (it is written file by file)
-            start = 0
-            for i in range(1, len(names) + 1):
-                if i == len(names) or names[i] != names[start]:
-                    out[names[start]] = body.slice(start, i - start)
-                    start = i
-            for name in hit_set - set(out):  # a file of zero rows
-                out[name] = schema.empty_table()
-        else:
-            for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
-                out[name] = int(n)
-    newest, racy_s = racy_window(files)
-    indexable = []
-    for info, t in parsed:
-        if t is None:
-            continue
-        name = rel[info.path]
-        out[name] = t if keep_rows else t.num_rows
-        if (newest - (info.mtime_ns or 0)) / 1e9 > racy_s:
-            indexable.append(info)
-    if damaged or len(indexable) >= MIN_NEW or (index is not None and len(hits) + len(indexable) < len(cached) - MIN_NEW):
-        _write(store, table, files, rel, out, keep_rows, schema, {i.path for i in indexable}, set(hits), crc)
-    return files, out
+        self.parsed = read_map(store, parse, fresh)
+        self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(set(self.hits)), pa.string()))) \
+            if self.hits else None
+        newest, racy_s = racy_window(files)
+        self.indexable = [info for info, t in self.parsed
+                          if t is not None and (newest - (info.mtime_ns or 0)) / 1e9 > racy_s]
+
+    def runs(self) -> dict[str, tuple[int, int]] | None:
+        """{hit file: [first, last) of its rows in `sub`} when `sub` is in file order (as _write leaves
+        it: each file's rows one stretch), else None."""
+        if self.sub is None or not self.sub.num_rows:
+            return {}
+        files = self.sub["_file"].combine_chunks()
+        if len(files) > 1 and not pc.all(pc.less_equal(files[:-1], files[1:])).as_py():
+            return None
+        ends = pc.run_end_encode(files, run_end_type=pa.int64())
+        names, stops = ends.values.to_pylist(), ends.run_ends.to_pylist()
+        return {n: (a, b) for n, a, b in zip(names, [0, *stops[:-1]], stops)}
+
+    def per_file(self) -> dict[str, pa.Table | int]:
+        """{relative path: its table (or its row count, without rows)} of every readable file."""
+        out: dict[str, pa.Table | int] = {}
+        if self.hits:
+            hit_set, sub = set(self.hits), self.sub
+            if self.keep_rows:
+                body = sub.drop_columns([n for n, _ in META])
+                names = sub["_file"].to_pylist()
+                # rows of one file are contiguous in the index (it is written file by file)
+                start = 0
+                for i in range(1, len(names) + 1):
+                    if i == len(names) or names[i] != names[start]:
+                        out[names[start]] = body.slice(start, i - start)
+                        start = i
+                for name in hit_set - set(out):  # a file of zero rows
+                    out[name] = self.schema.empty_table()
+            else:
+                for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
+                    out[name] = int(n)
+        for info, t in self.parsed:
+            if t is not None:
+                out[self.rel[info.path]] = t if self.keep_rows else t.num_rows
+        return out
+
+    def due(self) -> bool:
+        """Whether the index is to be rewritten: damaged, MIN_NEW files to add, or MIN_NEW entries gone."""
+        return self.damaged or len(self.indexable) >= MIN_NEW or \
+            (self.index is not None and len(self.hits) + len(self.indexable) < self.n_cached - MIN_NEW)
+
+    def save(self, out: dict) -> None:
+        if self.due():
+            _write(self.store, self.table, self.files, self.rel, out, self.keep_rows, self.schema,
+                   {i.path for i in self.indexable}, set(self.hits), self.crc)
 
 
 def _write(store, table, files, rel, out, keep_rows, schema, new_paths, hits, crc) -> None:
