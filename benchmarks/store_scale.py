@@ -167,6 +167,8 @@ def add_run(root: str, n_runs: int, tmp: str) -> str:
     from study.spec.grid import load_grid
 
     lrs, seeds = shape(n_runs)
+    # the grid of one more seed expands past the default bound at 10,000 runs (study/spec/bounds.py)
+    os.environ.setdefault("RMDM_MAX_RUNS", str(2 * n_runs + 1000))
     gpath = os.path.join(tmp, f"scale{n_runs}_plus.yaml")
     with open(gpath, "w") as f:
         f.write(grid_text(n_runs).replace(f"seed: {list(range(seeds))}", f"seed: {list(range(seeds + 1))}"))
@@ -262,7 +264,8 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
     }
     for phase in ("cold", "warm"):
         if phase == "cold" and reused and args.warm_only:
-            continue  # a reused store's index is current: nothing to build
+            steps["status"]()  # untimed: the index brought up to date (a run an earlier use added is dropped)
+            continue
         if phase == "cold":  # no index: every file parsed
             Store(root, grid.study).fs.delete_dir_contents(f"{Store(root, grid.study).dir}/_index", missing_dir_ok=True)
         for name, fn in steps.items():
