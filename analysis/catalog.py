@@ -52,11 +52,11 @@ class Info:
 @functools.lru_cache(maxsize=None)
 def figures() -> dict[str, Info]:
     """{name: Info} of every figure, in the report's order (ORDER). The constants are literals (a module
-    whose ORDER, COST or READS is not one fails here, naming it; tests/test_figures.py holds each equal to
+    whose ORDER, COST or READS is not one fails here, naming it; tests/test_catalog.py holds each equal to
     the imported module's)."""
     found = []
     for name in figure_names():
-        path = os.path.join(_where()[0], module_name(name).rsplit(".", 1)[1] + ".py")
+        path = os.path.join(_where()[0], name.replace("-", "_") + ".py")
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         consts = {}

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 
 def mpl():
-    """matplotlib, imported at the first figure drawn, not with this module: a report whose figures are all
-    unchanged (analysis/incremental.py) keys them by importing their modules, and draws nothing; matplotlib
-    is a third of a cold one-figure report. The Agg backend is chosen here, once, as this module did at its
+    """matplotlib, imported at the first figure drawn, not with this module: a one-process report imports the
+    figures (analysis.figures) even when every one is unchanged (analysis/incremental.py) and nothing is
+    drawn; matplotlib is a third of a cold one-figure report. The Agg backend is chosen here, once, as this module did at its
     import: no figure here needs pyplot, but a caller's pyplot (the Python API's user, a test) is headless."""
     global _agg_chosen
     import matplotlib

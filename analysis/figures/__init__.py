@@ -22,7 +22,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from analysis.catalog import figure_names, module_name
+from analysis.catalog import Info, figures, module_name
 from analysis.derived import Derived
 from analysis.load import StudyData
 from analysis.plotting import FORMATS, PNG_DPI, Options, save, save_table  # noqa: F401 (the API)
@@ -38,17 +38,21 @@ class Figure:
     module: ModuleType
 
     @property
+    def info(self) -> Info:
+        """ORDER, COST, READS and caption, as analysis.catalog reads them from the module's source."""
+        return figures()[self.name]
+
+    @property
     def caption(self) -> str:
-        """The first paragraph of the module's docstring, on one line."""
-        return (self.module.__doc__ or self.name).strip().split("\n\n")[0].replace("\n", " ")
+        return self.info.caption
 
     @property
     def order(self) -> int:
-        return self.module.ORDER
+        return self.info.order
 
     @property
     def cost(self) -> int:
-        return self.module.COST
+        return self.info.cost
 
     def __call__(self, data: StudyData, out_dir: str | None, opts: Options = Options(),
                  derived: Derived | None = None) -> list:
@@ -58,8 +62,7 @@ class Figure:
 
 
 def _load() -> dict[str, Figure]:
-    figures = [Figure(name, importlib.import_module(module_name(name))) for name in figure_names()]
-    return {f.name: f for f in sorted(figures, key=lambda f: f.order)}
+    return {name: Figure(name, importlib.import_module(module_name(name))) for name in figures()}  # in ORDER
 
 
 FIGURES: dict[str, Figure] = _load()

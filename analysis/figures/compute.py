@@ -20,7 +20,7 @@ ADAPTIVE_MARKERS = "*XPh"  # compute: one per adaptive-depth setting (threshold,
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from matplotlib.lines import Line2D  # here: keying a figure imports its module (plotting.mpl)
+    from matplotlib.lines import Line2D  # here: importing the figures imports no matplotlib (plotting.mpl)
 
     panels = []
     for v, m, dv in derived.by_variant("compute", opts.split):

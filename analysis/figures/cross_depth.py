@@ -18,7 +18,7 @@ READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from matplotlib.patches import Rectangle  # here: keying a figure imports its module (plotting.mpl)
+    from matplotlib.patches import Rectangle  # here: importing the figures imports no matplotlib (plotting.mpl)
 
     families = []
     for variant, metric, d in derived.by_variant("cross-depth", opts.split):

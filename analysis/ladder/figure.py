@@ -62,7 +62,7 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     (N_eff, or d_eff for the depth-width law), coloured by (K x L) shape; the law's curve with its 95%
     band at a fixed scale; held-out models and targets as their prediction (open diamond, 95% interval) and,
     where trained, their measurement (filled square, 95% interval)."""
-    # matplotlib here, not above: analysis.figures imports this module to key a figure (analysis.plotting.mpl)
+    # matplotlib here, not above: importing the figures (analysis.figures, a one-process report) draws nothing yet
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
