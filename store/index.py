@@ -165,32 +165,56 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True):
 
 def read_table(store, table: str, schema: pa.Schema) -> pa.Table:
     """Every readable file's rows of a ROWS_TABLES table in one table, files in path order: what
-    concatenating scan()'s tables in name order gives (Store.read), but with the rows of unchanged files
-    taken from the index as a few long slices (one per stretch of unchanged files between changed ones)
+    concatenating every file's table in name order gives, but with the rows of unchanged files taken
+    from the index as a few long slices (one per stretch of unchanged files between changed ones)
     instead of one table per file: 20,000 per-file slices and their concatenation cost more than the
-    rest of the read at 1,000 runs."""
+    rest of the read at 1,000 runs. An index rewritten here is built from the same slices."""
     seen = _Seen(store, table, schema, True)
-    runs = seen.runs()
-    if runs is None or seen.due():  # an index not in file order, or one to rewrite: the per-file tables
+    g = seen.gather()
+    if g is None:  # an index not in file order: the per-file tables
         out = seen.per_file()
         seen.save(out)
         tables = [out[k] for k in sorted(out)]
         return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
-    fresh = {seen.rel[info.path]: t for info, t in seen.parsed if t is not None}
-    body = seen.sub.drop_columns([n for n, _ in META]) if seen.sub is not None else None
-    pieces, span = [], None  # span: [first, last) index rows of the stretch of unchanged files so far
-    for name in sorted(set(fresh) | set(seen.hits)):
-        if name in fresh:
-            if span is not None:
-                pieces.append(body.slice(span[0], span[1] - span[0]))
-                span = None
-            pieces.append(fresh[name])
-        elif name in runs:  # an unchanged file with rows (one of zero rows adds none)
-            a, b = runs[name]
-            span = (a, b) if span is None else (span[0], b)
-    if span is not None:
-        pieces.append(body.slice(span[0], span[1] - span[0]))
-    return pa.concat_tables(pieces).combine_chunks() if pieces else schema.empty_table()
+    seen.save_gathered(g)
+    return pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
+
+
+class _Slices:
+    """Tables in order, consecutive row ranges of one body merged into one slice."""
+
+    def __init__(self, body: pa.Table | None):
+        self.body, self.out, self.span = body, [], None
+
+    def rows(self, a: int, b: int) -> None:
+        if self.span is not None and self.span[1] == a:
+            self.span = (self.span[0], b)
+        else:
+            self._flush()
+            self.span = (a, b)
+
+    def table(self, t: pa.Table) -> None:
+        self._flush()
+        self.out.append(t)
+
+    def _flush(self) -> None:
+        if self.span is not None:
+            self.out.append(self.body.slice(self.span[0], self.span[1] - self.span[0]))
+            self.span = None
+
+    def done(self) -> list[pa.Table]:
+        self._flush()
+        return self.out
+
+
+class _Gathered:
+    """A rows table's readable files in file order: `names`, `counts` (rows each), `pieces` (their rows,
+    in order, as few tables as the index allows) and the index to write: `entries` (name, size, mtime,
+    crc, rows) of the files it keeps (unchanged ones and those parsed now and old enough, each with rows)
+    and `kept` (their rows, in order)."""
+
+    def __init__(self, names, counts, pieces, entries, kept):
+        self.names, self.counts, self.pieces, self.entries, self.kept = names, counts, pieces, entries, kept
 
 
 class _Seen:
@@ -257,6 +281,45 @@ class _Seen:
         names, stops = ends.values.to_pylist(), ends.run_ends.to_pylist()
         return {n: (a, b) for n, a, b in zip(names, [0, *stops[:-1]], stops)}
 
+    def gather(self) -> _Gathered | None:
+        """The files' rows gathered in file order from long slices of `sub` and the files parsed now (a rows
+        table), or None when `sub` is not in file order (runs()). The index's entries only when it is due."""
+        runs = self.runs()
+        if runs is None:
+            return None
+        fresh = {self.rel[info.path]: t for info, t in self.parsed if t is not None}
+        new = {i.path for i in self.indexable}
+        due = self.due()
+        hits = set(self.hits)
+        body = self.sub.drop_columns([n for n, _ in META]) if self.sub is not None else None
+        read, kept = _Slices(body), _Slices(body)
+        names, counts, entries = [], [], []
+        for info in self.files:
+            name = self.rel[info.path]
+            if name in fresh:
+                t = fresh[name]
+                n = t.num_rows
+                read.table(t)
+                if due and info.path in new and n:  # an empty file is read again each time (see _write)
+                    kept.table(t)
+                    entries.append((name, *_ident(info), self.crc[name], n))
+            elif name in hits:
+                a, b = runs.get(name, (0, 0))  # not in runs: a file of zero rows (adds none)
+                n = b - a
+                if n:
+                    read.rows(a, b)
+                    if due:
+                        kept.rows(a, b)
+                        entries.append((name, *_ident(info), self.crc[name], n))
+            else:
+                continue  # unreadable: never indexed
+            names.append(name), counts.append(n)
+        return _Gathered(names, counts, read.done(), entries, kept.done())
+
+    def save_gathered(self, g: _Gathered) -> None:
+        if self.due():
+            _save_index(self.store, self.table, _rows_index(self.schema, g.entries, g.kept))
+
     def per_file(self) -> dict[str, pa.Table | int]:
         """{relative path: its table (or its row count, without rows)} of every readable file."""
         out: dict[str, pa.Table | int] = {}
@@ -293,11 +356,9 @@ class _Seen:
 
 
 def _write(store, table, files, rel, out, keep_rows, schema, new_paths, hits, crc) -> None:
-    """A fresh index: the entries still valid (hits) and the files parsed now that are old enough.
-
-    Built column by column (one array per column for all files), not one small table per file:
-    at 40,000 files the per-file tables cost more than reading the files."""
-    names, sizes, mtimes, crcs, counts, bodies = [], [], [], [], [], []
+    """A fresh index from per-file tables (or row counts): the entries still valid (hits) and the files
+    parsed now that are old enough. _Seen.gather builds the same index from long slices."""
+    entries, bodies = [], []
     for info in files:
         name = rel[info.path]
         if name not in out or not (name in hits or info.path in new_paths):
@@ -306,27 +367,34 @@ def _write(store, table, files, rel, out, keep_rows, schema, new_paths, hits, cr
         n = v.num_rows if keep_rows else v
         if keep_rows and n == 0:
             continue  # an empty file is read again each time (cheap; keeps the index row-aligned)
-        size, mtime = _ident(info)
-        names.append(name), sizes.append(size), mtimes.append(mtime), crcs.append(crc[name]), counts.append(n)
+        entries.append((name, *_ident(info), crc[name], n))
         if keep_rows:
             bodies.append(v)
     if not keep_rows:
-        t = pa.Table.from_arrays([pa.array(names, pa.string()), pa.array(sizes, pa.int64()),
-                                  pa.array(mtimes, pa.int64()), pa.array(crcs, pa.int64()),
-                                  pa.array(counts, pa.int64())], schema=VERDICT)
+        cols = list(zip(*entries)) or [[]] * len(VERDICT)
+        t = pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, VERDICT)], schema=VERDICT)
     else:
-        want = pa.schema([*META, *schema])
-        if not bodies:
-            t = want.empty_table()
-        else:
-            reps = np.asarray(counts, dtype=np.int64)
-            try:
-                body = pa.concat_tables(bodies).combine_chunks()
-            except pa.ArrowInvalid:  # a file of an older schema version (never expected: rows are conformed)
-                body = pa.concat_tables([b.cast(schema) for b in bodies]).combine_chunks()
-            meta = [pa.array(np.repeat(np.asarray(names, dtype=object), reps), pa.string()),
-                    pa.array(np.repeat(np.asarray(sizes, dtype=np.int64), reps), pa.int64()),
-                    pa.array(np.repeat(np.asarray(mtimes, dtype=np.int64), reps), pa.int64()),
-                    pa.array(np.repeat(np.asarray(crcs, dtype=np.int64), reps), pa.int64())]
-            t = pa.Table.from_arrays(meta + list(body.columns), schema=want)
+        t = _rows_index(schema, entries, bodies)
     _save_index(store, table, t)
+
+
+def _rows_index(schema: pa.Schema, entries: list[tuple], bodies: list[pa.Table]) -> pa.Table:
+    """The index table of a rows table: each entry's (name, size, mtime, crc, rows) repeated over its rows,
+    beside `bodies` (every entry's rows, in order, in as many tables as they come).
+
+    Built column by column (one array per column for all files), not one small table per file:
+    at 40,000 files the per-file tables cost more than reading the files."""
+    want = pa.schema([*META, *schema])
+    if not entries:
+        return want.empty_table()
+    names, sizes, mtimes, crcs, counts = zip(*entries)
+    reps = np.asarray(counts, dtype=np.int64)
+    try:
+        body = pa.concat_tables(bodies).combine_chunks()
+    except pa.ArrowInvalid:  # a file of an older schema version (never expected: rows are conformed)
+        body = pa.concat_tables([b.cast(schema) for b in bodies]).combine_chunks()
+    meta = [pa.array(np.repeat(np.asarray(names, dtype=object), reps), pa.string()),
+            pa.array(np.repeat(np.asarray(sizes, dtype=np.int64), reps), pa.int64()),
+            pa.array(np.repeat(np.asarray(mtimes, dtype=np.int64), reps), pa.int64()),
+            pa.array(np.repeat(np.asarray(crcs, dtype=np.int64), reps), pa.int64())]
+    return pa.Table.from_arrays(meta + list(body.columns), schema=want)

@@ -10,7 +10,7 @@ import os
 import pandas as pd
 import pyarrow as pa
 
-from store import Store, index
+from store import SCHEMAS, Store, index
 from tests.helpers import full_row
 
 N_RUNS, KEYS = 20, ("T1_a", "T2_a")
@@ -281,3 +281,86 @@ def test_effective_params_reads_only_the_samples_of_points_it_uses(tmp_path, mon
     assert sorted(samples) == sorted({p for p in samples}), "a samples file read twice"
     assert not [p for p in samples if f"/{rid}/" in p and "-Ls1-" in p], samples  # never the unused points
     assert len([p for p in samples if unused.exists(p)]) == 2  # (1 x 2) seed 0 at T = 1 and 2
+
+
+# ---- an index rewritten after new files: built from long slices of the old one, the same bytes --------
+def _grow(store: Store) -> None:
+    """After indexing: MIN_NEW+ new runs (every table), one file rewritten, one deleted, an evals file of no
+    rows and a garbage one; every file then old enough to index but the newest run's."""
+    for i in range(N_RUNS, N_RUNS + index.MIN_NEW + 2):
+        rid = f"r{i:02d}"
+        r = rows_of(rid)
+        store.write_rows("runs", r["runs"], f"{rid}.parquet")
+        store.write_rows("history", r["history"], f"{rid}.parquet")
+        for k in KEYS:
+            store.write_rows("evals", [full_row("evals", run_id=rid, eval_key=k, metric="vpr", value=i / 10)],
+                             rid, f"{k}.parquet")
+            store.write_rows("samples", [full_row("samples", run_id=rid, eval_key=k, example=0, output="42")],
+                             rid, f"{k}.parquet")
+    store.write_rows("evals", [full_row("evals", run_id="r07", eval_key="T1_a", metric="vpr", value=0.99)],
+                     "r07", "T1_a.parquet")
+    store.write_rows("history", [full_row("history", run_id="r07", step=s, loss=2.0, L_t=1) for s in range(5)],
+                     "r07.parquet")
+    store.delete(store.path("evals", "r05", "T2_a.parquet"))
+    store.write_rows("evals", [], "r08", "T9_a.parquet")
+    with open(store.path("evals", f"r{N_RUNS + 3:02d}", "T2_a.parquet"), "wb") as f:
+        f.write(b"garbage")
+    age_all(store, OLD)
+
+
+def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_scratch(tmp_path, monkeypatch):
+    """read_table rebuilds the index from long slices of the old one plus the files parsed now: the file
+    written is byte for byte what the per-file tables (as before) write on the same store state, and what
+    a read with no index at all writes; the rows are the same three ways."""
+    import shutil
+
+    base = build(tmp_path / "base")
+    for t in ("runs", "evals", "history"):
+        base.read(t)
+    base.summary()
+    _grow(base)
+    tables = ("runs", "evals", "history", "samples")
+    for entry in ("read",):
+        idx, reads, verdicts = {}, {}, {}
+        for way in ("slices", "per_file", "scratch"):
+            root = tmp_path / f"{entry}-{way}"
+            shutil.copytree(base.root, root, copy_function=shutil.copy2)  # mtimes kept: the same state
+            store = Store(str(root), "s")
+            before = {t: open(f"{store.dir}/_index/{t}.parquet", "rb").read() for t in tables}
+            if way == "scratch":
+                shutil.rmtree(f"{store.dir}/_index")
+            with monkeypatch.context() as m:
+                if way == "per_file":
+                    m.setattr(index._Seen, "gather", lambda self: None)
+                if entry == "read":
+                    reads[way] = {t: store.read(t) for t in ("runs", "evals", "history")}
+                else:
+                    s = store.summary()
+                    rids = [f"r{i:02d}" for i in range(N_RUNS + index.MIN_NEW + 2)]
+                    verdicts[way] = [(s.run_row(r), s.eval_keys(r), s.eval_keys(r, whole=True), s.half_keys(r),
+                                      s.history_readable(r), s.has_history(r)) for r in rids]
+            idx[way] = {t: open(f"{store.dir}/_index/{t}.parquet", "rb").read()
+                        for t in (tables if entry == "summary" else tables[:3])}
+            if way == "slices":
+                for t, data in idx[way].items():
+                    assert data != before[t], f"{t}: the index was not rewritten"
+                    got = index.load_index(store, t, SCHEMAS[t])
+                    names = set(got["_file"].to_pylist())
+                    assert f"r{N_RUNS + 1:02d}" in " ".join(names)  # a new run's file indexed
+                    assert not [n for n in names if n.startswith(f"r{N_RUNS - 1:02d}")]  # the racy newest: not
+                    if t == "evals":  # no rows, unreadable, deleted: not indexed
+                        assert "r08/T9_a.parquet" not in names and f"r{N_RUNS + 3:02d}/T2_a.parquet" not in names
+                        assert "r05/T2_a.parquet" not in names
+                    if t in index.ROWS_TABLES:
+                        same(got.drop_columns([n for n, _ in index.META]).to_pandas(),
+                             reference(store, t)[lambda df: ~df["run_id"].eq(f"r{N_RUNS - 1:02d}")])
+        for t in idx["slices"]:
+            assert idx["slices"][t] == idx["per_file"][t], f"{entry} {t}: slices and per-file indexes differ"
+            assert idx["slices"][t] == idx["scratch"][t], f"{entry} {t}: slices and scratch indexes differ"
+        if entry == "read":
+            for t, df in reads["slices"].items():
+                same(df, reference(Store(str(tmp_path / "read-slices"), "s"), t))
+                same(df, reads["per_file"][t]), same(df, reads["scratch"][t])
+        else:
+            assert verdicts["slices"] == verdicts["per_file"] == verdicts["scratch"]
+            assert verdicts["slices"][7][1] == {"T1_a", "T2_a"} and verdicts["slices"][5][1] == {"T1_a"}
