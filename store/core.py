@@ -298,10 +298,10 @@ class Store:
 
         The same verdicts as run_row / eval_keys / readable("history", ...) per run, from one listing
         and one index per table instead of a few reads per run and point (see store/index.py)."""
-        _, runs = index.scan(self, "runs", RUNS)
-        _, evals = index.scan(self, "evals", EVALS)
-        sample_files, samples = index.scan(self, "samples", SAMPLES, rows=False)
-        hist_files, hist = index.scan(self, "history", HISTORY)
+        _, _, runs = index.scan(self, "runs", RUNS, first=True)
+        _, evals, _ = index.scan(self, "evals", EVALS)
+        sample_files, samples, _ = index.scan(self, "samples", SAMPLES, rows=False)
+        hist_files, hist, _ = index.scan(self, "history", HISTORY)
 
         def unreadable(files, table, ok):  # listed, not parsed: damaged (or deleted since the listing)
             prefix = f"{self.dir}/{table}/"

@@ -151,16 +151,33 @@ def _save_index(store, table: str, t: pa.Table) -> None:
         pass  # a read-only store still reads; only the next read is slower
 
 
-def scan(store, table: str, schema: pa.Schema, rows: bool = True):
-    """(files listed, {relative path: table or row count}) for every readable file of `table`.
+def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False):
+    """(files listed, {relative path: row count}, {relative path: its first row} or None) for every readable
+    file of `table`: what Store.summary needs, not every file's rows.
 
-    `rows=False` returns only row counts (the verdict), for tables too large to hold (samples).
-    Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
+    `rows=False` counts from the verdict index alone (tables too large to hold: samples); `first`: each
+    file with rows has its first row (as Table.to_pylist gives it) in the third item. A ROWS_TABLES
+    table is gathered as read_table does (unchanged files' rows as a few long slices of the index), not
+    one table per file. Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
     """
     seen = _Seen(store, table, schema, rows)
-    out = seen.per_file()
-    seen.save(out)
-    return seen.files, out
+    g = seen.gather() if seen.keep_rows else None
+    if g is None:  # the verdict index, or an index not in file order: the per-file tables
+        out = seen.per_file()
+        seen.save(out)
+        counts = {k: v.num_rows if seen.keep_rows else v for k, v in out.items()}
+        firsts = {k: v.slice(0, 1).to_pylist()[0] for k, v in out.items() if v.num_rows} \
+            if first and seen.keep_rows else None
+        return seen.files, counts, firsts
+    seen.save_gathered(g)
+    counts = dict(zip(g.names, g.counts))
+    firsts = None
+    if first:
+        starts = np.cumsum([0, *g.counts[:-1]], dtype=np.int64)
+        have = [i for i, n in enumerate(g.counts) if n]
+        t = pa.concat_tables(g.pieces) if g.pieces else schema.empty_table()
+        firsts = dict(zip([g.names[i] for i in have], t.take(pa.array(starts[have], pa.int64())).to_pylist()))
+    return seen.files, counts, firsts
 
 
 def read_table(store, table: str, schema: pa.Schema) -> pa.Table:

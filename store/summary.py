@@ -14,16 +14,17 @@ class Summary:
 
     def __init__(self, runs: dict, evals: dict, bad_samples: set, bad_history: set, samples: set = frozenset(),
                  history: set = frozenset()):
-        # samples, history: the files of those tables that parse (what a done run must have: `whole`)
+        # runs: {runs file: its first row} of every readable runs file with a row; evals: {evals file: its
+        # row count} of every readable one; samples, history: the files of those tables that parse (what a
+        # done run must have: `whole`)
         self._rows: dict[str, dict] = {}
-        for name, t in runs.items():  # runs/<run_id>.parquet
-            if t.num_rows:
-                self._rows[name[: -len(".parquet")]] = t.slice(0, 1).to_pylist()[0]
+        for name, row in runs.items():  # runs/<run_id>.parquet
+            self._rows[name[: -len(".parquet")]] = row
         self._keys: dict[str, set[str]] = {}
         self._whole: dict[str, set[str]] = {}  # and its samples file present
-        for name, t in evals.items():  # evals/<run_id>/<eval_key>.parquet; its samples file, if any, readable
+        for name, n in evals.items():  # evals/<run_id>/<eval_key>.parquet; its samples file, if any, readable
             parts = name.split("/")
-            if len(parts) == 2 and is_safe_name(parts[1]) and t.num_rows and name not in bad_samples:
+            if len(parts) == 2 and is_safe_name(parts[1]) and n and name not in bad_samples:
                 self._keys.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
                 if name in samples:
                     self._whole.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])

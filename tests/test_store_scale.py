@@ -309,9 +309,9 @@ def _grow(store: Store) -> None:
 
 
 def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_scratch(tmp_path, monkeypatch):
-    """read_table rebuilds the index from long slices of the old one plus the files parsed now: the file
-    written is byte for byte what the per-file tables (as before) write on the same store state, and what
-    a read with no index at all writes; the rows are the same three ways."""
+    """read_table and scan rebuild the index from long slices of the old one plus the files parsed now: the
+    file written is byte for byte what the per-file tables (as before) write on the same store state, and
+    what a read with no index at all writes; the rows and Store.summary's verdicts are the same three ways."""
     import shutil
 
     base = build(tmp_path / "base")
@@ -320,7 +320,7 @@ def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_
     base.summary()
     _grow(base)
     tables = ("runs", "evals", "history", "samples")
-    for entry in ("read",):
+    for entry in ("read", "summary"):
         idx, reads, verdicts = {}, {}, {}
         for way in ("slices", "per_file", "scratch"):
             root = tmp_path / f"{entry}-{way}"
