@@ -19,8 +19,11 @@ A figure's key is a sha256 of everything its files are made from:
 The manifest (`.manifest.json` in the figures folder) maps each figure drawn to its key and the files it
 wrote (relative to the folder) with their sha256. A report redraws a figure whose key changed, that the
 manifest lacks, or one of whose files is missing or differs from its recorded sha256; it copies the
-other figures' files unchanged (analysis/render.py). A figure not drawn (MissingData) is not recorded,
-and is tried again next time.
+other figures' files unchanged (analysis/render.py). A figure not drawn (MissingData) is recorded apart
+(`not_drawn`: its key, why it was not drawn and the study's folder, which a message may name): while its
+key and the study's folder are those recorded, a report says the recorded why again without calling the
+figure (the key covers everything the figure reads, so it would raise the same); otherwise, or with
+--redraw, the figure is tried again.
 """
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ from analysis.derived import Derived
 from analysis.load import StudyData
 
 MANIFEST = ".manifest.json"
-VERSION = 1  # of the key's recipe and the manifest's layout: a change redraws everything
+VERSION = 1  # of the key's recipe and the manifest's layout: a change redraws everything (the not_drawn section,
+# added later, is optional both ways: a manifest without it tries every figure it lacks; code that predates it
+# ignores it)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_PACKAGES = ("analysis", "stats", "tasks")  # the code a figure's files depend on, besides its own module
 LIBRARIES = ("matplotlib", "numpy", "pandas")  # seaborn is not drawn with (analysis/theme.py)
@@ -152,8 +157,7 @@ def _version(lib: str) -> str:
         return "absent"
 
 
-def read_manifest(out_dir: str) -> dict:
-    """{figure: {"key": ..., "files": [[path relative to out_dir, sha256], ...]}}; {} when none or unreadable."""
+def _read(out_dir: str) -> dict:
     try:
         with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as f:
             got = json.load(f)
@@ -161,7 +165,27 @@ def read_manifest(out_dir: str) -> dict:
         return {}
     if not isinstance(got, dict) or got.get("version") != VERSION or not isinstance(got.get("figures"), dict):
         return {}
-    return got["figures"]
+    return got
+
+
+def read_manifest(out_dir: str) -> dict:
+    """{figure: {"key": ..., "files": [[path relative to out_dir, sha256], ...]}}; {} when none or unreadable."""
+    return _read(out_dir).get("figures", {})
+
+
+def read_not_drawn(out_dir: str) -> dict:
+    """{figure: {"key": ..., "why": its MissingData message, "study_dir": ...}} of the figures the last report
+    could not draw; {} when none or unreadable (a manifest written before they were recorded has none)."""
+    got = _read(out_dir).get("not_drawn", {})
+    return got if isinstance(got, dict) else {}
+
+
+def not_drawn_again(entry, key: str, study_dir: str) -> str | None:
+    """The recorded MissingData message of a figure, when its entry holds it for this key and study folder."""
+    if isinstance(entry, dict) and entry.get("key") == key and entry.get("study_dir") == study_dir \
+            and isinstance(entry.get("why"), str):
+        return entry["why"]
+    return None
 
 
 def intact(out_dir: str, entry: dict) -> bool:
@@ -185,9 +209,12 @@ def entry(key: str, paths: list[str], base: str) -> dict:
     return {"key": key, "files": [[os.path.relpath(p, base), _file_sha(p)] for p in paths]}
 
 
-def write_manifest(out_dir: str, figures: dict) -> str:
+def write_manifest(out_dir: str, figures: dict, not_drawn: dict | None = None) -> str:
     path = os.path.join(out_dir, MANIFEST)
+    got = {"version": VERSION, "figures": dict(sorted(figures.items()))}
+    if not_drawn:
+        got["not_drawn"] = dict(sorted(not_drawn.items()))
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"version": VERSION, "figures": dict(sorted(figures.items()))}, f, indent=1, sort_keys=True)
+        json.dump(got, f, indent=1, sort_keys=True)
         f.write("\n")
     return path
