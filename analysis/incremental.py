@@ -24,6 +24,14 @@ other figures' files unchanged (analysis/render.py). A figure not drawn (Missing
 key and the study's folder are those recorded, a report says the recorded why again without calling the
 figure (the key covers everything the figure reads, so it would raise the same); otherwise, or with
 --redraw, the figure is tried again.
+
+Some figures compute derived tables the report's tables read again (analysis/derived.py: the threshold
+crossings of pareto, the effective parameters of effective-params, even when it then raises MissingData).
+Those of a figure called are written beside the manifest as Parquet (`.derived.<figure>.<table>.parquet`,
+recorded in its entry, or its not_drawn entry, with their sha256) when each reads back exactly equal to the
+table computed, dtypes included (else none is kept); when the figure is reused or its message said again,
+they are read back for the report instead of computed again (they come from the rows, options and code its
+key covers). A file missing or changed is not read: the report computes the tables and keeps them again.
 """
 from __future__ import annotations
 
@@ -36,7 +44,8 @@ from importlib import metadata
 import pandas as pd
 
 import tasks
-from analysis.derived import Derived
+from analysis.derived import Computed, Derived
+from analysis.effective import Effective
 from analysis.load import StudyData
 
 MANIFEST = ".manifest.json"
@@ -218,3 +227,72 @@ def write_manifest(out_dir: str, figures: dict, not_drawn: dict | None = None) -
         json.dump(got, f, indent=1, sort_keys=True)
         f.write("\n")
     return path
+
+
+# the derived tables a figure computes that the report's tables read again, kept under the figure's key
+KEPT = {"pareto": "crossings", "effective-params": "effective"}
+KEPT_PREFIX = ".derived."
+
+
+def _kept_frames(computed: Computed, what: str, opts) -> tuple[dict[str, pd.DataFrame], list[str]] | None:
+    """(the frames of `what` as computed under `opts`, by name; its notes), or None when it was not computed
+    or is a MissingData."""
+    if what == "crossings":
+        got = computed.crossings.get((opts.threshold, opts.pareto_x, opts.split))
+        return ({"crossings": got}, []) if isinstance(got, pd.DataFrame) else None
+    got = computed.effective.get(opts.split)
+    if isinstance(got, Effective):
+        return {"table": got.table, "curves": got.curves, "beta": got.beta}, list(got.skipped)
+    return None
+
+
+def keep_derived(out_dir: str, figure: str, key: str, computed: Computed, opts) -> dict | None:
+    """Write the derived tables `figure` (of this key) computed (KEPT) into out_dir as Parquet: the manifest's
+    record of them, or None when there are none or one does not read back exactly as computed (none is kept)."""
+    from pandas.testing import assert_frame_equal
+
+    got = _kept_frames(computed, KEPT[figure], opts)
+    if got is None:
+        return None
+    frames, notes = got
+    files = []
+    for part, df in frames.items():
+        rel = f"{KEPT_PREFIX}{figure}.{part}.parquet"
+        path = os.path.join(out_dir, rel)
+        files.append(rel)
+        try:
+            df.to_parquet(path)
+            assert_frame_equal(pd.read_parquet(path), df, check_exact=True)
+        except (AssertionError, ValueError, TypeError, ImportError, OSError):  # a type Parquet does not keep
+            for r in files:
+                if os.path.exists(os.path.join(out_dir, r)):
+                    os.remove(os.path.join(out_dir, r))
+            return None
+    return {"what": KEPT[figure], "key": key, "files": [[r, _file_sha(os.path.join(out_dir, r))] for r in files],
+            "notes": notes}
+
+
+def load_derived(out_dir: str, figure: str, key: str, record, computed: Computed, opts) -> bool:
+    """Put the derived tables a reused figure's manifest entry records (keep_derived) into `computed`; False,
+    reading nothing into it, when the record is not one of this key or a file is missing or differs from its
+    sha256."""
+    what = KEPT.get(figure)
+    try:
+        if what is None or not isinstance(record, dict) or record.get("what") != what or record.get("key") != key or \
+                not intact(out_dir, record) or not all(isinstance(n, str) for n in record["notes"]):
+            return False
+        head = f"{KEPT_PREFIX}{figure}."
+        if not all(rel.startswith(head) and rel.endswith(".parquet") for rel, _ in record["files"]):
+            return False
+        frames = {rel[len(head):-len(".parquet")]: pd.read_parquet(os.path.join(out_dir, rel))
+                  for rel, _ in record["files"]}
+        notes = list(record["notes"])
+    except (KeyError, TypeError, ValueError, OSError):
+        return False
+    if what == "crossings" and set(frames) == {"crossings"}:
+        computed.crossings.setdefault((opts.threshold, opts.pareto_x, opts.split), frames["crossings"])
+    elif what == "effective" and set(frames) == {"table", "curves", "beta"}:
+        computed.effective.setdefault(opts.split, Effective(frames["table"], frames["curves"], frames["beta"], notes))
+    else:
+        return False
+    return True

@@ -129,8 +129,8 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     every figure is drawn). A figure the data could not support under the same key (and study folder) is not
     called again: the manifest's message for it is said again. (what draw returns, the report's paths, the
     figures drawn), every path in `out_dir`."""
-    from analysis.incremental import (Keys, entry, intact, not_drawn_again, read_manifest, read_not_drawn,
-                                      write_manifest)
+    from analysis.incremental import (KEPT, Keys, entry, intact, keep_derived, load_derived, not_drawn_again,
+                                      read_manifest, read_not_drawn, write_manifest)
 
     out_dir = os.path.abspath(out_dir)
     keys = Keys(data, derived, opts)
@@ -140,6 +140,9 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
                                and intact(out_dir, manifest[n])]
     said = {} if redraw else {n: why for n in names if n not in reuse
                               for why in [not_drawn_again(not_drawn.get(n), keyed[n], data.dir)] if why is not None}
+    # the derived tables a figure kept or said again computed when it was called, for the report's tables
+    loaded = [n for n in [*reuse, *said] if n in KEPT and load_derived(
+        out_dir, n, keyed[n], (manifest[n] if n in reuse else not_drawn[n]).get("derived"), derived.computed, opts)]
     with staged(out_dir) as tmp:
         # the report's paired comparisons (seconds at scale; no figure computes them) while the workers draw
         drawn = draw(data, [n for n in names if n not in reuse and n not in said], tmp, opts, jobs, derived,
@@ -151,17 +154,27 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
         for n, got in drawn.items():
             if isinstance(got, str):
                 manifest.pop(n, None)  # not drawn: recorded apart, its files (if any) no longer the manifest's
-                not_drawn[n] = {"key": keyed[n], "why": got, "study_dir": data.dir}
+                if n not in said:
+                    not_drawn[n] = {"key": keyed[n], "why": got, "study_dir": data.dir}
             else:
                 not_drawn.pop(n, None)
                 if n not in reuse:
                     manifest[n] = entry(keyed[n], got, tmp)
-        write_manifest(tmp, manifest, not_drawn)
         pages = []
         if report:
             from analysis.report import write_report
 
             pages = list(write_report(data, tmp, drawn, opts, derived))
+        recorded = lambda n: manifest[n] if n in manifest else not_drawn[n]  # each figure is in one of them now
+        for n in names:  # the derived tables of a figure called now kept; those read back copied (or kept again)
+            if n in KEPT:
+                if n in loaded:
+                    _copy_files(out_dir, tmp, recorded(n)["derived"])
+                elif (kept := keep_derived(tmp, n, keyed[n], derived.computed, opts)) is not None:
+                    recorded(n)["derived"] = kept
+                else:
+                    recorded(n).pop("derived", None)
+        write_manifest(tmp, manifest, not_drawn)
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
     return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
             [moved(p) for p in pages], [n for n in names if n not in reuse and not isinstance(drawn[n], str)])

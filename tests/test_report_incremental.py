@@ -244,3 +244,79 @@ def test_nothing_left_to_draw_pickles_nothing_and_starts_no_worker(results, tmp_
     assert render.draw(data, [], str(empty), Options(), jobs=4, derived=Derived(data),
                        meanwhile=lambda: said.append(1)) == {}
     assert said == [1] and os.listdir(empty) == []
+
+
+def test_a_reused_figures_derived_tables_are_read_back_exactly_not_computed_again(tmp_path, monkeypatch):
+    from pandas.testing import assert_frame_equal
+
+    import analysis.derived as derived_module
+    from analysis.derived import Computed, Derived
+    from analysis.incremental import KEPT, load_derived, read_not_drawn
+    from analysis.load import load_study
+    from analysis.options import Options
+    from study.cli import app
+    from tests.test_effective_params import write_study
+
+    root, out = str(tmp_path / "res"), tmp_path / "rep"
+    write_study(root, "eff")  # effective parameters and threshold crossings both computed
+    run = lambda: CliRunner().invoke(app, ["report", "--study", "eff", "--figure", "all", "--results", root,
+                                           "--out", str(out), "--jobs", "1"])
+    r = run()
+    assert r.exit_code == 0, r.output
+    first, md = r.output, files(out)["report.md"]
+    entries = {**read_not_drawn(str(out)), **read_manifest(str(out))}
+    assert all(entries[n]["derived"]["what"] == what for n, what in KEPT.items())
+    # what is read back is what a fresh computation gives, exactly (dtypes included)
+    data, opts = load_study(root, "eff"), Options()
+    got, fresh = Computed(), Derived(data)
+    assert all(load_derived(str(out), n, entries[n]["key"], entries[n]["derived"], got, opts) for n in KEPT)
+    # a record under another key is not read (the figure's key covers what the tables are computed from)
+    assert not load_derived(str(out), "pareto", "0" * 64, entries["pareto"]["derived"], Computed(), opts)
+    key = (opts.threshold, opts.pareto_x, opts.split)
+    assert_frame_equal(got.crossings[key], fresh.crossings(*key), check_exact=True)
+    for part in ("table", "curves", "beta"):
+        assert_frame_equal(getattr(got.effective["test"], part), getattr(fresh.effective("test"), part),
+                           check_exact=True)
+    assert got.effective["test"].skipped == fresh.effective("test").skipped
+
+    calls = {"effective": 0, "crossings": 0}
+
+    def counting(what, f):
+        def call(*args, **kwargs):
+            calls[what] += 1
+            return f(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(derived_module, "effective_params", counting("effective", derived_module.effective_params))
+    monkeypatch.setattr(Derived, "_crossings", counting("crossings", Derived._crossings))
+    r = run()
+    assert r.exit_code == 0 and calls == {"effective": 0, "crossings": 0}, calls
+    assert files(out)["report.md"] == md
+    assert [line for line in r.output.splitlines() if "figures:" not in line] == \
+        [line for line in first.splitlines() if "figures:" not in line]
+
+    # a kept file changed on disk is not read: the tables are computed again (the same report) and kept again
+    bad = out / ".derived.effective-params.table.parquet"
+    good = bad.read_bytes()
+    bad.write_bytes(good[:-4] + b"PAR0")
+    r = run()
+    assert r.exit_code == 0 and calls == {"effective": 1, "crossings": 0}, calls
+    assert files(out)["report.md"] == md and bad.read_bytes() == good
+    run()
+    assert calls == {"effective": 1, "crossings": 0}, calls
+
+
+def test_a_derived_table_parquet_does_not_keep_exactly_is_not_kept(tmp_path):
+    from analysis.derived import Computed
+    from analysis.incremental import keep_derived
+    from analysis.options import Options
+
+    opts = Options()
+    computed = Computed(crossings={(opts.threshold, opts.pareto_x, opts.split):
+                                   pd.DataFrame({"a": [1, 2], "b": [[1.0], [2.0, 3.0]]})})  # lists: arrays back
+    assert keep_derived(str(tmp_path), "pareto", "k", computed, opts) is None and os.listdir(tmp_path) == []
+    computed.crossings[(opts.threshold, opts.pareto_x, opts.split)] = pd.DataFrame({"a": [1, 2], "b": ["x", None]})
+    kept = keep_derived(str(tmp_path), "pareto", "k", computed, opts)
+    assert kept["what"] == "crossings" and kept["key"] == "k"
+    assert [f for f, _ in kept["files"]] == [".derived.pareto.crossings.parquet"]
+    assert keep_derived(str(tmp_path), "effective-params", "k", computed, opts) is None  # none computed
