@@ -19,8 +19,19 @@ A figure's key is a sha256 of everything its files are made from:
 The manifest (`.manifest.json` in the figures folder) maps each figure drawn to its key and the files it
 wrote (relative to the folder) with their sha256. A report redraws a figure whose key changed, that the
 manifest lacks, or one of whose files is missing or differs from its recorded sha256; it copies the
-other figures' files unchanged (analysis/render.py). A figure not drawn (MissingData) is not recorded,
-and is tried again next time.
+other figures' files unchanged (analysis/render.py). A figure not drawn (MissingData) is recorded apart
+(`not_drawn`: its key, why it was not drawn and the study's folder, which a message may name): while its
+key and the study's folder are those recorded, a report says the recorded why again without calling the
+figure (the key covers everything the figure reads, so it would raise the same); otherwise, or with
+--redraw, the figure is tried again.
+
+Some figures compute derived tables the report's tables read again (analysis/derived.py: the threshold
+crossings of pareto, the effective parameters of effective-params, even when it then raises MissingData).
+Those of a figure called are written beside the manifest as Parquet (`.derived.<figure>.<table>.parquet`,
+recorded in its entry, or its not_drawn entry, with their sha256) when each reads back exactly equal to the
+table computed, dtypes included (else none is kept); when the figure is reused or its message said again,
+they are read back for the report instead of computed again (they come from the rows, options and code its
+key covers). A file missing or changed is not read: the report computes the tables and keeps them again.
 """
 from __future__ import annotations
 
@@ -33,11 +44,14 @@ from importlib import metadata
 import pandas as pd
 
 import tasks
-from analysis.derived import Derived
+from analysis.derived import Computed, Derived
+from analysis.effective import Effective
 from analysis.load import StudyData
 
 MANIFEST = ".manifest.json"
-VERSION = 1  # of the key's recipe and the manifest's layout: a change redraws everything
+VERSION = 1  # of the key's recipe and the manifest's layout: a change redraws everything (the not_drawn section,
+# added later, is optional both ways: a manifest without it tries every figure it lacks; code that predates it
+# ignores it)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_PACKAGES = ("analysis", "stats", "tasks")  # the code a figure's files depend on, besides its own module
 LIBRARIES = ("matplotlib", "numpy", "pandas")  # seaborn is not drawn with (analysis/theme.py)
@@ -152,8 +166,7 @@ def _version(lib: str) -> str:
         return "absent"
 
 
-def read_manifest(out_dir: str) -> dict:
-    """{figure: {"key": ..., "files": [[path relative to out_dir, sha256], ...]}}; {} when none or unreadable."""
+def _read(out_dir: str) -> dict:
     try:
         with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as f:
             got = json.load(f)
@@ -161,7 +174,27 @@ def read_manifest(out_dir: str) -> dict:
         return {}
     if not isinstance(got, dict) or got.get("version") != VERSION or not isinstance(got.get("figures"), dict):
         return {}
-    return got["figures"]
+    return got
+
+
+def read_manifest(out_dir: str) -> dict:
+    """{figure: {"key": ..., "files": [[path relative to out_dir, sha256], ...]}}; {} when none or unreadable."""
+    return _read(out_dir).get("figures", {})
+
+
+def read_not_drawn(out_dir: str) -> dict:
+    """{figure: {"key": ..., "why": its MissingData message, "study_dir": ...}} of the figures the last report
+    could not draw; {} when none or unreadable (a manifest written before they were recorded has none)."""
+    got = _read(out_dir).get("not_drawn", {})
+    return got if isinstance(got, dict) else {}
+
+
+def not_drawn_again(entry, key: str, study_dir: str) -> str | None:
+    """The recorded MissingData message of a figure, when its entry holds it for this key and study folder."""
+    if isinstance(entry, dict) and entry.get("key") == key and entry.get("study_dir") == study_dir \
+            and isinstance(entry.get("why"), str):
+        return entry["why"]
+    return None
 
 
 def intact(out_dir: str, entry: dict) -> bool:
@@ -185,9 +218,81 @@ def entry(key: str, paths: list[str], base: str) -> dict:
     return {"key": key, "files": [[os.path.relpath(p, base), _file_sha(p)] for p in paths]}
 
 
-def write_manifest(out_dir: str, figures: dict) -> str:
+def write_manifest(out_dir: str, figures: dict, not_drawn: dict | None = None) -> str:
     path = os.path.join(out_dir, MANIFEST)
+    got = {"version": VERSION, "figures": dict(sorted(figures.items()))}
+    if not_drawn:
+        got["not_drawn"] = dict(sorted(not_drawn.items()))
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"version": VERSION, "figures": dict(sorted(figures.items()))}, f, indent=1, sort_keys=True)
+        json.dump(got, f, indent=1, sort_keys=True)
         f.write("\n")
     return path
+
+
+# the derived tables a figure computes that the report's tables read again, kept under the figure's key
+KEPT = {"pareto": "crossings", "effective-params": "effective"}
+KEPT_PREFIX = ".derived."
+
+
+def _kept_frames(computed: Computed, what: str, opts) -> tuple[dict[str, pd.DataFrame], list[str]] | None:
+    """(the frames of `what` as computed under `opts`, by name; its notes), or None when it was not computed
+    or is a MissingData."""
+    if what == "crossings":
+        got = computed.crossings.get((opts.threshold, opts.pareto_x, opts.split))
+        return ({"crossings": got}, []) if isinstance(got, pd.DataFrame) else None
+    got = computed.effective.get(opts.split)
+    if isinstance(got, Effective):
+        return {"table": got.table, "curves": got.curves, "beta": got.beta}, list(got.skipped)
+    return None
+
+
+def keep_derived(out_dir: str, figure: str, key: str, computed: Computed, opts) -> dict | None:
+    """Write the derived tables `figure` (of this key) computed (KEPT) into out_dir as Parquet: the manifest's
+    record of them, or None when there are none or one does not read back exactly as computed (none is kept)."""
+    from pandas.testing import assert_frame_equal
+
+    got = _kept_frames(computed, KEPT[figure], opts)
+    if got is None:
+        return None
+    frames, notes = got
+    files = []
+    for part, df in frames.items():
+        rel = f"{KEPT_PREFIX}{figure}.{part}.parquet"
+        path = os.path.join(out_dir, rel)
+        files.append(rel)
+        try:
+            df.to_parquet(path)
+            assert_frame_equal(pd.read_parquet(path), df, check_exact=True)
+        except (AssertionError, ValueError, TypeError, ImportError, OSError):  # a type Parquet does not keep
+            for r in files:
+                if os.path.exists(os.path.join(out_dir, r)):
+                    os.remove(os.path.join(out_dir, r))
+            return None
+    return {"what": KEPT[figure], "key": key, "files": [[r, _file_sha(os.path.join(out_dir, r))] for r in files],
+            "notes": notes}
+
+
+def load_derived(out_dir: str, figure: str, key: str, record, computed: Computed, opts) -> bool:
+    """Put the derived tables a reused figure's manifest entry records (keep_derived) into `computed`; False,
+    reading nothing into it, when the record is not one of this key or a file is missing or differs from its
+    sha256."""
+    what = KEPT.get(figure)
+    try:
+        if what is None or not isinstance(record, dict) or record.get("what") != what or record.get("key") != key or \
+                not intact(out_dir, record) or not all(isinstance(n, str) for n in record["notes"]):
+            return False
+        head = f"{KEPT_PREFIX}{figure}."
+        if not all(rel.startswith(head) and rel.endswith(".parquet") for rel, _ in record["files"]):
+            return False
+        frames = {rel[len(head):-len(".parquet")]: pd.read_parquet(os.path.join(out_dir, rel))
+                  for rel, _ in record["files"]}
+        notes = list(record["notes"])
+    except (KeyError, TypeError, ValueError, OSError):
+        return False
+    if what == "crossings" and set(frames) == {"crossings"}:
+        computed.crossings.setdefault((opts.threshold, opts.pareto_x, opts.split), frames["crossings"])
+    elif what == "effective" and set(frames) == {"table", "curves", "beta"}:
+        computed.effective.setdefault(opts.split, Effective(frames["table"], frames["curves"], frames["beta"], notes))
+    else:
+        return False
+    return True

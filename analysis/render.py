@@ -47,6 +47,10 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
     tables the figures compute are kept in `derived` (the caller's, for the report). `meanwhile()`, if
     given, is called once in this process: while the workers draw when there are workers, else first."""
     derived = derived if derived is not None else Derived(data)
+    if not names:  # nothing to draw: no study pickled, no worker started, no drawing module imported
+        if meanwhile is not None:
+            meanwhile()
+        return {}
     if jobs <= 1 or len(names) < 2:
         # imported here, not above: with workers, this process never imports matplotlib (they do)
         from analysis.figures import FIGURES
@@ -122,33 +126,55 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     """draw() and, with `report`, report.html and report.md (analysis.report), all staged (staged): written into
     `out_dir` only once every one is. A figure whose key (analysis.incremental) is the one `out_dir`'s manifest
     records, with its files there unchanged, is not drawn again: its files are copied as they are (`redraw`:
-    every figure is drawn). (what draw returns, the report's paths, the figures drawn), every path in `out_dir`."""
-    from analysis.incremental import Keys, entry, intact, read_manifest, write_manifest
+    every figure is drawn). A figure the data could not support under the same key (and study folder) is not
+    called again: the manifest's message for it is said again. (what draw returns, the report's paths, the
+    figures drawn), every path in `out_dir`."""
+    from analysis.incremental import (KEPT, Keys, entry, intact, keep_derived, load_derived, not_drawn_again,
+                                      read_manifest, read_not_drawn, write_manifest)
 
     out_dir = os.path.abspath(out_dir)
     keys = Keys(data, derived, opts)
     keyed = {n: keys.key(n) for n in names}
-    manifest = read_manifest(out_dir)
+    manifest, not_drawn = read_manifest(out_dir), read_not_drawn(out_dir)
     reuse = [] if redraw else [n for n in names if manifest.get(n, {}).get("key") == keyed[n]
                                and intact(out_dir, manifest[n])]
+    said = {} if redraw else {n: why for n in names if n not in reuse
+                              for why in [not_drawn_again(not_drawn.get(n), keyed[n], data.dir)] if why is not None}
+    # the derived tables a figure kept or said again computed when it was called, for the report's tables
+    loaded = [n for n in [*reuse, *said] if n in KEPT and load_derived(
+        out_dir, n, keyed[n], (manifest[n] if n in reuse else not_drawn[n]).get("derived"), derived.computed, opts)]
     with staged(out_dir) as tmp:
         # the report's paired comparisons (seconds at scale; no figure computes them) while the workers draw
-        drawn = draw(data, [n for n in names if n not in reuse], tmp, opts, jobs, derived,
+        drawn = draw(data, [n for n in names if n not in reuse and n not in said], tmp, opts, jobs, derived,
                      meanwhile=(lambda: _comparisons(derived, opts)) if report else None)
         for n in reuse:
             drawn[n] = _copy_files(out_dir, tmp, manifest[n])
+        drawn.update(said)
         drawn = {n: drawn[n] for n in names}
         for n, got in drawn.items():
             if isinstance(got, str):
-                manifest.pop(n, None)  # not drawn: tried again next time
-            elif n not in reuse:
-                manifest[n] = entry(keyed[n], got, tmp)
-        write_manifest(tmp, manifest)
+                manifest.pop(n, None)  # not drawn: recorded apart, its files (if any) no longer the manifest's
+                if n not in said:
+                    not_drawn[n] = {"key": keyed[n], "why": got, "study_dir": data.dir}
+            else:
+                not_drawn.pop(n, None)
+                if n not in reuse:
+                    manifest[n] = entry(keyed[n], got, tmp)
         pages = []
         if report:
             from analysis.report import write_report
 
             pages = list(write_report(data, tmp, drawn, opts, derived))
+        recorded = lambda n: manifest[n] if n in manifest else not_drawn[n]  # each figure is in one of them now
+        for n in names:  # the derived tables of a figure called now kept; those read back copied (or kept again)
+            if n in KEPT:
+                if n in loaded:
+                    _copy_files(out_dir, tmp, recorded(n)["derived"])
+                elif (kept := keep_derived(tmp, n, keyed[n], derived.computed, opts)) is not None:
+                    recorded(n)["derived"] = kept
+                else:
+                    recorded(n).pop("derived", None)
+        write_manifest(tmp, manifest, not_drawn)
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
     return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
             [moved(p) for p in pages], [n for n in names if n not in reuse and not isinstance(drawn[n], str)])

@@ -136,3 +136,187 @@ def test_a_table_digest_reads_values_order_and_lists():
     assert d == frame_digest(df.copy()) and d != frame_digest(df.iloc[::-1])
     assert d != frame_digest(df.assign(b=[[1.0, 2.0], [3.5]])) and d != frame_digest(df.assign(c=["x", "y"]))
     assert frame_digest(None) != frame_digest(b"") != frame_digest(df.iloc[:0])
+
+
+def _counting(monkeypatch) -> dict[str, int]:
+    """Every figure of the registry wrapped to count its calls (the reports below draw in this process: --jobs 1)."""
+    from analysis import figures as registry
+
+    calls = {n: 0 for n in registry.FIGURES}
+
+    def counted(name, fig):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fig(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(registry, "FIGURES", {n: counted(n, f) for n, f in registry.FIGURES.items()})
+    return calls
+
+
+def _said(results: str, out) -> tuple[list[str], str]:
+    """(the 'not drawn' lines of `study report --figure all` into `out`, its whole output)."""
+    from study.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--figure", "all", "--results", results,
+                                 "--out", str(out), "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    return [line for line in r.output.splitlines() if ": not drawn: " in line], r.output
+
+
+def test_a_figure_the_data_cannot_support_is_not_called_again_until_its_rows_change(results, tmp_path, monkeypatch):
+    from analysis.incremental import read_not_drawn
+
+    out = tmp_path / "figs"
+    first, whole = _said(results, out)
+    recorded = read_not_drawn(str(out))
+    assert first and sorted(recorded) == sorted(line.split(":")[0] for line in first)
+    assert {"mask-rate", "tuning", "ladder"} <= set(recorded) and not set(recorded) & set(read_manifest(str(out)))
+    md = files(out)["report.md"]
+
+    calls = _counting(monkeypatch)
+    again, _ = _said(results, out)
+    assert again == first  # the same messages, in the same order
+    assert all(calls[n] == 0 for n in recorded), calls  # said again from the manifest, never called
+    assert sum(calls.values()) == 0 and files(out)["report.md"] == md
+    assert read_not_drawn(str(out)) == recorded
+
+    # a new Sudoku run changes the aggregated rows and the runs: the figures reading them are tried again; tuning
+    # (the Optuna storage's bytes only) is not
+    add_run(results)
+    _said(results, out)
+    changed = {n for n, e in read_not_drawn(str(out)).items() if recorded.get(n, {}).get("key") != e["key"]}
+    assert {"mask-rate", "ladder"} <= changed and "tuning" not in changed
+    assert calls["mask-rate"] == 1 and calls["ladder"] == 1 and calls["tuning"] == 0, calls
+
+    # --redraw calls every figure, those not drawn included
+    before = dict(calls)
+    report(results, out, "--redraw")
+    assert all(calls[n] == before[n] + 1 for n in calls), calls
+
+
+def test_a_not_drawn_figure_is_tried_again_for_another_study_folder_or_an_edited_record(results, tmp_path, monkeypatch):
+    import shutil
+
+    from analysis.incremental import read_not_drawn
+
+    out = tmp_path / "figs"
+    first, _ = _said(results, out)
+    calls = _counting(monkeypatch)
+    # the same rows under another results folder: the same keys, but a message may name the folder (tuning's does)
+    moved = str(tmp_path / "elsewhere")
+    shutil.copytree(results, moved)
+    lines, _ = _said(moved, out)
+    assert all(calls[n] == 1 for n in read_not_drawn(str(out))), calls
+    assert any(moved in line for line in lines) and not any(results + os.sep in line for line in lines)
+    # a record whose message is not text, or whose key is not the figure's, is not said: the figure is called
+    text = json.loads((out / MANIFEST).read_text())
+    text["not_drawn"]["tuning"]["why"] = ["not", "text"]
+    text["not_drawn"]["ladder"]["key"] = "0" * 64
+    (out / MANIFEST).write_text(json.dumps(text))
+    _said(moved, out)
+    assert calls["tuning"] == 2 and calls["ladder"] == 2 and calls["mask-rate"] == 1, calls
+
+
+def test_nothing_left_to_draw_pickles_nothing_and_starts_no_worker(results, tmp_path, monkeypatch):
+    from analysis import render
+    from analysis.derived import Derived
+    from analysis.load import load_study
+    from analysis.options import Options
+    from study.cli import app
+
+    out = tmp_path / "figs"
+    first, _ = _said(results, out)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the study pickled or a worker started with nothing to draw")
+
+    monkeypatch.setattr(render.pickle, "dump", refuse)
+    monkeypatch.setattr(render, "ProcessPoolExecutor", refuse)
+    # a re-run asking for workers: every figure kept or said again, none sent to a worker
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--figure", "all", "--results", results,
+                                 "--out", str(out), "--jobs", "4"])
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.output.splitlines() if ": not drawn: " in line] == first
+    data = load_study(results, "ablation")
+    empty, said = tmp_path / "empty", []
+    empty.mkdir()
+    assert render.draw(data, [], str(empty), Options(), jobs=4, derived=Derived(data),
+                       meanwhile=lambda: said.append(1)) == {}
+    assert said == [1] and os.listdir(empty) == []
+
+
+def test_a_reused_figures_derived_tables_are_read_back_exactly_not_computed_again(tmp_path, monkeypatch):
+    from pandas.testing import assert_frame_equal
+
+    import analysis.derived as derived_module
+    from analysis.derived import Computed, Derived
+    from analysis.incremental import KEPT, load_derived, read_not_drawn
+    from analysis.load import load_study
+    from analysis.options import Options
+    from study.cli import app
+    from tests.test_effective_params import write_study
+
+    root, out = str(tmp_path / "res"), tmp_path / "rep"
+    write_study(root, "eff")  # effective parameters and threshold crossings both computed
+    run = lambda: CliRunner().invoke(app, ["report", "--study", "eff", "--figure", "all", "--results", root,
+                                           "--out", str(out), "--jobs", "1"])
+    r = run()
+    assert r.exit_code == 0, r.output
+    first, md = r.output, files(out)["report.md"]
+    entries = {**read_not_drawn(str(out)), **read_manifest(str(out))}
+    assert all(entries[n]["derived"]["what"] == what for n, what in KEPT.items())
+    # what is read back is what a fresh computation gives, exactly (dtypes included)
+    data, opts = load_study(root, "eff"), Options()
+    got, fresh = Computed(), Derived(data)
+    assert all(load_derived(str(out), n, entries[n]["key"], entries[n]["derived"], got, opts) for n in KEPT)
+    # a record under another key is not read (the figure's key covers what the tables are computed from)
+    assert not load_derived(str(out), "pareto", "0" * 64, entries["pareto"]["derived"], Computed(), opts)
+    key = (opts.threshold, opts.pareto_x, opts.split)
+    assert_frame_equal(got.crossings[key], fresh.crossings(*key), check_exact=True)
+    for part in ("table", "curves", "beta"):
+        assert_frame_equal(getattr(got.effective["test"], part), getattr(fresh.effective("test"), part),
+                           check_exact=True)
+    assert got.effective["test"].skipped == fresh.effective("test").skipped
+
+    calls = {"effective": 0, "crossings": 0}
+
+    def counting(what, f):
+        def call(*args, **kwargs):
+            calls[what] += 1
+            return f(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(derived_module, "effective_params", counting("effective", derived_module.effective_params))
+    monkeypatch.setattr(Derived, "_crossings", counting("crossings", Derived._crossings))
+    r = run()
+    assert r.exit_code == 0 and calls == {"effective": 0, "crossings": 0}, calls
+    assert files(out)["report.md"] == md
+    assert [line for line in r.output.splitlines() if "figures:" not in line] == \
+        [line for line in first.splitlines() if "figures:" not in line]
+
+    # a kept file changed on disk is not read: the tables are computed again (the same report) and kept again
+    bad = out / ".derived.effective-params.table.parquet"
+    good = bad.read_bytes()
+    bad.write_bytes(good[:-4] + b"PAR0")
+    r = run()
+    assert r.exit_code == 0 and calls == {"effective": 1, "crossings": 0}, calls
+    assert files(out)["report.md"] == md and bad.read_bytes() == good
+    run()
+    assert calls == {"effective": 1, "crossings": 0}, calls
+
+
+def test_a_derived_table_parquet_does_not_keep_exactly_is_not_kept(tmp_path):
+    from analysis.derived import Computed
+    from analysis.incremental import keep_derived
+    from analysis.options import Options
+
+    opts = Options()
+    computed = Computed(crossings={(opts.threshold, opts.pareto_x, opts.split):
+                                   pd.DataFrame({"a": [1, 2], "b": [[1.0], [2.0, 3.0]]})})  # lists: arrays back
+    assert keep_derived(str(tmp_path), "pareto", "k", computed, opts) is None and os.listdir(tmp_path) == []
+    computed.crossings[(opts.threshold, opts.pareto_x, opts.split)] = pd.DataFrame({"a": [1, 2], "b": ["x", None]})
+    kept = keep_derived(str(tmp_path), "pareto", "k", computed, opts)
+    assert kept["what"] == "crossings" and kept["key"] == "k"
+    assert [f for f, _ in kept["files"]] == [".derived.pareto.crossings.parquet"]
+    assert keep_derived(str(tmp_path), "effective-params", "k", computed, opts) is None  # none computed
