@@ -22,18 +22,22 @@ def rows_of(rid: str, status: str = "done") -> dict:
             "history": [full_row("history", run_id=rid, step=s, loss=1.0 / (s + 1), L_t=1) for s in range(3)]}
 
 
+def write_run(store: Store, rid: str, value: float, output: str) -> None:
+    """Every table's files of one done run: its row, history, and an evals and a samples file per KEYS."""
+    r = rows_of(rid)
+    store.write_rows("runs", r["runs"], f"{rid}.parquet")
+    store.write_rows("history", r["history"], f"{rid}.parquet")
+    for k in KEYS:
+        store.write_rows("evals", [full_row("evals", run_id=rid, eval_key=k, metric="vpr", value=value)],
+                         rid, f"{k}.parquet")
+        store.write_rows("samples", [full_row("samples", run_id=rid, eval_key=k, example=0, output=output)],
+                         rid, f"{k}.parquet")
+
+
 def build(tmp_path) -> Store:
     store = Store(str(tmp_path / "results"), "s")
     for i in range(N_RUNS):
-        rid = f"r{i:02d}"
-        r = rows_of(rid)
-        store.write_rows("runs", r["runs"], f"{rid}.parquet")
-        store.write_rows("history", r["history"], f"{rid}.parquet")
-        for k in KEYS:
-            store.write_rows("evals", [full_row("evals", run_id=rid, eval_key=k, metric="vpr", value=i / 100)],
-                             rid, f"{k}.parquet")
-            store.write_rows("samples", [full_row("samples", run_id=rid, eval_key=k, example=0, output="1234")],
-                             rid, f"{k}.parquet")
+        write_run(store, f"r{i:02d}", i / 100, "1234")
     age_all(store, OLD)
     return store
 
@@ -288,15 +292,7 @@ def _grow(store: Store) -> None:
     """After indexing: MIN_NEW+ new runs (every table), one file rewritten, one deleted, an evals file of no
     rows and a garbage one; every file then old enough to index but the newest run's."""
     for i in range(N_RUNS, N_RUNS + index.MIN_NEW + 2):
-        rid = f"r{i:02d}"
-        r = rows_of(rid)
-        store.write_rows("runs", r["runs"], f"{rid}.parquet")
-        store.write_rows("history", r["history"], f"{rid}.parquet")
-        for k in KEYS:
-            store.write_rows("evals", [full_row("evals", run_id=rid, eval_key=k, metric="vpr", value=i / 10)],
-                             rid, f"{k}.parquet")
-            store.write_rows("samples", [full_row("samples", run_id=rid, eval_key=k, example=0, output="42")],
-                             rid, f"{k}.parquet")
+        write_run(store, f"r{i:02d}", i / 10, "42")
     store.write_rows("evals", [full_row("evals", run_id="r07", eval_key="T1_a", metric="vpr", value=0.99)],
                      "r07", "T1_a.parquet")
     store.write_rows("history", [full_row("history", run_id="r07", step=s, loss=2.0, L_t=1) for s in range(5)],
