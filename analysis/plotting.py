@@ -251,7 +251,7 @@ def outer_y_labels(fig) -> None:
 
 def seed_note(d: pd.DataFrame) -> str:
     n = int(d["n_seeds"].max()) if "n_seeds" in d and len(d) else 1
-    return f"; mean of {n} seeds, bars +-1 s.d. across seeds" if n > 1 else ""
+    return f"; mean of {n} seeds (band: 95% CI, bars: +-1 s.d. across seeds)" if n > 1 else ""
 
 
 def grid(n: int, w: float = 4.6, h: float = 3.8, cols: int = 4):
@@ -284,11 +284,24 @@ def tight(fig) -> None:
     fig.tight_layout()
 
 
+def apart(fig, labels: list) -> None:
+    """Move annotations (offset in points) up, one after another, until no two of them overprint."""
+    r, placed = fig.canvas.get_renderer(), []
+    for a in sorted(labels, key=lambda a: tuple(a.get_window_extent(r).p0[::-1])):
+        box = a.get_window_extent(r)
+        while hit := next((b for b in placed if box.overlaps(b)), None):
+            x, y = a.xyann
+            a.xyann = (x, y + (hit.y1 - box.y0) * 72 / fig.dpi + 1)
+            box = a.get_window_extent(r)
+        placed.append(box)
+
+
 def palette(keys) -> dict:
-    from analysis.theme import color_palette
+    import seaborn as sns
 
     keys = list(dict.fromkeys(keys))
-    return dict(zip(keys, color_palette("viridis" if len(keys) > 2 else "deep", max(len(keys), 1))))
+    # seaborn's colour-blind-safe palette while its ten colours last, then viridis (one colour per key still)
+    return dict(zip(keys, sns.color_palette("colorblind" if len(keys) <= 10 else "viridis", max(len(keys), 1))))
 
 
 def needs_T(d: pd.DataFrame, what: str) -> None:
@@ -298,10 +311,10 @@ def needs_T(d: pd.DataFrame, what: str) -> None:
 
 
 def theme() -> None:
-    from analysis.theme import set_theme
+    import seaborn as sns
 
     matplotlib = mpl()
-    set_theme()  # seaborn's whitegrid / notebook theme, without importing seaborn (analysis/theme.py)
+    sns.set_theme(style="whitegrid", context="notebook")
     # titles at a fixed height above their axes: matplotlib's automatic placement lays out the whole
     # y axis on every draw of every titled panel, only to dodge tick labels on top (we never put any
     # there): a fifth of a large figure's drawing

@@ -13,6 +13,8 @@ MissingData message, as it does in one process.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import multiprocessing
 import os
 import pickle
@@ -21,7 +23,6 @@ import signal
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
-from analysis.catalog import figures
 from analysis.derived import Computed, Derived
 from analysis.load import MissingData, StudyData
 
@@ -66,8 +67,9 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
         return out
     derived.aggregated()  # once here, sent with the study: every figure but two reads it
     # the slowest figures first, so the last worker to finish does not start a long one at the end
-    info = figures()
-    order = sorted(names, key=lambda n: -info[n].cost)
+    from analysis.figures import FIGURES  # imports no matplotlib (analysis/plotting.py mpl())
+
+    order = sorted(names, key=lambda n: -FIGURES[n].cost)
     # the study pickled once, into a private directory every worker reads it from (as initargs it is
     # pickled again for each worker and pushed through its pipe one after the other: tens of MB
     # for a 1,000-run study, half a second before the last worker starts drawing)
@@ -95,18 +97,41 @@ def staged(out_dir: str):
     ends (Ctrl-C and SIGTERM held off meanwhile), removed if it raises (an interrupted report leaves `out_dir`
     as it was, never half of a new set of figures beside an old one)."""
     out_dir = os.path.abspath(out_dir)
-    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=os.path.dirname(out_dir))
+    parent, prefix = os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.partial-"
+    os.makedirs(parent, exist_ok=True)
+    for old in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + "*")):
+        _remove_if_unlocked(old)  # a killed report's folder; one a live report writes is locked
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    lock = os.open(tmp, os.O_RDONLY)  # held while this report writes: released by the kernel however it ends
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        _move_into(tmp, out_dir)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            _move_into(tmp, out_dir)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        os.close(lock)
+
+
+def _remove_if_unlocked(path: str) -> None:
+    """Remove a staging folder no live report holds (staged locks its own)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass  # locked: a report writing it now
+    finally:
+        os.close(fd)
 
 
 def _move_into(src: str, dst: str) -> None:
@@ -122,62 +147,22 @@ def _move_into(src: str, dst: str) -> None:
 
 
 def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, derived: Derived,
-             report: bool, redraw: bool = False) -> tuple[dict[str, list[str] | str], list[str], list[str]]:
+             report: bool) -> tuple[dict[str, list[str] | str], list[str]]:
     """draw() and, with `report`, report.html and report.md (analysis.report), all staged (staged): written into
-    `out_dir` only once every one is. A figure whose key (analysis.incremental) is the one `out_dir`'s manifest
-    records, with its files there unchanged, is not drawn again: its files are copied as they are (`redraw`:
-    every figure is drawn). A figure the data could not support under the same key (and study folder) is not
-    called again: the manifest's message for it is said again. (what draw returns, the report's paths, the
-    figures drawn), every path in `out_dir`."""
-    from analysis.incremental import (KEPT, Keys, entry, intact, keep_derived, load_derived, not_drawn_again,
-                                      read_manifest, read_not_drawn, write_manifest)
-
+    `out_dir` only once every one is. (what draw returns, the report's paths), every path in `out_dir`."""
     out_dir = os.path.abspath(out_dir)
-    keys = Keys(data, derived, opts)
-    keyed = {n: keys.key(n) for n in names}
-    manifest, not_drawn = read_manifest(out_dir), read_not_drawn(out_dir)
-    reuse = [] if redraw else [n for n in names if manifest.get(n, {}).get("key") == keyed[n]
-                               and intact(out_dir, manifest[n])]
-    said = {} if redraw else {n: why for n in names if n not in reuse
-                              for why in [not_drawn_again(not_drawn.get(n), keyed[n], data.dir)] if why is not None}
-    # the derived tables a figure kept or said again computed when it was called, for the report's tables
-    loaded = [n for n in [*reuse, *said] if n in KEPT and load_derived(
-        out_dir, n, keyed[n], (manifest[n] if n in reuse else not_drawn[n]).get("derived"), derived.computed, opts)]
     with staged(out_dir) as tmp:
         # the report's paired comparisons (seconds at scale; no figure computes them) while the workers draw
-        drawn = draw(data, [n for n in names if n not in reuse and n not in said], tmp, opts, jobs, derived,
+        drawn = draw(data, names, tmp, opts, jobs, derived,
                      meanwhile=(lambda: _comparisons(derived, opts)) if report else None)
-        for n in reuse:
-            drawn[n] = _copy_files(out_dir, tmp, manifest[n])
-        drawn.update(said)
-        drawn = {n: drawn[n] for n in names}
-        for n, got in drawn.items():
-            if isinstance(got, str):
-                manifest.pop(n, None)  # not drawn: recorded apart, its files (if any) no longer the manifest's
-                if n not in said:
-                    not_drawn[n] = {"key": keyed[n], "why": got, "study_dir": data.dir}
-            else:
-                not_drawn.pop(n, None)
-                if n not in reuse:
-                    manifest[n] = entry(keyed[n], got, tmp)
         pages = []
         if report:
             from analysis.report import write_report
 
             pages = list(write_report(data, tmp, drawn, opts, derived))
-        recorded = lambda n: manifest[n] if n in manifest else not_drawn[n]  # each figure is in one of them now
-        for n in names:  # the derived tables of a figure called now kept; those read back copied (or kept again)
-            if n in KEPT:
-                if n in loaded:
-                    _copy_files(out_dir, tmp, recorded(n)["derived"])
-                elif (kept := keep_derived(tmp, n, keyed[n], derived.computed, opts)) is not None:
-                    recorded(n)["derived"] = kept
-                else:
-                    recorded(n).pop("derived", None)
-        write_manifest(tmp, manifest, not_drawn)
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
     return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
-            [moved(p) for p in pages], [n for n in names if n not in reuse and not isinstance(drawn[n], str)])
+            [moved(p) for p in pages])
 
 
 def _comparisons(derived: Derived, opts) -> None:
@@ -187,17 +172,6 @@ def _comparisons(derived: Derived, opts) -> None:
         derived.comparisons(list(opts.compare), opts.split)
     except MissingData:
         pass
-
-
-def _copy_files(out_dir: str, tmp: str, recorded: dict) -> list[str]:
-    """A reused figure's files, copied byte for byte from `out_dir` into the staging folder: their paths there."""
-    paths = []
-    for rel, _ in recorded["files"]:
-        dst = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copyfile(os.path.join(out_dir, rel), dst)
-        paths.append(dst)
-    return paths
 
 
 def _context():

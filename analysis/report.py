@@ -21,7 +21,6 @@ from analysis.claims import claims_table, read_spec
 from analysis.compare import EXPLANATION, HEADLINE_SEEDS
 from analysis.derived import Derived
 from analysis.effective import effective_tables
-from analysis.catalog import figures
 from analysis.options import Options
 from analysis.load import MissingData, StudyData, not_done_summary
 from analysis.tables import param_table, text8_table
@@ -355,7 +354,9 @@ def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
         if isinstance(res, str):
             out.append(Missing(res, lead="Not drawn:"))
             continue
-        caption = figures()[name].caption
+        from analysis.figures import FIGURES
+
+        caption = FIGURES[name].caption
         out += [Image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
         others = [os.path.relpath(p, out_dir) for p in res if not p.endswith(".png")]
         if others:

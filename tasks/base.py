@@ -191,6 +191,9 @@ class Task(ABC):
     # short grid keys for config fields of this task (`mask_rate` for task.mask_rate), beside the generic
     # ones (K, L, lr, ...; study/spec/sections.py), in axes and overrides
     aliases: ClassVar[tuple[str, ...]] = ()
+    # the figures of a task's own sweeps ({"mask-rate": ("sudoku_n", "mask_rate")}): each figure's name and the
+    # run columns it reads, in the order the figure documents; a figure draws the tasks that declare it
+    figure_columns: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def metric_names_of(cls) -> tuple[str, ...]:

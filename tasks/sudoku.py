@@ -157,6 +157,7 @@ class Sudoku(Task):
 
     run_column_names = ("sudoku_n", "mask_rate")
     aliases = ("mask_rate",)  # `mask_rate: [0.3, 0.5]` as an axis is task.mask_rate
+    figure_columns = {"mask-rate": ("sudoku_n", "mask_rate")}  # (grid size, mask rate): one panel each
 
     @classmethod
     def run_columns(cls, params: dict) -> dict:

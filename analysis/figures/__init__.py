@@ -6,9 +6,6 @@ is the report's caption. It defines
 
     ORDER: int   its place in `--figure all` and in the report (figures are sorted by it)
     COST: int    how slow it is to draw at scale, 0 for quick (analysis/render.py starts the costliest first)
-    READS: tuple the study's inputs draw reads (analysis.incremental.INPUTS: "aggregated", "runs",
-                 "history"...), digested into the figure's key: a report redraws the figure only when
-                 they, the options or the code changed; without READS, every input (always safe)
     draw(data: StudyData, derived: Derived, opts: Options) -> Drawing
 
 draw builds the matplotlib figure and the tables written beside it from the study (analysis.load)
@@ -22,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from analysis.catalog import Info, figures, module_name
+from analysis.catalog import figure_names, module_name
 from analysis.derived import Derived
 from analysis.load import StudyData
 from analysis.plotting import FORMATS, PNG_DPI, Options, save, save_table  # noqa: F401 (the API)
@@ -38,21 +35,17 @@ class Figure:
     module: ModuleType
 
     @property
-    def info(self) -> Info:
-        """ORDER, COST, READS and caption, as analysis.catalog reads them from the module's source."""
-        return figures()[self.name]
-
-    @property
     def caption(self) -> str:
-        return self.info.caption
+        """The first paragraph of the module's docstring, on one line."""
+        return (self.module.__doc__ or self.name).strip().split("\n\n")[0].replace("\n", " ")
 
     @property
     def order(self) -> int:
-        return self.info.order
+        return self.module.ORDER
 
     @property
     def cost(self) -> int:
-        return self.info.cost
+        return self.module.COST
 
     def __call__(self, data: StudyData, out_dir: str | None, opts: Options = Options(),
                  derived: Derived | None = None) -> list:
@@ -62,7 +55,8 @@ class Figure:
 
 
 def _load() -> dict[str, Figure]:
-    return {name: Figure(name, importlib.import_module(module_name(name))) for name in figures()}  # in ORDER
+    found = [Figure(name, importlib.import_module(module_name(name))) for name in figure_names()]
+    return {f.name: f for f in sorted(found, key=lambda f: f.order)}
 
 
 FIGURES: dict[str, Figure] = _load()

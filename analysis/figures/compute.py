@@ -14,7 +14,6 @@ from analysis.plotting import (Drawing, Options, MAX_MODELS, facet_title, facets
 
 ORDER = 40
 COST = 7
-READS = ("aggregated",)
 
 ADAPTIVE_MARKERS = "*XPh"  # compute: one per adaptive-depth setting (threshold, cap)
 
@@ -69,6 +68,9 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         handles = [Line2D([], [], color=colors[k], lw=2, label=model_label(row_of.loc[k], names)) for k in models]
         handles += [Line2D([], [], color="0.35", marker=markers[i % len(markers)], ls="none", label=f"L_s = {v}")
                     for i, v in enumerate(ls_values)]
+        styles = {"-" if a == b else "--" for a, b in zip(d["L_s"], d["L_t"])}
+        handles += [Line2D([], [], color="0.35", ls=ls, label=what) for ls, what in
+                    (("-", "solid: L_s = L_t"), ("--", "dashed: L_s != L_t")) if ls in styles and len(styles) > 1]
         handles += [Line2D([], [], color="0.35", marker=ADAPTIVE_MARKERS[i % len(ADAPTIVE_MARKERS)], ls=":",
                            label=f"{a}, L_s <= {c}")
                     for i, (a, c) in enumerate(kinds)]

@@ -14,7 +14,6 @@ from analysis.tables import SHAPE_FIELDS, differing, family_key, heatmap_matrix
 
 ORDER = 50
 COST = 6
-READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
@@ -94,7 +93,7 @@ def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str | None):
     draws it, without its whole-figure draw to test whether tick labels overlap (a few short labels
     here never do; that draw would be a third of a large study's cross-depth figure). label=None: no
     colorbar (the caller draws one for several panels). Returns the mesh."""
-    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
+    import seaborn as sns
 
     values = np.ma.masked_invalid(m.to_numpy(dtype=float))
     mesh = ax.pcolormesh(values, cmap="viridis", vmin=vmin, vmax=vmax, linewidths=0.5, edgecolors="white")
@@ -109,6 +108,6 @@ def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str | None):
     mesh.update_scalarmappable()
     for (i, j), face in zip(np.ndindex(*m.shape), mesh.get_facecolors()):
         if values.mask is np.ma.nomask or not values.mask[i, j]:
-            dark = sns.relative_luminance(face) <= 0.408  # seaborn's rule: white text on dark cells
+            dark = sns.utils.relative_luminance(face) <= 0.408  # seaborn's rule: white text on dark cells
             ax.text(j + 0.5, i + 0.5, f"{values[i, j]:.2f}", color="w" if dark else ".15", ha="center", va="center")
     return mesh

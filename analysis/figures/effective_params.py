@@ -20,11 +20,10 @@ from analysis.plotting import LEGEND_WIDTH, Drawing, Options, legend, rate_ylim,
 
 ORDER = 110
 COST = 4
-READS = ("evals", "runs")  # and the samples its evals rows name
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
+    import seaborn as sns
 
     eff = derived.effective(opts.split)
     table, beta = effective_tables(eff)

@@ -14,11 +14,10 @@ from analysis.tables import fmt_params, shape_label
 
 ORDER = 20
 COST = 5
-READS = ("aggregated", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
+    import seaborn as sns
 
     pairs = derived.pairs()
     if pairs.empty:

@@ -11,7 +11,6 @@ from analysis.plotting import (Drawing, Options, facet_title, facets, grid, lege
 
 ORDER = 10
 COST = 3
-READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

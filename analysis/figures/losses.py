@@ -7,7 +7,6 @@ from analysis.plotting import Drawing, Options, ablation
 
 ORDER = 70
 COST = 0
-READS = ("aggregated",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

@@ -1,8 +1,10 @@
-"""Sudoku metric vs T per L, one panel per mask rate (the paper's 25x25 figure)."""
+"""Metric vs T per L, one panel per grid size and mask rate (the paper's 25x25 figure), for the tasks that
+declare this figure and the run columns it sweeps (Task.figure_columns: Sudoku's sudoku_n and mask_rate)."""
 from __future__ import annotations
 
 import pandas as pd
 
+import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
 from analysis.plotting import (Drawing, Options, grid, legend, line, model_label, model_names, needs_T, palette,
@@ -11,41 +13,46 @@ from analysis.tables import SHAPE_FIELDS, select
 
 ORDER = 60
 COST = 0
-READS = ("aggregated", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
+    swept = {t: cls for t, (_, cls) in tasks.TASKS.items() if "mask-rate" in cls.figure_columns}
+    who = " or ".join(t.capitalize() for t in swept) or "a task declaring mask-rate"
     agg = derived.split_rows("mask-rate", opts.split)
-    s = agg[agg["task"] == "sudoku"]
-    if s.empty:
-        raise MissingData(f"mask-rate needs Sudoku evaluations (the study has none on split {opts.split!r})")
-    runs = data.runs[data.runs["task"] == "sudoku"][["run_id", "sudoku_n", "mask_rate", "task_variant"]]
-    info = runs.drop_duplicates("task_variant").set_index("task_variant")
-    s = select(s, "vpr", split=opts.split)
-    s = s[s["L_s"] == s["L_t"]].join(info[["sudoku_n", "mask_rate"]], on="task_variant")
-    sizes = {n: sorted(g["mask_rate"].dropna().unique()) for n, g in s.groupby("sudoku_n")}
-    sizes = {n: r for n, r in sizes.items() if len(r) >= 2}
-    if not sizes:
-        # by variant name: a [low, high] mask range (mask_rate None) is named, never a panel of its own
-        have = "; ".join(sorted(s["task_variant"].unique())) or "no VPR at L_s = L_t"
-        raise MissingData(f"mask-rate needs Sudoku runs of one grid size at two or more mask rates (have {have})")
-    panels = [(n, r, s[(s["sudoku_n"] == n) & (s["mask_rate"] == r)]) for n, rates in sizes.items() for r in rates]
+    panels, have = [], []
+    for task, cls in swept.items():
+        size, rate = cls.figure_columns["mask-rate"]
+        metric = cls.primary_metric
+        s = select(agg[agg["task"] == task], metric, split=opts.split)
+        info = data.runs[data.runs["task"] == task].drop_duplicates("task_variant").set_index("task_variant")
+        s = s[s["L_s"] == s["L_t"]].join(info[[size, rate]], on="task_variant")
+        have += sorted(s["task_variant"].unique())
+        for n, g in s.groupby(size):
+            rates = sorted(g[rate].dropna().unique())
+            if len(rates) >= 2:  # a [low, high] mask range (rate None) is named by its variant, never a panel
+                panels += [(task, metric, n, r, g[g[rate] == r]) for r in rates]
+    if agg["task"].isin(list(swept)).sum() == 0:
+        raise MissingData(f"mask-rate needs {who} evaluations (the study has none on split {opts.split!r})")
+    if not panels:
+        raise MissingData(f"mask-rate needs {who} runs of one grid size at two or more mask rates "
+                          f"(have {'; '.join(have) or 'no primary metric at L_s = L_t'})")
     needs_T(pd.concat([g for *_, g in panels]), "mask-rate")
     theme()
     fig, axes = grid(len(panels), w=panel_width(4.6, 1), cols=3)
     labels = {}
-    for n, rate, g in panels:  # one label per model; the mask rate is the panel's title
-        names = model_names(g, (*SHAPE_FIELDS, "task.mask_rate"))
+    for task, _, n, rate, g in panels:  # one label per model; the mask rate is the panel's title
+        names = model_names(g, (*SHAPE_FIELDS, *(f"task.{c}" for c in tasks.TASKS[task][1].aliases)))
         labels.update({k: model_label(gl.iloc[0], names) for k, gl in g.groupby("model_key")})
     colors = palette(sorted(set(labels.values())))
-    for ax, (n, rate, g) in zip(axes, panels):
+    for ax, (task, metric, n, rate, g) in zip(axes, panels):
         for key, gl in sorted(g.groupby("model_key"), key=lambda kg: labels[kg[0]]):
             line(ax, gl, "T", labels[key], colors[labels[key]])
         x_axis(ax, g["T"], "denoising steps T")
-        rate_ylim(ax, "vpr")
-        ax.set_ylabel(ylabel("vpr"))
-        ax.set_title(f"sudoku {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
+        rate_ylim(ax, metric)
+        ax.set_ylabel(ylabel(metric))
+        ax.set_title(f"{task} {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
         legend(ax, g["model_key"].nunique(), title="model (K x L), L_s = L_t")
-    fig.suptitle(f"{data.name}: mask rate — VPR vs T per depth L{seed_note(panels[0][2])}")
+    metrics = "/".join(dict.fromkeys(p[1].upper() for p in panels))
+    fig.suptitle(f"{data.name}: mask rate — {metrics} vs T per depth L{seed_note(panels[0][4])}")
     tight(fig)
     return Drawing(fig, "mask_rate")

@@ -8,11 +8,10 @@ from analysis.tables import text8_table
 
 ORDER = 90
 COST = 2
-READS = ("likelihood",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
+    import seaborn as sns
 
     table = text8_table(derived.aggregated(), split=opts.split)
     theme()

@@ -19,7 +19,6 @@ from analysis.plotting import (Drawing, Options, band, facet_title, facets, grid
 
 ORDER = 100
 COST = 0
-READS = ("history", "runs")
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:

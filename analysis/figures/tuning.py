@@ -12,14 +12,13 @@ from analysis.tuning import IMPORTANCE_METHOD, load_searches
 
 ORDER = 120
 COST = 0
-READS = ("searches",)
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    from analysis import theme as sns  # seaborn's palettes and rules without importing it (analysis/theme.py)
+    import seaborn as sns
 
     searches = load_searches(data.dir)
-    sns.set_theme()
+    sns.set_theme(style="whitegrid")
     fig, axes = subplots(len(searches), 2, figsize=(11 + LEGEND_WIDTH, 3.8 * len(searches)), squeeze=False)
     tables = {}
     for (name, df, imp, direction), (ax_h, ax_i) in zip(searches, axes):

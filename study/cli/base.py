@@ -71,9 +71,6 @@ class _Commands(TyperGroup):
             typer.echo(f"error: {what}; rerun as `study --debug ...` for the traceback", err=True)
             raise typer.Exit(2 if user else 1) from None
 
-    def get_params(self, ctx):
-        return _plain(super().get_params(ctx))
-
     def format_commands(self, ctx, formatter):
         """Each command's first sentence, wrapped at the help's width, never cut with '...'."""
         rows = [(name, self.get_command(ctx, name).get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)]
@@ -87,17 +84,13 @@ _TYPE_TAG = re.compile(r" <[^<>]*>(\.\.\.)?")
 class Command(TyperCommand):
     """Plain-text help (click's, no rich box): a value option shows a metavar named for it (`--results RESULTS`)
     and an argument its name (`GRID`), never typer's type tags (`<str>`, `<bool>`); text wraps at the terminal's
-    width (at most 80 columns) and is never cut. Its values are converted without pydantic where they are plain
-    (study/cli/coerce.py)."""
+    width (at most 80 columns) and is never cut."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for p in self.params:
             if p.metavar is None and not getattr(p, "is_flag", False):  # --L-s: L_S, grid: GRID
                 p.metavar = (p.opts[0].lstrip("-") if p.param_type_name == "option" else p.name).upper().replace("-", "_")
-
-    def get_params(self, ctx):
-        return _plain(super().get_params(ctx))
 
     def format_options(self, ctx, formatter):
         rows = {"argument": [], "option": []}
@@ -109,15 +102,6 @@ class Command(TyperCommand):
             if rows[kind]:
                 with formatter.section(title):
                     formatter.write_dl(rows[kind])
-
-
-def _plain(params: list) -> list:
-    """A command's parameters (--help, which click makes on each call, included), each converting its value without
-    pydantic where the value is plain (study/cli/coerce.py)."""
-    from study.cli.coerce import plain_values
-
-    plain_values(params)
-    return params
 
 
 def _pipe_closed():

@@ -30,9 +30,8 @@ def report(
     compare: list[str] = typer.Option([], "--compare", help="RUN_A:RUN_B: also compare these two models (any "
                                       "seed's run id names its model) with a paired interval and a verdict; "
                                       "repeatable"),
-    redraw: bool = typer.Option(False, "--redraw", help="draw every figure again (by default a figure whose rows, "
-                                "options and code are those the folder's .manifest.json records, its files "
-                                "unchanged there, is kept as it is)"),
+    redraw: bool = typer.Option(False, "--redraw", help="draw every figure (every report does: kept for scripts "
+                                "that pass it)"),
 ):
     """Render figures and tables from the Parquet store (never trains)."""
     from analysis.options import Options
@@ -58,9 +57,8 @@ def report(
     derived = Derived(data)  # the tables figures, report and verdicts share, each computed once
     sigterm_as_ctrl_c()  # a SIGTERM (`kill`, a scheduler) stops the report as Ctrl-C does
     try:  # files are written into out_dir only once all are (analysis.render.staged)
-        drawn, pages, redrawn = draw_all(data, names, out_dir, opts,
-                                         jobs if jobs is not None else auto_jobs(data, len(names)), derived,
-                                         report=figure == "all", redraw=redraw)
+        drawn, pages = draw_all(data, names, out_dir, opts, jobs if jobs is not None else auto_jobs(data, len(names)),
+                                derived, report=figure == "all")
     except KeyboardInterrupt:
         typer.echo(f"interrupted: nothing written to {out_dir} (it is as it was); `study report` again draws it all",
                    err=True)
@@ -73,33 +71,28 @@ def report(
                 typer.echo(p)
     for p in pages:
         typer.echo(p)
-    typer.echo(_drawn_line(drawn, redrawn))
+    missing = sum(isinstance(v, str) for v in drawn.values())
+    typer.echo(f"{len(drawn)} figure{'s' if len(drawn) != 1 else ''}: {len(drawn) - missing} drawn"
+               + (f", {missing} not drawn" if missing else ""))
     if figure == "all" or named:
         _print_comparisons(data, opts, derived)
     _print_claims(data)
-    bad = sum(isinstance(v, str) for v in drawn.values())
-    raise typer.Exit(1 if bad == len(names) else 0)
-
-
-def _drawn_line(drawn: dict, redrawn: list[str]) -> str:
-    """'12 figures: 1 redrawn, 11 unchanged' (and how many the data cannot support: 'n not drawn')."""
-    missing = sum(isinstance(v, str) for v in drawn.values())
-    line = (f"{len(drawn)} figure{'s' if len(drawn) != 1 else ''}: {len(redrawn)} redrawn, "
-            f"{len(drawn) - len(redrawn) - missing} unchanged")
-    return line + (f", {missing} not drawn" if missing else "")
+    raise typer.Exit(1 if missing == len(names) else 0)
 
 
 def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, threshold: float | None) -> list[str]:
     """The figures `study report` draws (every one for 'all'), once every option is known good; else exit 2."""
-    from analysis.catalog import figures
     from analysis.options import FORMATS
 
-    known = figures()
-    names = list(known) if figure == "all" else [figure]
-    for n in names:
-        if n not in known:
-            typer.echo(f"error: unknown figure {n!r}; known: {', '.join(known)}, all", err=True)
-            raise typer.Exit(2)
+    if figure == "all":
+        from analysis.figures import FIGURES
+
+        names = list(FIGURES)  # in the report's order
+    elif figure.replace("_", "-") in figure_names():  # iso_param, the PNG's own name, is iso-param
+        names = [figure.replace("_", "-")]
+    else:
+        typer.echo(f"error: unknown figure {figure!r}; known: {', '.join(figure_names())}, all", err=True)
+        raise typer.Exit(2)
     if fmt not in FORMATS:
         typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
         raise typer.Exit(2)
