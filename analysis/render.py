@@ -48,10 +48,6 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
     tables the figures compute are kept in `derived` (the caller's, for the report). `meanwhile()`, if
     given, is called once in this process: while the workers draw when there are workers, else first."""
     derived = derived if derived is not None else Derived(data)
-    if not names:  # nothing to draw: no study pickled, no worker started, no drawing module imported
-        if meanwhile is not None:
-            meanwhile()
-        return {}
     if jobs <= 1 or len(names) < 2:
         # imported here, not above: with workers, this process never imports matplotlib (they do)
         from analysis.figures import FIGURES
