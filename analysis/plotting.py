@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 
 
 def mpl():
-    """matplotlib, imported at the first figure drawn, not with this module: a one-process report imports the
-    figures (analysis.figures) even when every one is unchanged (analysis/incremental.py) and nothing is
-    drawn; matplotlib is a third of a cold one-figure report. The Agg backend is chosen here, once, as this module did at its
-    import: no figure here needs pyplot, but a caller's pyplot (the Python API's user, a test) is headless."""
+    """matplotlib, imported at the first figure drawn, not with this module: a report with drawing workers
+    imports the figures (analysis.figures) in its own process only to order and caption them. The Agg backend
+    is chosen here, once: a caller's pyplot (the Python API's user, a test) is headless."""
     global _agg_chosen
     import matplotlib
 
@@ -378,8 +377,7 @@ def save(fig, out_dir: str | None, name: str, fmt: str) -> list:
         for ext in ("png", fmt):
             p = os.path.join(out_dir, f"{name}.{ext}")
             # zlib level 3, not 6: a third less time encoding a large figure for a file about 4% larger
-            # no date in the file and SVG ids from a fixed salt: the same figure is the same bytes (a report
-            # reuses the files of unchanged figures, analysis/incremental.py, and must equal a full redraw)
+            # no date in the file and SVG ids from a fixed salt: the same figure is the same bytes each report
             with matplotlib.rc_context({"svg.hashsalt": "rmdm-study"}):
                 fig.savefig(p, dpi=PNG_DPI if ext == "png" else None, bbox_inches=bbox, metadata=DATELESS[ext],
                             **({"pil_kwargs": {"compress_level": 3}} if ext == "png" else {}))

@@ -184,9 +184,9 @@ def prestart() -> None:
         return
     from multiprocessing import forkserver
 
-    # the figure modules import matplotlib only when they draw (analysis/plotting.py mpl()): its drawing
-    # modules are preloaded by name, so no worker imports them itself
-    ctx.set_forkserver_preload(["__main__", "analysis.figures", "analysis.effective", "matplotlib.figure",
+    # the figure modules import matplotlib and seaborn only when they draw (analysis/plotting.py mpl()): they
+    # are preloaded by name, so no worker imports them itself
+    ctx.set_forkserver_preload(["__main__", "analysis.figures", "analysis.effective", "seaborn", "matplotlib.figure",
                                 "matplotlib.backends.backend_agg", "matplotlib.backends.backend_svg",
                                 "matplotlib.collections", "matplotlib.font_manager"])
     forkserver.ensure_running()
