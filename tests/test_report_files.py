@@ -128,3 +128,23 @@ def test_a_killed_reports_staging_folder_is_removed_by_the_next_and_a_live_ones_
     finally:
         os.close(fd)
     assert [n for n in os.listdir(tmp_path) if n.startswith(".figs.partial-")] == [live.name]
+
+
+def test_the_pngs_own_name_is_the_figure(results, tmp_path):
+    out = report(results, tmp_path / "figs", figure="training_curves")  # training_curves.png is training-curves
+    assert "1 figure: 1 drawn" in out and (tmp_path / "figs" / "training_curves.png").is_file()
+
+
+def test_memory_running_out_is_one_line_and_exit_1(results, tmp_path, monkeypatch):
+    from analysis import load
+    from study.cli import app
+
+    def out_of_memory(*args, **kwargs):
+        raise ImportError("pandas/_libs/index.so: failed to map segment from shared object")  # as under ulimit -v
+
+    monkeypatch.setattr(load, "load_study", out_of_memory)
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--results", results, "--out", str(tmp_path)])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "error: out of memory" in r.output, r.output
+    monkeypatch.setattr(load, "load_study", lambda *args, **kwargs: bytearray(1 << 62))  # a MemoryError of its own
+    r = CliRunner().invoke(app, ["report", "--study", "ablation", "--results", results, "--out", str(tmp_path)])
+    assert r.exit_code == 1 and "raise the limit or free memory" in r.output and "Traceback" not in r.output

@@ -54,6 +54,10 @@ class _Commands(TyperGroup):
         except Exception as e:
             if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
                 raise
+            if isinstance(e, MemoryError) or "failed to map segment" in str(e):  # a library's too (ImportError)
+                typer.echo("error: out of memory (the machine's, or a limit such as `ulimit -v`): raise the limit "
+                           "or free memory, then run again (a report: fewer figures, --figure NAME)", err=True)
+                raise typer.Exit(1) from None
             from store.format import FormatMismatch
 
             if isinstance(e, FormatMismatch):  # the one line naming the versions and `study migrate`
