@@ -74,6 +74,8 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         handles += [Line2D([], [], color="0.35", marker=ADAPTIVE_MARKERS[i % len(ADAPTIVE_MARKERS)], ls=":",
                            label=f"{a}, L_s <= {c}")
                     for i, (a, c) in enumerate(kinds)]
+        if (thr := tasks.metric(metric).threshold) is not None:
+            handles.append(Line2D([], [], color="0.5", lw=1, ls=":", label=f"threshold {thr:g}"))
         legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth")
     fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t; stars: adaptive depth, "
                  f"at its mean passes){seed_note(panels[0][3])}")

@@ -101,7 +101,8 @@ def _heatmap(ax, m: pd.DataFrame, vmin, vmax, label: str | None):
         side.set_visible(False)
     ax.set(xlim=(0, m.shape[1]), ylim=(m.shape[0], 0))
     if label is not None:
-        ax.figure.colorbar(mesh, ax=ax, label=label).outline.set_linewidth(0)
+        # in lines of 18 characters: a short panel's colorbar is shorter than a metric's name
+        ax.figure.colorbar(mesh, ax=ax, label=textwrap.fill(label, 18)).outline.set_linewidth(0)
     ax.set_xticks(np.arange(m.shape[1]) + 0.5, [str(c) for c in m.columns])
     ax.set_yticks(np.arange(m.shape[0]) + 0.5, [str(i) for i in m.index], va="center")
     ax.grid(False)
