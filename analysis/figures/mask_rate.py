@@ -55,4 +55,4 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     metrics = "/".join(dict.fromkeys(p[1].upper() for p in panels))
     fig.suptitle(f"{data.name}: mask rate — {metrics} vs T per depth L{seed_note(panels[0][4])}")
     tight(fig)
-    return Drawing(fig, "mask_rate")
+    return Drawing(fig, __name__.rsplit(".", 1)[1])  # mask_rate.png, after this module
