@@ -84,15 +84,15 @@ def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, th
     """The figures `study report` draws (every one for 'all'), once every option is known good; else exit 2."""
     from analysis.options import FORMATS
 
-    if figure == "all":
-        from analysis.figures import FIGURES
-
-        names = list(FIGURES)  # in the report's order
-    elif figure.replace("_", "-") in figure_names():  # iso_param, the PNG's own name, is iso-param
+    if figure.replace("_", "-") in figure_names():  # iso_param, the PNG's own name, is iso-param
         names = [figure.replace("_", "-")]
     else:
-        typer.echo(f"error: unknown figure {figure!r}; known: {', '.join(figure_names())}, all", err=True)
-        raise typer.Exit(2)
+        from analysis.figures import FIGURES  # in the report's order
+
+        if figure != "all":
+            typer.echo(f"error: unknown figure {figure!r}; known: {', '.join(FIGURES)}, all", err=True)
+            raise typer.Exit(2)
+        names = list(FIGURES)
     if fmt not in FORMATS:
         typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
         raise typer.Exit(2)
