@@ -48,7 +48,7 @@ def _lines(body: str) -> list[list[str]]:
 
 
 def test_every_block_is_marked_and_every_page_starts_with_an_example():
-    assert len(PAGES) >= 11, PAGES  # README + the guide's index and its ten pages
+    assert len(PAGES) >= 12, PAGES  # README + the guide's index and its eleven pages
     for page in PAGES:
         bl = blocks(page)
         for mode, lang, body in bl:
@@ -151,10 +151,11 @@ def test_grid_blocks_expand(page, i, body, tmp_path):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """A directory like a checkout after the README's first study: grids/ and .venv linked, the store built by
+    """A directory like a checkout after the README's first study: grids/, example_tasks/ and .venv linked, the store built by
     running the README's first `run` block as written."""
     base = tmp_path_factory.mktemp("docs")
     os.symlink(os.path.join(ROOT, "grids"), base / "grids")
+    os.symlink(os.path.join(ROOT, "example_tasks"), base / "example_tasks")  # docs/guide/new-task.md's task
     os.symlink(os.path.dirname(os.path.dirname(sys.executable)), base / ".venv")
     (page, _, first), *_ = of_mode("run")
     assert page == "README.md" and "study run grids/first_study.yaml" in first
