@@ -4,9 +4,8 @@ a shell starts it), median of 5, beside the floor measured in the same run: `pyt
 `python -c "import pandas, pyarrow"` (what reading three Parquet files cannot avoid), and the draw floor
 (DRAW_FLOOR: that import, matplotlib's Agg and SVG backends, and one line on one axes written as a PNG and
 an SVG: what any command that draws a figure cannot avoid, however little it does besides).
-`report` writes into one folder each time: the first draws the figure, the others find it unchanged (its key,
-analysis/incremental.py) and copy it, so its median is a report run again; `report-redraw` (--redraw, into
-its own folder) draws it every time: a study's first report, or one after new runs.
+`report` writes into one folder each time and `report-redraw` (--redraw, which changes nothing now) into its
+own: both draw the figure every time.
 
 Run: .venv/bin/python benchmarks/cli_latency.py [--reps 5] [--quick]
 (a benchmark, not a test: run it on an idle machine; a figure taken under load is a note, not a result;

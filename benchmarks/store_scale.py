@@ -259,8 +259,7 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
 
     steps = {
         "status": lambda: cli("status", gpath, "--results", root),
-        # a folder per phase: each phase's report is a first one (a second into the same folder would
-        # redraw nothing, analysis/incremental.py); the incremental case below reports into the warm one again
+        # a folder per phase; the incremental case below reports into the warm one again
         "report": lambda: cli("report", "--study", grid.study, "--figure", "all", "--results", root,
                               "--out", os.path.join(tmp, f"fig{n_runs}-{phase}")),
         "plan": lambda: classify(grid, Store(root, grid.study)),
@@ -291,7 +290,7 @@ def measure(n_runs: int, root: str, tmp: str, args) -> dict:
 
 def incremental(n_runs: int, root: str, tmp: str, study: str, cli, first_s: float, keep: bool = False) -> dict:
     """The incremental case: after the warm report, one run added with the store's writer, and the report
-    again into the same folder (only the figures whose rows changed are drawn). Both times and their ratio.
+    again into the same folder (every figure drawn again). Both times and their ratio.
     Then what is not drawing: a second run added, and the store read (`load_study`, the index brought up to
     date for one new run as in the report before it) and every table of the report computed from it (the
     aggregated rows, threshold crossings, pairs, comparisons, effective parameters: analysis.report.tables),
@@ -321,7 +320,7 @@ def incremental(n_runs: int, root: str, tmp: str, study: str, cli, first_s: floa
         if keep:
             for one in rids:
                 remove_run(os.path.join(root, study), one)
-    drawn = next((ln for ln in r.output.splitlines() if " redrawn, " in ln), "no figure line")
+    drawn = next((ln for ln in r.output.splitlines() if " figures: " in ln), "no figure line")
     print(f"  incremental: report {first_s:.2f}s, one run added ({rid}), report again {secs:.2f}s ({drawn}); "
           f"second / first {secs / first_s:.2f}; after one more run, not drawing: the store read {read_s:.2f}s and "
           f"the report's tables from it, together {rest_s:.2f}s ({rest_s / first_s:.2f} of the first)", flush=True)
