@@ -78,10 +78,11 @@ def test_compute_has_a_legend_entry_per_model_and_depth_not_per_line(store, monk
     data = load_study(store, "wide")
     panels = drawn(monkeypatch, data, "compute")
     # 27 models > MAX_MODELS: a panel per lr, 9 models each, still too many: per lr and training depth
-    # (3 models each); the legend: 3 models + 3 sampling depths, not 3 x 3 lines
+    # (3 models each); the legend: 3 models + 3 sampling depths + the two line styles (solid: L_s = L_t,
+    # dashed) + the threshold's dotted line, not 3 x 3 lines
     assert len(panels) == 3 * len(LRS), panels
     assert sorted(t.split("\n")[1] for t, _ in panels) == sorted(f"lr={lr:g}, L_t = {L}" for lr in LRS for L in (1, 2, 3))
-    assert all(n == 3 + 3 for _, n in panels), panels
+    assert all(n == 3 + 3 + 2 + 1 for _, n in panels), panels
 
 
 def test_a_small_study_keeps_one_panel(tmp_path, monkeypatch):
