@@ -11,6 +11,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+# the tests' fault injection (tests/faults/faultplug.py): armed here, and in the Ray workers this process starts
+FAULTS = os.path.join(ROOT, "tests", "faults")
+sys.path.insert(0, FAULTS)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [FAULTS, os.environ.get("PYTHONPATH")]))
+__import__("faultplug").arm()
 
 torch.set_num_threads(1)
 # `auto` attention/precision caches its measured choice per machine (model/precision.py): tests,

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from study.spec.grid import load_grid
-from study.engine.faults import FAULT_ENV, HOLD_ENV, injected_faults
+from faultplug import FAULT_ENV, HOLD_ENV, injected_faults
 from study.engine.raystart import init_ray
 from study.engine.runner import run_grid
 from study.commands.status import snapshot

@@ -237,7 +237,7 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ctrl_c_when, held
+    from tests.helpers import ctrl_c_when, held, unheld
 
     g = tmp_path / "g.yaml"
     g.write_text("study: sigrun\n" + TINY.replace("steps: 2", "steps: 20") + "axes:\n  seed: [0, 1]\n")
@@ -250,6 +250,6 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done 0/2" in r.stdout, r.stdout + r.stderr
-    env.pop("RMDM_FAULT_HOLD_AT")
+    env = unheld(env)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "2 done, 0 failed, 0 incomplete" in r.stdout, r.stdout + r.stderr

@@ -246,10 +246,9 @@ def test_defaults_from_auto_gives_each_architecture_its_own_values(tmp_path, mon
 def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     """A real Ctrl-C on `study tune` while its third trial is mid-training, then `study tune` again.
 
-    The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
+    The third trial is held at step 8 (after its checkpoint at step 6) by a fault (tests/faults), so the
     Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
-    from study.engine.faults import HOLD_ENV
-    from tests.helpers import ctrl_c_when
+    from tests.helpers import ctrl_c_when, faulty, unheld
 
     lrs = [3e-3, 1e-2, 2e-2]
     raw = search_grid("sig", n_trials=5, max_concurrent=1, points=[{"lr": v} for v in lrs])
@@ -259,7 +258,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     store = Store(str(tmp_path / "results"), "sig")
     cmd = [sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results"),
            "--num-cpus", "2"]
-    env = {**os.environ, "PYTHONPATH": ROOT, HOLD_ENV: f"{ids[2]}:8"}
+    env = {**os.environ, **faulty(holds={ids[2]: 8})}
     # the third trial waits at step 8, its step-6 checkpoint written
     code, out = ctrl_c_when(cmd, tmp_path, env, lambda: os.path.exists(store.checkpoint_path(ids[2])), after=300)
     assert code == 130 and "interrupted after 2 of 5 trials" in out, out
@@ -268,7 +267,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     assert sorted(t.user_attrs["run_id"] for t in finished) == sorted(ids[:2]), [t.state for t in before.values()]
     assert before[2].state == TrialState.RUNNING and before[2].user_attrs["run_id"] == ids[2]
 
-    env.pop(HOLD_ENV)
+    env = unheld(env)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "trial 2 was interrupted" in r.stdout, r.stdout + r.stderr
     after = trials(str(tmp_path / "results"), "sig", "sig")

@@ -31,14 +31,12 @@ class RunOptions:
 @dataclass(frozen=True)
 class TrialOptions:
     """What a driver tells each of its trials: where the store is, the code version and grid hash its rows
-    carry, the lease that fences it (store/lease.py: Lease.fence; None: unfenced) and the faults injected
-    for tests (study/engine/faults.py: fault_config; none by default)."""
+    carry, and the lease that fences it (store/lease.py: Lease.fence; None: unfenced)."""
 
     code_version: str
     results: str | None = None  # the store's root as every node reaches it (an absolute path or a URI)
     grid: str | None = None  # content hash of the grid that dispatched the run (store/provenance.py)
     lease: dict | None = None
-    faults: dict = field(default_factory=dict)
 
     def config(self) -> dict:
         """The trial config's share of these options: one key."""
@@ -48,10 +46,3 @@ class TrialOptions:
     def of_config(cls, config: dict) -> "TrialOptions":
         """The options a trial's config carries (see `config`)."""
         return cls(**config[OPTIONS_KEY])
-
-    def faults_of(self, run_id: str):
-        """One run's fault hooks, a study.engine.faults.Faults (none unless a test's environment injects them;
-        imported here: faults.py needs torch, the command line that builds options does not)."""
-        from study.engine.faults import run_faults
-
-        return run_faults(self.faults, run_id)

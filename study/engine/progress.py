@@ -210,35 +210,6 @@ class LiveView:
         self.bar, self.tty = None, False
 
 
-def trial_progress(view: LiveView, steps: int):
-    """A Ray Tune callback feeding `view` with the trials of a search (`study tune`): keyed by trial, each
-    owing `steps` training steps (a trial's step is its result's `train_step`, else its `step`)."""
-    from ray.tune import Callback
-
-    def step_of(result: dict) -> int | None:
-        s = result.get("train_step", result.get("step"))
-        return int(s) if isinstance(s, (int, float)) and math.isfinite(s) else None
-
-    class TrialProgress(Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            view.steps[trial.trial_id] = steps
-            view.started(trial.trial_id)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.result(trial.trial_id, step_of(result))
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            view.finished(trial.trial_id, ok=True)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            view.finished(trial.trial_id, ok=False)
-
-        def on_step_end(self, iteration, trials, **info):
-            view.show(force=False)
-
-    return TrialProgress()
-
-
 def _columns(f) -> int | None:
     """The columns of the terminal `f` is, 0 where it says it has none (a pseudo-terminal whose size was never
     set: `script`, `expect`, some containers), None where `f` is no terminal or cannot tell."""
