@@ -16,7 +16,7 @@ import time
 from store import Store
 from study.engine.errors import root_cause
 from study.spec.grid import Grid, Run
-from study.engine.health import Plan, classify, heal_and_plan, quarantined, todo_note
+from study.engine.health import classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
 from study.engine.options import RunOptions, TrialOptions

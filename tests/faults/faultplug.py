@@ -6,6 +6,8 @@ A test arms it through environment variables, each "RUN_ID:STEP[,RUN_ID:STEP...]
   RMDM_FAULT_HOLD_AT      the run's first attempt stops before that step and waits to be killed: a trial
                           sure to be mid-training when a test kills it, however fast the machine trains
   RMDM_FAULT_RELEASE_FILE with it, a held attempt goes on once this file exists
+or writes them, as JSON, to the file $RMDM_FAULT_FILE names (conftest's `faults` fixture: read at every
+run's start, it reaches the workers of a Ray started before the test set its faults).
 A process whose PYTHONPATH holds this folder (a `study` subprocess, a Ray worker: helpers.faulty puts it
 there, and in Ray's runtime environment for the workers of other nodes) loads it through sitecustomize.py;
 the test process arms it in conftest.py. Armed, it wraps the batch function of every run's trainer once
@@ -15,17 +17,28 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import json
 import os
 import sys
 import time
 
 FAULT_ENV, HOLD_ENV, RELEASE_ENV = "RMDM_FAULT_NAN_AT", "RMDM_FAULT_HOLD_AT", "RMDM_FAULT_RELEASE_FILE"
+FILE_ENV = "RMDM_FAULT_FILE"
+
+
+def setting(name: str) -> str:
+    """A fault variable: from the file $RMDM_FAULT_FILE names where that sets it, else the environment."""
+    try:
+        with open(os.environ.get(FILE_ENV) or os.devnull) as f:
+            return json.loads(f.read() or "{}").get(name) or os.environ.get(name, "")
+    except OSError:
+        return os.environ.get(name, "")
 TRIAL = "study.engine.trial"
 
 
 def injected_faults(spec: str | None = None, env: str = FAULT_ENV) -> dict[str, int]:
     """Run id -> step of one kind of fault, from `spec` (default: the environment variable `env`)."""
-    spec = os.environ.get(env, "") if spec is None else spec
+    spec = setting(env) if spec is None else spec
     out = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
         run_id, sep, step = item.partition(":")
@@ -63,7 +76,7 @@ def patch(trial) -> None:
         nan, at = injected_faults().get(run_id), injected_faults(env=HOLD_ENV).get(run_id)
         if nan is None and at is None:
             return
-        batch, release = trainer.batch_fn, os.environ.get(RELEASE_ENV) or None
+        batch, release = trainer.batch_fn, setting(RELEASE_ENV) or None
 
         def faulty(step, g):
             hold(step, attempt, at, release)
