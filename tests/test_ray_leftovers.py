@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -92,9 +93,52 @@ def test_a_failed_embedded_start_ends_what_it_started(monkeypatch):
     assert not rayprocs.ray_descendants()
 
 
-def _record(store: Store, driver: int, driver_start, procs: list[dict]) -> None:
+SESSION = "/tmp/ray/session_2026-01-01_00-00-00_000000_1"  # a Ray session directory, as recorded
+
+
+def _record(store: Store, driver: int, driver_start, procs: list[dict], session: str = SESSION) -> None:
     store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
-        {"driver": driver, "start": driver_start, **machine(), "processes": procs}).encode())
+        {"driver": driver, "start": driver_start, "session": session, **machine(), "processes": procs}).encode())
+
+
+def _like_ray(session: str = SESSION) -> subprocess.Popen:
+    """A process that is Ray's by the recorder's test: named as a binary of the Ray install this process
+    imports, with a session directory on its command line (a Python that sleeps)."""
+    import ray
+
+    raylet = os.path.join(os.path.dirname(os.path.abspath(ray.__file__)), "core", "src", "ray", "raylet", "raylet")
+    return subprocess.Popen([raylet, "-c", "import time; time.sleep(300)", f"--session-dir={session}"],
+                            executable=sys.executable)
+
+
+def _entry(p: subprocess.Popen) -> dict:
+    for _ in range(50):  # its command line as /proc says it once Python has started
+        if rayprocs.cmdline(p.pid) and rayprocs.cmdline(p.pid).endswith(SESSION):
+            break
+        time.sleep(0.1)
+    return {"pid": p.pid, "start": proc_start(p.pid), "cmdline": rayprocs.cmdline(p.pid)}
+
+
+def test_a_forged_record_never_ends_a_process_that_is_not_ray_s(tmp_path):
+    """Was: a record naming a `sleep 600` of this user (its real PID, start time and command line, readable
+    by anyone from /proc) under a dead driver made the next `study run` end it. Only a process that is Ray's
+    (a `ray::` worker, a binary or script of this Ray install) of the recorded session is ever ended."""
+    store = Store(str(tmp_path), "s")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    sleep, other = subprocess.Popen(["sleep", "600"]), _like_ray("/tmp/ray/session_another")
+    try:
+        _record(store, gone.pid, "1", [{"pid": sleep.pid, "start": proc_start(sleep.pid), "cmdline": "sleep 600"},
+                                       _entry(other)])
+        lines: list[str] = []
+        assert rayprocs.end_left_over(store, lines.append) == 0 and not lines
+        assert alive(sleep.pid) and alive(other.pid)  # not Ray's; Ray's, of another session
+        _record(store, gone.pid, "1", [_entry(other)], session="/etc")  # a session that is no Ray session
+        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(other.pid)
+    finally:
+        for p in (sleep, other):
+            p.kill()
+            p.wait()
 
 
 def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
@@ -103,15 +147,15 @@ def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
     store = Store(str(tmp_path), "s")
     gone = subprocess.Popen(["true"])
     gone.wait()  # a driver that has ended
-    victim = subprocess.Popen(["sleep", "300"])
+    victim = _like_ray()
     try:
-        me = {"pid": victim.pid, "start": proc_start(victim.pid), "cmdline": "sleep 300"}
+        me = _entry(victim)
         lines: list[str] = []
         _record(store, os.getppid(), proc_start(os.getppid()), [me])  # its driver lives
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         _record(store, gone.pid, "1", [{**me, "start": "1"}])  # the PID was reused since
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
-        _record(store, gone.pid, "1", [{**me, "cmdline": "sleep 301"}])
+        _record(store, gone.pid, "1", [{**me, "cmdline": me["cmdline"] + "1"}])
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         info = {**machine(), "boot": "another-boot"}
         store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
@@ -122,7 +166,7 @@ def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
         assert rayprocs.end_left_over(store, lines.append) == 1
         victim.wait(timeout=10)
         assert lines == [f"ray: ended 1 Ray process(es) left running by the earlier driver pid {gone.pid} of this "
-                         f"study (sleep; PIDs {victim.pid})"]
+                         f"study (raylet; PIDs {victim.pid})"]
     finally:
         if victim.poll() is None:
             victim.kill()

@@ -53,7 +53,9 @@ TINY = ("task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmod
 
 
 def test_unreachable_address_fails_fast_with_a_message(tmp_path):
-    """`--address` to a cluster nobody runs: exit 2 within a bounded time, never a hang or a traceback."""
+    """`--address` to a cluster nobody runs: exit 2 within a bounded time, never a hang or a traceback; the
+    refused run leaves nothing `study verify` calls damage (was: grids/<hash>.yaml and grids/log.jsonl of a
+    grid never run, "the store disagrees with itself")."""
     import time
 
     import ray
@@ -69,6 +71,9 @@ def test_unreachable_address_fails_fast_with_a_message(tmp_path):
     r = CliRunner().invoke(app, ["run", str(g), "--results", str(tmp_path / "res"), "--address", addr])
     assert r.exit_code == 2 and "cannot reach the Ray cluster" in r.output and addr in r.output, r.output
     assert time.time() - t0 < 60 and not ray.is_initialized()  # bounded: a refused TCP connect, no Ray retries
+    assert not (tmp_path / "res" / "far" / "grids").exists()
+    v = CliRunner().invoke(app, ["verify", str(g), "--results", str(tmp_path / "res")])
+    assert v.exit_code == 0 and "PROBLEM" not in v.output, v.output
 
 
 @pytest.mark.parametrize("res, words", [

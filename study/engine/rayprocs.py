@@ -7,7 +7,10 @@ RuntimeEnvAgent) live on, and a rerun stalled on "Failed to connect to GCS". The
 command line) once Ray has started; the next driver, which holds the lease (so the recorder is not
 running the study), ends each recorded process that is still that process (same machine, same start
 time, same command line) before it starts Ray: SIGTERM, then SIGKILL after GRACE_S. A PID reused by
-another process since is never touched.
+another process since is never touched, nor, whatever the record says (anyone who can write to the store
+writes it), a process that is not Ray's by the test that recorded it (a `ray::` worker, or a binary or
+script of the Ray install this driver imports) or not of the recorded Ray session (its session directory
+in the command line or, for a worker, in its environment).
 """
 from __future__ import annotations
 
@@ -56,12 +59,31 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def ray_descendants() -> list[int]:
-    """This process's descendants that are Ray's (its binaries, scripts and `ray::` workers): a driver
-    inside a test or a notebook has other children, never touched."""
-    def ray_s(cmd: str) -> bool:
-        return cmd.startswith("ray::") or "/ray/" in cmd  # .../site-packages/ray/core/src/ray/raylet/raylet
+def ray_s(cmd: str) -> bool:
+    """Whether a command line is Ray's: a `ray::` worker, or a binary or script of the Ray install this
+    process imports (.../site-packages/ray/core/src/ray/raylet/raylet, .../ray/dashboard/agent.py)."""
+    import ray
 
+    home = os.path.dirname(os.path.abspath(ray.__file__)) + os.sep
+    return cmd.startswith("ray::") or any(arg.startswith(home) for arg in cmd.split(" ")[:3])
+
+
+def in_session(pid: int, session: str) -> bool:
+    """Whether process `pid` names Ray's session directory `session` in its command line (Ray's binaries and
+    scripts) or its environment (a `ray::` worker, whose title replaced its command line)."""
+    if not session.startswith("/") or "/session_" not in session:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().decode(errors="replace")
+    except OSError:
+        env = ""
+    return session in (cmdline(pid) or "") or session in env
+
+
+def ray_descendants() -> list[int]:
+    """This process's descendants that are Ray's (ray_s): a driver inside a test or a notebook has other
+    children, never touched."""
     return [p for p in descendants(os.getpid()) if ray_s(cmdline(p) or "")]
 
 
@@ -93,13 +115,21 @@ def record(store: Store, every_s: float = WATCH_S) -> None:
 def _write_record(store: Store) -> set[int]:
     me = os.getpid()
     procs = [{"pid": p, "start": proc_start(p), "cmdline": cmdline(p)} for p in ray_descendants()]
-    info = {"driver": me, "start": proc_start(me), **machine(),
+    info = {"driver": me, "start": proc_start(me), "session": session_dir(), **machine(),
             "processes": [p for p in procs if p["start"] and p["cmdline"]]}
     try:
         store.write_bytes(store.path(*RECORD), json.dumps(info, sort_keys=True).encode())
     except OSError:
         pass  # a record that cannot be written costs only the clean-up of a later kill
     return {p["pid"] for p in procs}
+
+
+def session_dir() -> str | None:
+    """The session directory of the Ray this process started (None before ray.init)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    return node.get_session_dir_path() if node is not None else None
 
 
 def end_left_over(store: Store, echo) -> int:
@@ -118,9 +148,10 @@ def end_left_over(store: Store, echo) -> int:
     driver = info.get("driver")
     if isinstance(driver, int) and driver != os.getpid() and proc_start(driver) == info.get("start"):
         return 0  # its driver lives (a released lease, a driver still ending): its own shutdown ends them
+    session = info.get("session") if isinstance(info.get("session"), str) else ""
     left = [p for p in info["processes"] if isinstance(p, dict) and isinstance(p.get("pid"), int)
             and p["pid"] != os.getpid() and proc_start(p["pid"]) == p.get("start")
-            and cmdline(p["pid"]) == p.get("cmdline")]
+            and cmdline(p["pid"]) == p.get("cmdline") and ray_s(p["cmdline"]) and in_session(p["pid"], session)]
     for p in left:
         _signal(p["pid"], signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
