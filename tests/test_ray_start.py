@@ -72,7 +72,7 @@ def test_unreachable_address_fails_fast_with_a_message(tmp_path):
     assert r.exit_code == 2 and "cannot reach the Ray cluster" in r.output and addr in r.output, r.output
     assert time.time() - t0 < 60 and not ray.is_initialized()  # bounded: a refused TCP connect, no Ray retries
     assert not (tmp_path / "res" / "far" / "grids").exists()
-    v = CliRunner().invoke(app, ["verify", str(g), "--results", str(tmp_path / "res")])
+    v = CliRunner().invoke(app, ["verify", "--study", "far", "--results", str(tmp_path / "res")])
     assert v.exit_code == 0 and "PROBLEM" not in v.output, v.output
 
 
