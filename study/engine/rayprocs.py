@@ -10,12 +10,13 @@ time, same command line) before it starts Ray: SIGTERM, then SIGKILL after GRACE
 another process since is never touched, nor, whatever the record says (anyone who can write to the store
 writes it), a process that is not Ray's by the test that recorded it (a `ray::` worker, or a binary or
 script of the Ray install this driver imports) or not of the recorded Ray session (its session directory
-in the command line or, for a worker, in its environment).
+in the command line or, for a worker, a file of it open).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -70,15 +71,23 @@ def ray_s(cmd: str) -> bool:
 
 def in_session(pid: int, session: str) -> bool:
     """Whether process `pid` names Ray's session directory `session` in its command line (Ray's binaries and
-    scripts) or its environment (a `ray::` worker, whose title replaced its command line)."""
-    if not session.startswith("/") or "/session_" not in session:
+    scripts) or has a file open in it (a `ray::` worker or agent, whose title replaced its command line,
+    writes its logs there)."""
+    if not (session.startswith("/") and os.path.basename(session).startswith("session_")):
         return False
+    if re.search(re.escape(session) + r"(/|\s|$)", cmdline(pid) or ""):
+        return True
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().decode(errors="replace")
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        env = ""
-    return session in (cmdline(pid) or "") or session in env
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session + os.sep):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def ray_descendants() -> list[int]:
