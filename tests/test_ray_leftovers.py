@@ -210,3 +210,65 @@ def test_a_rerun_ends_the_ray_processes_a_sigkilled_driver_left(tmp_path):
             os.kill(a.pid, signal.SIGKILL)
             a.wait()
         kill_all([p for p in left if alive(p)])
+
+
+def _ctrl_c(tmp_path, ready, env: dict | None = None) -> tuple[int, str, list[int]]:
+    """`study run` of a tiny grid in a session of its own; once `ready(pid)`, SIGINT to its whole process group
+    (as a terminal's Ctrl-C); (exit code, output, processes of its session still alive 5 s after it exited).
+    Everything it left is killed by PID."""
+    gpath = tmp_path / "g.yaml"
+    gpath.write_text(tiny_grid("ctrlc", steps=60))
+    out = tmp_path / "out"
+    p = subprocess.Popen(study_cmd("run", str(gpath), "--results", str(tmp_path / "r"), "--num-cpus", "1"), cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, stdout=open(out, "w"),
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    left: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while not ready(p.pid) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        code = p.wait(timeout=120)
+        time.sleep(5)
+        left = [q for q in in_session(p.pid) if alive(q)]
+    finally:
+        if p.poll() is None:
+            left.append(p.pid)
+        kill_all(left)
+    return code, open(out).read(), left
+
+
+def _one_interrupted_line(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith("interrupted") and "again resumes" in ln]
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_ray_start_exits_130_and_leaves_no_process(tmp_path):
+    """Was: a Ctrl-C while Ray started printed only `^C` and left the raylet's two agents running (parent
+    PID 1). The Ctrl-C lands once the driver's GCS exists and before Ray says it started."""
+    def starting(pid: int) -> bool:
+        return any("gcs_server" in (rayprocs.cmdline(q) or "") for q in descendants(pid))
+
+    code, out, left = _ctrl_c(tmp_path, starting)
+    assert "ray: started" not in out, out  # the Ctrl-C came during the start
+    assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
+    assert not left, (out, [rayprocs.cmdline(q) for q in left])
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_in_training_exits_130_with_one_line_and_leaves_no_process(tmp_path):
+    """Was: exit 1 in one try and 130 in another. Both runs are held mid-training (a fault) when the Ctrl-C
+    reaches the driver's whole process group."""
+    from study.spec.grid import load_grid
+
+    (tmp_path / "g0.yaml").write_text(tiny_grid("ctrlc", steps=60))
+    runs = load_grid(str(tmp_path / "g0.yaml")).runs
+    progress = tmp_path / "r" / "ctrlc" / "progress"
+
+    def training(pid: int) -> bool:
+        return progress.is_dir() and len(os.listdir(progress)) >= 1
+
+    code, out, left = _ctrl_c(tmp_path, training, env=held(runs, at=15))
+    assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
+    assert "interrupted: " in out and "`study run` again resumes" in out, out
+    assert not left, (out, [rayprocs.cmdline(q) for q in left])

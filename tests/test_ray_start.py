@@ -251,7 +251,7 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
     progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats: a run is training (held at step 5)
     code, out = ctrl_c_when(cmd, tmp_path, env, lambda: progress.is_dir() and bool(os.listdir(progress)))
-    assert code == 1 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
+    assert code == 130 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
     r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done 0/2" in r.stdout, r.stdout + r.stderr

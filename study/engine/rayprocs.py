@@ -183,10 +183,12 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def end_own() -> None:
-    """End this process's Ray processes (what a failed start of an embedded Ray left): SIGTERM, then SIGKILL
-    after GRACE_S."""
+def end_own(shutdown=lambda: None) -> None:
+    """End this process's Ray processes (what a failed or interrupted start of an embedded Ray left), as they
+    are before `shutdown` (ray.shutdown: it ends the raylet, whose agents would outlive it, orphaned):
+    SIGTERM, then SIGKILL after GRACE_S."""
     mine = [(p, proc_start(p)) for p in ray_descendants()]
+    shutdown()
     for p, _ in mine:
         _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S

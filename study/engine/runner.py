@@ -20,7 +20,7 @@ from study.engine.health import classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
 from study.engine.options import RunOptions, TrialOptions
-from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, waiting_note_of
+from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, stop_on_reason, waiting_note_of
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
 from study.engine.raytune import fit, make_tuner, record_unfinished, run_of
 from study.engine.version import code_version, record_grid_file
@@ -91,13 +91,14 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
                 f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, ray, lease, view, options,
                 "run", {"run": _grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
                         **trial.config()}, max_failures=max(r.retries for r in plan.todo))
-            if code is not None:
+            if code not in (None, 130):
                 return code
             for res in result_grid:
                 rid = run_of(res.config).run_id if res.config else None  # no config: the trial never started
                 if res.error is not None and rid in by_id:
                     record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
-            return _outcome(grid, store, echo)
+            outcome = _outcome(grid, store, echo)
+            return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
 
 
 def _grid_search(payloads: list):
@@ -153,18 +154,24 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
     """One Tune experiment `name` (a new one per invocation: the store, not Tune's state, says what is done)
     over `param_space`: a grid search over runs (`study run`), or a searcher's samples (`search`: make_tuner's
     objective, search_alg, scheduler, num_samples; `study tune`). Returns (an exit code when the sweep
-    stopped for a reason of its own, said through echo, else None; Tune's ResultGrid)."""
+    stopped for a reason of its own, said through echo, 130 after a Ctrl-C (the caller says what was left),
+    else None; Tune's ResultGrid)."""
     from ray.tune.stopper import CombinedStopper
 
+    import signal
+
     echo, trials = options.echo, []  # Tune's trials as of its last step (their status is live)
-    placement, starts = PlacementWatch(ray), StartFailures(store)
+    placement, starts, ctrl_c = PlacementWatch(ray), StartFailures(store), CtrlC()
     view.waiting = waiting_note_of(ray, trials)
     tuner = make_tuner(
         name, store, param_space,
         # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
                    *logger_callbacks(list(options.log), store, command, echo)],  # --log (study/engine/loggers.py)
-        max_failures=max_failures, stop=CombinedStopper(placement.stopper(), starts.stopper()), **search)
+        max_failures=max_failures, stop=CombinedStopper(placement.stopper(), starts.stopper(),
+                                                        stop_on_reason(ctrl_c)), **search)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is ctrl_c's (and SIGTERM: sigterm_as_ctrl_c)
+    before = signal.signal(signal.SIGINT, ctrl_c)
     try:
         aside = quarantined(store)
         result_grid = fit(tuner, store)
@@ -182,10 +189,23 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
             echo(f"error: {store.study}: {placement.reason}; the cluster changed during the run: add nodes or "
                  f"lower `resources`, then run again (finished runs are kept)")
             return 2, result_grid
-        return None, result_grid
+        return (130 if ctrl_c.reason else None), result_grid
     finally:
+        signal.signal(signal.SIGINT, before)
         view.close()
         unwatch_all()
+
+
+class CtrlC:
+    """The SIGINT handler of a sweep: a first Ctrl-C stops every trial (stop_on_reason: they keep their
+    checkpoints, the sweep's outcome is said, exit 130); a second one raises KeyboardInterrupt."""
+
+    reason = None
+
+    def __call__(self, signum, frame) -> None:
+        if self.reason is not None:
+            raise KeyboardInterrupt
+        self.reason = "interrupted"
 
 
 def _outcome(grid: Grid, store: Store, echo) -> int:

@@ -342,7 +342,7 @@ def _fit_group(grid: Grid, store: Store, ray, lease, options: RunOptions, trial:
         max_failures=base.retries, objective=Objective(search.metric, eval_every),
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent), scheduler=scheduler,
         num_samples=todo)
-    if code is not None:
+    if code not in (None, 130):  # a Ctrl-C: the group says how far it got
         return code
     row_of = {"code_version": trial.code_version, "grid": trial.grid}  # what a search's runs rows say of it
     for r in result_grid:
