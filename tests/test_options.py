@@ -69,3 +69,18 @@ def test_trial_options_reach_execute(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         execute(b, store, TrialOptions("v-opts"))
     assert not store.exists(store.weights_path(b.run_id))
+
+
+def test_a_flag_named_in_both_option_classes_reaches_the_trials(monkeypatch):
+    """RunOptions.trial: the driver's values, and every flag TrialOptions names too, so a flag for the trials
+    is one field in each class and nothing in between (none today: here a TrialOptions with --retry-failed)."""
+    import study.engine.options as options
+
+    @dataclasses.dataclass(frozen=True)
+    class WithFlag(TrialOptions):
+        retry_failed: bool = False
+
+    opts = RunOptions(retry_failed=True)
+    assert opts.trial(code_version="v", lease={"gen": 1}) == TrialOptions("v", lease={"gen": 1})
+    monkeypatch.setattr(options, "TrialOptions", WithFlag)
+    assert opts.trial(code_version="v") == WithFlag("v", retry_failed=True)

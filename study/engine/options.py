@@ -27,6 +27,12 @@ class RunOptions:
     log: tuple = ()  # --log: the sinks (study.engine.loggers.parse)
     echo: Callable[[str], None] = field(default=print, compare=False)  # where the driver's lines go
 
+    def trial(self, **driver) -> "TrialOptions":
+        """What this invocation's trials are told: `driver`'s (code version, store root, grid hash, lease) and
+        each of these flags that TrialOptions names too (a flag for the trials: one field in each class)."""
+        mine = {f.name for f in dataclasses.fields(self)} & {f.name for f in dataclasses.fields(TrialOptions)}
+        return TrialOptions(**driver, **{k: getattr(self, k) for k in mine})
+
 
 @dataclass(frozen=True)
 class TrialOptions:

@@ -82,7 +82,7 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
         with ray_for(grid, store, plan.todo, options) as ray:
             if ray is None:
                 return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
-            trial = trial_options(store, grid, results, "run", lease)
+            trial = trial_options(store, grid, results, options, "run", lease)
             by_id = {r.run_id: r for r in plan.todo}
             view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                             every_s=options.progress_every_s,
@@ -107,12 +107,12 @@ def _grid_search(payloads: list):
     return tune.grid_search(payloads)
 
 
-def trial_options(store: Store, grid: Grid, results: str, command: str, lease) -> TrialOptions:
-    """What every trial of this driver is told: the grid, recorded now that its runs start (a run refused
-    before leaves nothing), the code version, the store's root as every node reaches it (an absolute path
-    on a shared disk, or the URI as given) and the lease that fences it."""
-    return TrialOptions(code_version(), results=results if "://" in results else os.path.abspath(results),
-                        grid=record_grid_file(store, grid, command), lease=lease.fence)
+def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, command: str, lease) -> TrialOptions:
+    """What every trial of this driver is told (RunOptions.trial): the grid, recorded now that its runs start
+    (a run refused before leaves nothing), the code version, the store's root as every node reaches it (an
+    absolute path on a shared disk, or the URI as given) and the lease that fences it."""
+    return options.trial(code_version=code_version(), results=results if "://" in results else
+                         os.path.abspath(results), grid=record_grid_file(store, grid, command), lease=lease.fence)
 
 
 @contextlib.contextmanager

@@ -285,7 +285,7 @@ def tune_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> i
                         ray_for(grid, store, [tuning_run(g.run, search) for g in grid.search_groups], options))
                     if ray is None:
                         return 2
-                    trial = trial_options(store, grid, results, "tune", lease)
+                    trial = trial_options(store, grid, results, options, "tune", lease)
                 if not study.trials:
                     for p in search.points:
                         study.enqueue_trial(p)
