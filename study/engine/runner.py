@@ -9,7 +9,6 @@ and start-failure stops (study/engine/placement.py) and the live line (study/eng
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 
@@ -83,13 +82,15 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
             if ray is None:
                 return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
             trial = trial_options(store, grid, results, options, "run", lease)
+            from ray import tune
+
             by_id = {r.run_id: r for r in plan.todo}
             view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
                             every_s=options.progress_every_s,
                             beats=lambda: store.read_progress(set(by_id)))  # status's ETA
             code, result_grid = dispatch(
                 f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, ray, lease, view, options,
-                "run", {"run": _grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
+                "run", {"run": tune.grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
                         **trial.config()}, max_failures=max(r.retries for r in plan.todo))
             if code not in (None, 130):
                 return code
@@ -99,12 +100,6 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
                     record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
             outcome = _outcome(grid, store, echo)
             return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
-
-
-def _grid_search(payloads: list):
-    from ray import tune
-
-    return tune.grid_search(payloads)
 
 
 def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, command: str, lease) -> TrialOptions:
@@ -227,13 +222,6 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
     return 1 if (final.failed or final.todo) else 0
 
 
-def _step_of(result: dict) -> int | None:
-    """A training result's step (a search's result under ASHA says it as `train_step`); None for the others."""
-    s = result.get("train_step", result.get("step"))
-    ok = result.get("phase", "train") == "train" and isinstance(s, (int, float)) and math.isfinite(s)
-    return int(s) if ok else None
-
-
 def run_events(view: LiveView, trials: list):
     """A Ray Tune callback feeding `view` with the trials of a sweep, keyed by run id (a search's trial owes
     its run's steps from its start), and keeping Tune's list of trials in `trials`."""
@@ -248,7 +236,7 @@ def run_events(view: LiveView, trials: list):
             view.started(run.run_id)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.result(run_of(trial.config).run_id, _step_of(result))
+            view.result(run_of(trial.config).run_id)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             view.finished(run_of(trial.config).run_id, ok=True)

@@ -336,8 +336,9 @@ def _fit_group(grid: Grid, store: Store, ray, lease, options: RunOptions, trial:
                                   mode=search.mode if eval_every else "min", max_t=base.train.steps,
                                   grace_period=p.grace_period, reduction_factor=p.reduction_factor)
     # one line per trial started or ended, and every 30 s (a terminal: one line redrawn), as `study run`
+    view = LiveView(todo, {}, echo=options.echo, beats=lambda: store.read_progress(set(view.steps)))
     code, result_grid = dispatch(
-        f"{grid.study}-tune-{group.name}-{int(time.time())}", store, ray, lease, LiveView(todo, {}, echo=options.echo),
+        f"{grid.study}-tune-{group.name}-{int(time.time())}", store, ray, lease, view,
         options, "tune", {"base": trial_payload(base), "param_keys": sorted(search.params), **trial.config()},
         max_failures=base.retries, objective=Objective(search.metric, eval_every),
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent), scheduler=scheduler,
