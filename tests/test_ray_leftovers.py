@@ -93,15 +93,17 @@ def test_a_failed_embedded_start_ends_what_it_started(monkeypatch):
     assert not rayprocs.ray_descendants()
 
 
-SESSION = "/tmp/ray/session_2026-01-01_00-00-00_000000_1"  # a Ray session directory, as recorded
+def _session(driver: int) -> str:
+    """A session directory as Ray names the one a driver's embedded Ray runs in (time, then the driver's PID)."""
+    return f"/tmp/ray/session_2026-01-01_00-00-00_000000_{driver}"
 
 
-def _record(store: Store, driver: int, driver_start, procs: list[dict], session: str = SESSION) -> None:
+def _record(store: Store, driver: int, driver_start, procs: list[dict], session: str) -> None:
     store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
         {"driver": driver, "start": driver_start, "session": session, **machine(), "processes": procs}).encode())
 
 
-def _like_ray(session: str = SESSION) -> subprocess.Popen:
+def _like_ray(session: str) -> subprocess.Popen:
     """A process that is Ray's by the recorder's test: named as a binary of the Ray install this process
     imports, with a session directory on its command line (a Python that sleeps)."""
     import ray
@@ -113,28 +115,34 @@ def _like_ray(session: str = SESSION) -> subprocess.Popen:
 
 def _entry(p: subprocess.Popen) -> dict:
     for _ in range(50):  # its command line as /proc says it once Python has started
-        if rayprocs.cmdline(p.pid) and rayprocs.cmdline(p.pid).endswith(SESSION):
+        if "--session-dir=" in (rayprocs.cmdline(p.pid) or ""):
             break
         time.sleep(0.1)
     return {"pid": p.pid, "start": proc_start(p.pid), "cmdline": rayprocs.cmdline(p.pid)}
+
+
+def _dead() -> int:
+    """The PID of a process that has ended (a driver gone)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
 
 
 def test_a_forged_record_never_ends_a_process_that_is_not_ray_s(tmp_path):
     """Was: a record naming a `sleep 600` of this user (its real PID, start time and command line, readable
     by anyone from /proc) under a dead driver made the next `study run` end it. Only a process that is Ray's
     (a `ray::` worker, a binary or script of this Ray install) of the recorded session is ever ended."""
-    store = Store(str(tmp_path), "s")
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    sleep, other = subprocess.Popen(["sleep", "600"]), _like_ray("/tmp/ray/session_another")
+    store, gone, other_driver = Store(str(tmp_path), "s"), _dead(), _dead()
+    sleep, other = subprocess.Popen(["sleep", "600"]), _like_ray(_session(other_driver))
     try:
-        _record(store, gone.pid, "1", [{"pid": sleep.pid, "start": proc_start(sleep.pid), "cmdline": "sleep 600"},
-                                       _entry(other)])
+        _record(store, gone, "1", [{"pid": sleep.pid, "start": proc_start(sleep.pid), "cmdline": "sleep 600"},
+                                   _entry(other)], _session(gone))
         lines: list[str] = []
         assert rayprocs.end_left_over(store, lines.append) == 0 and not lines
         assert alive(sleep.pid) and alive(other.pid)  # not Ray's; Ray's, of another session
-        _record(store, gone.pid, "1", [_entry(other)], session="/etc")  # a session that is no Ray session
-        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(other.pid)
+        for session in ("/etc", _session(other_driver)):  # no Ray session; another driver's
+            _record(store, gone, "1", [_entry(other)], session)
+            assert rayprocs.end_left_over(store, lines.append) == 0 and alive(other.pid)
     finally:
         for p in (sleep, other):
             p.kill()
@@ -147,22 +155,22 @@ def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
     store = Store(str(tmp_path), "s")
     gone = subprocess.Popen(["true"])
     gone.wait()  # a driver that has ended
-    victim = _like_ray()
+    victim = _like_ray(_session(gone.pid))
     try:
         me = _entry(victim)
         lines: list[str] = []
-        _record(store, os.getppid(), proc_start(os.getppid()), [me])  # its driver lives
+        _record(store, os.getppid(), proc_start(os.getppid()), [me], _session(gone.pid))  # its driver lives
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
-        _record(store, gone.pid, "1", [{**me, "start": "1"}])  # the PID was reused since
+        _record(store, gone.pid, "1", [{**me, "start": "1"}], _session(gone.pid))  # the PID was reused since
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
-        _record(store, gone.pid, "1", [{**me, "cmdline": me["cmdline"] + "1"}])
+        _record(store, gone.pid, "1", [{**me, "cmdline": me["cmdline"] + "1"}], _session(gone.pid))
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         info = {**machine(), "boot": "another-boot"}
         store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
             {"driver": gone.pid, "start": "1", **info, "processes": [me]}).encode())
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         assert not lines
-        _record(store, gone.pid, "1", [me])
+        _record(store, gone.pid, "1", [me], _session(gone.pid))
         assert rayprocs.end_left_over(store, lines.append) == 1
         victim.wait(timeout=10)
         assert lines == [f"ray: ended 1 Ray process(es) left running by the earlier driver pid {gone.pid} of this "

@@ -9,8 +9,8 @@ running the study), ends each recorded process that is still that process (same 
 time, same command line) before it starts Ray: SIGTERM, then SIGKILL after GRACE_S. A PID reused by
 another process since is never touched, nor, whatever the record says (anyone who can write to the store
 writes it), a process that is not Ray's by the test that recorded it (a `ray::` worker, or a binary or
-script of the Ray install this driver imports) or not of the recorded Ray session (its session directory
-in the command line or, for a worker, a file of it open).
+script of the Ray install this driver imports) or not of the recorded Ray session, the recorded driver's
+(its session directory in the command line or, for a worker, a file of it open).
 """
 from __future__ import annotations
 
@@ -158,6 +158,8 @@ def end_left_over(store: Store, echo) -> int:
     if isinstance(driver, int) and driver != os.getpid() and proc_start(driver) == info.get("start"):
         return 0  # its driver lives (a released lease, a driver still ending): its own shutdown ends them
     session = info.get("session") if isinstance(info.get("session"), str) else ""
+    if not session.endswith(f"_{driver}"):
+        return 0  # not the session of the recorded driver's own Ray (Ray names it after the driver's PID)
     left = [p for p in info["processes"] if isinstance(p, dict) and isinstance(p.get("pid"), int)
             and p["pid"] != os.getpid() and proc_start(p["pid"]) == p.get("start")
             and cmdline(p["pid"]) == p.get("cmdline") and ray_s(p["cmdline"]) and in_session(p["pid"], session)]
