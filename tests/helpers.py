@@ -39,16 +39,34 @@ def study(*args: str, timeout: int = 600, cwd: str = ROOT, env: dict | None = No
                           capture_output=True, text=True, timeout=timeout)
 
 
-def held(runs, at: int = 15, release=None) -> dict:
-    """Environment that holds each of `runs`' first attempts before step `at` (study/engine/faults.py): a
-    run is surely mid-training, past its checkpoint at step 10, when a test acts, however fast the machine
-    trains. With `release` (a path), the held attempts go on once that file exists."""
-    from study.engine.faults import HOLD_ENV, RELEASE_ENV
+FAULTS = os.path.join(ROOT, "tests", "faults")  # the fault injection, loaded where PYTHONPATH holds it
 
-    env = {HOLD_ENV: ",".join(f"{r.run_id}:{at}" for r in runs)}
+
+def faulty(nan: dict | None = None, holds: dict | None = None, release=None) -> dict:
+    """Environment that injects faults (tests/faults/faultplug.py; run id -> step): weights turned to NaN
+    before step `nan[run_id]`, first attempts held before step `holds[run_id]` (until `release` exists).
+    The fault plugin is put on PYTHONPATH here and, through Ray's runtime environment, on every node's
+    workers (a cluster's other nodes do not inherit the driver's environment)."""
+    import json
+
+    env = {k: ",".join(f"{rid}:{at}" for rid, at in v.items())
+           for k, v in (("RMDM_FAULT_NAN_AT", nan), ("RMDM_FAULT_HOLD_AT", holds)) if v}
     if release is not None:
-        env[RELEASE_ENV] = str(release)
-    return env
+        env["RMDM_FAULT_RELEASE_FILE"] = str(release)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, FAULTS])
+    return {**env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"env_vars": env}})}
+
+
+def held(runs, at: int = 15, release=None) -> dict:
+    """Environment that holds each of `runs`' first attempts before step `at` (faulty): a run is surely
+    mid-training, past its checkpoint at step 10, when a test acts, however fast the machine trains. With
+    `release` (a path), the held attempts go on once that file exists."""
+    return faulty(holds={r.run_id: at for r in runs}, release=release)
+
+
+def unheld(env: dict) -> dict:
+    """`env` without the faults faulty() added (PYTHONPATH kept)."""
+    return {k: v for k, v in env.items() if not k.startswith("RMDM_FAULT_") and k != "RAY_JOB_CONFIG_JSON_ENV_VAR"}
 
 
 def start_driver(gpath, results, address, out, env: dict | None = None):

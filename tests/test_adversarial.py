@@ -320,7 +320,7 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ROOT, descendants, held, kill_all, tiny_grid
+    from tests.helpers import ROOT, descendants, held, kill_all, tiny_grid, unheld
 
     g = tmp_path / "g.yaml"
     g.write_text(tiny_grid("sigterm", axes="seed: [0, 1]"))
@@ -344,9 +344,9 @@ def test_sigterm_to_the_driver_is_ctrl_c(tmp_path):
             p.kill()
             p.communicate()
             kill_all(tree)
-    assert p.returncode == 1 and "interrupted: 2 run(s) not finished" in out, out
+    assert p.returncode == 130 and "interrupted: 2 run(s) not finished" in out, out  # a SIGTERM is a Ctrl-C (issue 44: 130)
     assert "Traceback" not in out and "SIGTERM received" not in out and "***" not in out, out
-    env.pop("RMDM_FAULT_HOLD_AT")
+    env = unheld(env)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "2 done, 0 failed, 0 incomplete" in r.stdout, r.stdout + r.stderr
 
@@ -414,12 +414,12 @@ def test_a_failing_trial_is_one_line_with_its_root_cause(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ROOT, tiny_grid
+    from tests.helpers import faulty, tiny_grid
 
     g = tmp_path / "g.yaml"
     g.write_text(tiny_grid("nanrun", axes="seed: [0]", retries=0))
     rid = load_grid(str(g)).runs[0].run_id
-    env = {**os.environ, "PYTHONPATH": ROOT, "RMDM_FAULT_NAN_AT": f"{rid}:3"}
+    env = {**os.environ, **faulty(nan={rid: 3})}
     r = subprocess.run([sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"),
                         "--num-cpus", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from study.spec.grid import load_grid
-from study.engine.faults import FAULT_ENV, HOLD_ENV, injected_faults
+from faultplug import FAULT_ENV, HOLD_ENV, injected_faults
 from study.engine.raystart import init_ray
 from study.engine.runner import run_grid
 from study.commands.status import snapshot
@@ -35,7 +35,7 @@ def read_log(store: Store, run_id: str, kind: str = "log") -> str:
     return (store.read_bytes(store.path("logs", f"{run_id}.{kind}")) or b"").decode()
 
 
-def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_path, local_ray, monkeypatch):
+def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_path, local_ray, faults):
     # the bad run's weights turn to NaN before step 2, after the checkpoint at step 2 (fault injection:
     # a huge lr overflows at a step that depends on the CPU's instruction set), so every retry fails
     gpath = tmp_path / "fail.yaml"
@@ -45,7 +45,7 @@ def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_
     results = str(tmp_path / "results")
     grid = load_grid(str(gpath))
     good, bad = sorted(grid.runs, key=lambda r: r.train.seed)
-    monkeypatch.setenv(FAULT_ENV, f"{bad.run_id}:2")
+    faults(**{FAULT_ENV: f"{bad.run_id}:2"})
     store = Store(results, "fail")
     lines: list[str] = []
 
@@ -81,7 +81,7 @@ def test_fault_spec_is_parsed_strictly():
         injected_faults("abc")
 
 
-def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray, monkeypatch):
+def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray, faults):
     gpath = tmp_path / "kill.yaml"
     gpath.write_text("study: kill\n" + TASK + "train: {steps: 100, batch_size: 8, warmup: 2, checkpoint_every: 10, "
                      "log_every: 5}\neval: {T: [1], L_s: [train], n_examples: 16}\nretries: 1\n")
@@ -90,7 +90,7 @@ def test_killed_trial_process_is_retried_and_finishes(tmp_path, local_ray, monke
     (run,) = grid.runs
     store = Store(results, "kill")
     # attempt 1 waits before step 20 (after its checkpoint at 20) until killed: mid-training on any machine
-    monkeypatch.setenv(HOLD_ENV, f"{run.run_id}:20")
+    faults(**{HOLD_ENV: f"{run.run_id}:20"})
     killed: list[int] = []
 
     def killer():

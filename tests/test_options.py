@@ -46,17 +46,15 @@ def test_every_flag_of_run_and_tune_is_a_field_of_run_options(command):
 
 
 def test_trial_options_are_one_plain_key_of_the_trial_config():
-    opts = TrialOptions("v1", results="/r", grid="abc", lease={"id": "x", "epoch": 3},
-                        faults={"nan": {"r1": 5}, "holds": {}, "release": None})
+    opts = TrialOptions("v1", results="/r", grid="abc", lease={"id": "x", "epoch": 3})
     config = json.loads(json.dumps(opts.config()))  # plain data: it travels to trials on other nodes
     assert list(config) == [OPTIONS_KEY]
     assert TrialOptions.of_config({"run": {}, **config}) == opts
-    assert opts.faults_of("r1").nan_at_step == 5 and opts.faults_of("r2").nan_at_step is None
 
 
-def test_trial_options_reach_execute(tmp_path):
-    """execute writes the options' code version and grid hash into the run's config and row, and injects the
-    options' faults (a NaN at step 5: the run fails there)."""
+def test_trial_options_reach_execute(tmp_path, monkeypatch):
+    """execute writes the options' code version and grid hash into the run's config and row; a fault the test
+    injects (tests/faults: a NaN at step 5) fails the run there."""
     from study.engine.trial import execute
 
     (tmp_path / "o.yaml").write_text(tiny_grid("opts", steps=10, n_test=4, T="[1]", axes="seed: [0, 1]"))
@@ -67,6 +65,22 @@ def test_trial_options_reach_execute(tmp_path):
     assert (row["code_version"], row["grid"]) == ("v-opts", "g123")
     config = json.loads((tmp_path / "results" / "opts" / "configs" / f"{a.run_id}.json").read_text())
     assert (config["code_version"], config["grid"]) == ("v-opts", "g123")
+    monkeypatch.setenv("RMDM_FAULT_NAN_AT", f"{b.run_id}:5")
     with pytest.raises(Exception):
-        execute(b, store, TrialOptions("v-opts", faults={"nan": {b.run_id: 5}}))
+        execute(b, store, TrialOptions("v-opts"))
     assert not store.exists(store.weights_path(b.run_id))
+
+
+def test_a_flag_named_in_both_option_classes_reaches_the_trials(monkeypatch):
+    """RunOptions.trial: the driver's values, and every flag TrialOptions names too, so a flag for the trials
+    is one field in each class and nothing in between (none today: here a TrialOptions with --retry-failed)."""
+    import study.engine.options as options
+
+    @dataclasses.dataclass(frozen=True)
+    class WithFlag(TrialOptions):
+        retry_failed: bool = False
+
+    opts = RunOptions(retry_failed=True)
+    assert opts.trial(code_version="v", lease={"gen": 1}) == TrialOptions("v", lease={"gen": 1})
+    monkeypatch.setattr(options, "TrialOptions", WithFlag)
+    assert opts.trial(code_version="v") == WithFlag("v", retry_failed=True)

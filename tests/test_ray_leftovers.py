@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -92,9 +93,60 @@ def test_a_failed_embedded_start_ends_what_it_started(monkeypatch):
     assert not rayprocs.ray_descendants()
 
 
-def _record(store: Store, driver: int, driver_start, procs: list[dict]) -> None:
+def _session(driver: int) -> str:
+    """A session directory as Ray names the one a driver's embedded Ray runs in (time, then the driver's PID)."""
+    return f"/tmp/ray/session_2026-01-01_00-00-00_000000_{driver}"
+
+
+def _record(store: Store, driver: int, driver_start, procs: list[dict], session: str) -> None:
     store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
-        {"driver": driver, "start": driver_start, **machine(), "processes": procs}).encode())
+        {"driver": driver, "start": driver_start, "session": session, **machine(), "processes": procs}).encode())
+
+
+def _like_ray(session: str) -> subprocess.Popen:
+    """A process that is Ray's by the recorder's test: named as a binary of the Ray install this process
+    imports, with a session directory on its command line (a Python that sleeps)."""
+    import ray
+
+    raylet = os.path.join(os.path.dirname(os.path.abspath(ray.__file__)), "core", "src", "ray", "raylet", "raylet")
+    return subprocess.Popen([raylet, "-c", "import time; time.sleep(300)", f"--session-dir={session}"],
+                            executable=sys.executable)
+
+
+def _entry(p: subprocess.Popen) -> dict:
+    for _ in range(50):  # its command line as /proc says it once Python has started
+        if "--session-dir=" in (rayprocs.cmdline(p.pid) or ""):
+            break
+        time.sleep(0.1)
+    return {"pid": p.pid, "start": proc_start(p.pid), "cmdline": rayprocs.cmdline(p.pid)}
+
+
+def _dead() -> int:
+    """The PID of a process that has ended (a driver gone)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_a_forged_record_never_ends_a_process_that_is_not_ray_s(tmp_path):
+    """Was: a record naming a `sleep 600` of this user (its real PID, start time and command line, readable
+    by anyone from /proc) under a dead driver made the next `study run` end it. Only a process that is Ray's
+    (a `ray::` worker, a binary or script of this Ray install) of the recorded session is ever ended."""
+    store, gone, other_driver = Store(str(tmp_path), "s"), _dead(), _dead()
+    sleep, other = subprocess.Popen(["sleep", "600"]), _like_ray(_session(other_driver))
+    try:
+        _record(store, gone, "1", [{"pid": sleep.pid, "start": proc_start(sleep.pid), "cmdline": "sleep 600"},
+                                   _entry(other)], _session(gone))
+        lines: list[str] = []
+        assert rayprocs.end_left_over(store, lines.append) == 0 and not lines
+        assert alive(sleep.pid) and alive(other.pid)  # not Ray's; Ray's, of another session
+        for session in ("/etc", _session(other_driver)):  # no Ray session; another driver's
+            _record(store, gone, "1", [_entry(other)], session)
+            assert rayprocs.end_left_over(store, lines.append) == 0 and alive(other.pid)
+    finally:
+        for p in (sleep, other):
+            p.kill()
+            p.wait()
 
 
 def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
@@ -103,26 +155,26 @@ def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
     store = Store(str(tmp_path), "s")
     gone = subprocess.Popen(["true"])
     gone.wait()  # a driver that has ended
-    victim = subprocess.Popen(["sleep", "300"])
+    victim = _like_ray(_session(gone.pid))
     try:
-        me = {"pid": victim.pid, "start": proc_start(victim.pid), "cmdline": "sleep 300"}
+        me = _entry(victim)
         lines: list[str] = []
-        _record(store, os.getppid(), proc_start(os.getppid()), [me])  # its driver lives
+        _record(store, os.getppid(), proc_start(os.getppid()), [me], _session(gone.pid))  # its driver lives
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
-        _record(store, gone.pid, "1", [{**me, "start": "1"}])  # the PID was reused since
+        _record(store, gone.pid, "1", [{**me, "start": "1"}], _session(gone.pid))  # the PID was reused since
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
-        _record(store, gone.pid, "1", [{**me, "cmdline": "sleep 301"}])
+        _record(store, gone.pid, "1", [{**me, "cmdline": me["cmdline"] + "1"}], _session(gone.pid))
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         info = {**machine(), "boot": "another-boot"}
         store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
             {"driver": gone.pid, "start": "1", **info, "processes": [me]}).encode())
         assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         assert not lines
-        _record(store, gone.pid, "1", [me])
+        _record(store, gone.pid, "1", [me], _session(gone.pid))
         assert rayprocs.end_left_over(store, lines.append) == 1
         victim.wait(timeout=10)
         assert lines == [f"ray: ended 1 Ray process(es) left running by the earlier driver pid {gone.pid} of this "
-                         f"study (sleep; PIDs {victim.pid})"]
+                         f"study (raylet; PIDs {victim.pid})"]
     finally:
         if victim.poll() is None:
             victim.kill()
@@ -166,3 +218,65 @@ def test_a_rerun_ends_the_ray_processes_a_sigkilled_driver_left(tmp_path):
             os.kill(a.pid, signal.SIGKILL)
             a.wait()
         kill_all([p for p in left if alive(p)])
+
+
+def _ctrl_c(tmp_path, ready, env: dict | None = None) -> tuple[int, str, list[int]]:
+    """`study run` of a tiny grid in a session of its own; once `ready(pid)`, SIGINT to its whole process group
+    (as a terminal's Ctrl-C); (exit code, output, processes of its session still alive 5 s after it exited).
+    Everything it left is killed by PID."""
+    gpath = tmp_path / "g.yaml"
+    gpath.write_text(tiny_grid("ctrlc", steps=60))
+    out = tmp_path / "out"
+    p = subprocess.Popen(study_cmd("run", str(gpath), "--results", str(tmp_path / "r"), "--num-cpus", "1"), cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, stdout=open(out, "w"),
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    left: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while not ready(p.pid) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        code = p.wait(timeout=120)
+        time.sleep(5)
+        left = [q for q in in_session(p.pid) if alive(q)]
+    finally:
+        if p.poll() is None:
+            left.append(p.pid)
+        kill_all(left)
+    return code, open(out).read(), left
+
+
+def _one_interrupted_line(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith("interrupted") and "again resumes" in ln]
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_ray_start_exits_130_and_leaves_no_process(tmp_path):
+    """Was: a Ctrl-C while Ray started printed only `^C` and left the raylet's two agents running (parent
+    PID 1). The Ctrl-C lands once the driver's GCS exists and before Ray says it started."""
+    def starting(pid: int) -> bool:
+        return any("gcs_server" in (rayprocs.cmdline(q) or "") for q in descendants(pid))
+
+    code, out, left = _ctrl_c(tmp_path, starting)
+    assert "ray: started" not in out, out  # the Ctrl-C came during the start
+    assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
+    assert not left, (out, [rayprocs.cmdline(q) for q in left])
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_in_training_exits_130_with_one_line_and_leaves_no_process(tmp_path):
+    """Was: exit 1 in one try and 130 in another. Both runs are held mid-training (a fault) when the Ctrl-C
+    reaches the driver's whole process group."""
+    from study.spec.grid import load_grid
+
+    (tmp_path / "g0.yaml").write_text(tiny_grid("ctrlc", steps=60))
+    runs = load_grid(str(tmp_path / "g0.yaml")).runs
+    progress = tmp_path / "r" / "ctrlc" / "progress"
+
+    def training(pid: int) -> bool:
+        return progress.is_dir() and len(os.listdir(progress)) >= 1
+
+    code, out, left = _ctrl_c(tmp_path, training, env=held(runs, at=15))
+    assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
+    assert "interrupted: " in out and "`study run` again resumes" in out, out
+    assert not left, (out, [rayprocs.cmdline(q) for q in left])

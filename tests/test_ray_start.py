@@ -53,7 +53,9 @@ TINY = ("task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmod
 
 
 def test_unreachable_address_fails_fast_with_a_message(tmp_path):
-    """`--address` to a cluster nobody runs: exit 2 within a bounded time, never a hang or a traceback."""
+    """`--address` to a cluster nobody runs: exit 2 within a bounded time, never a hang or a traceback; the
+    refused run leaves nothing `study verify` calls damage (was: grids/<hash>.yaml and grids/log.jsonl of a
+    grid never run, "the store disagrees with itself")."""
     import time
 
     import ray
@@ -69,6 +71,9 @@ def test_unreachable_address_fails_fast_with_a_message(tmp_path):
     r = CliRunner().invoke(app, ["run", str(g), "--results", str(tmp_path / "res"), "--address", addr])
     assert r.exit_code == 2 and "cannot reach the Ray cluster" in r.output and addr in r.output, r.output
     assert time.time() - t0 < 60 and not ray.is_initialized()  # bounded: a refused TCP connect, no Ray retries
+    assert not (tmp_path / "res" / "far" / "grids").exists()
+    v = CliRunner().invoke(app, ["verify", "--study", "far", "--results", str(tmp_path / "res")])
+    assert v.exit_code == 0 and "PROBLEM" not in v.output, v.output
 
 
 @pytest.mark.parametrize("res, words", [
@@ -237,7 +242,7 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     import sys
 
     from study.spec.grid import load_grid
-    from tests.helpers import ctrl_c_when, held
+    from tests.helpers import ctrl_c_when, held, unheld
 
     g = tmp_path / "g.yaml"
     g.write_text("study: sigrun\n" + TINY.replace("steps: 2", "steps: 20") + "axes:\n  seed: [0, 1]\n")
@@ -246,10 +251,10 @@ def test_ctrl_c_ends_study_run_on_an_embedded_ray(tmp_path):
     cmd = [sys.executable, "-m", "study.cli", "run", str(g), "--results", str(tmp_path / "res"), "--num-cpus", "1"]
     progress = tmp_path / "res" / "sigrun" / "progress"  # heartbeats: a run is training (held at step 5)
     code, out = ctrl_c_when(cmd, tmp_path, env, lambda: progress.is_dir() and bool(os.listdir(progress)))
-    assert code == 1 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
+    assert code == 130 and "interrupted: 2 run(s) not finished" in out and "Traceback" not in out, out
     r = subprocess.run([sys.executable, "-m", "study.cli", "status", str(g), "--results", str(tmp_path / "res")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "done 0/2" in r.stdout, r.stdout + r.stderr
-    env.pop("RMDM_FAULT_HOLD_AT")
+    env = unheld(env)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "2 done, 0 failed, 0 incomplete" in r.stdout, r.stdout + r.stderr

@@ -121,8 +121,9 @@ def interrupted(tmp_path_factory):
     store = Store(str(tmp / "results"), grid.study)
     a, b = grid.runs
     execute(a, store, TrialOptions("test"))
-    with pytest.raises(Exception):
-        execute(b, store, TrialOptions("test", faults={"nan": {b.run_id: 25}}))
+    with pytest.raises(Exception), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RMDM_FAULT_NAN_AT", f"{b.run_id}:25")  # tests/faults/faultplug.py
+        execute(b, store, TrialOptions("test"))
     assert store.exists(store.checkpoint_path(b.run_id)) and store.exists(previous_checkpoint_path(store, b.run_id))
     return gpath, grid, store
 

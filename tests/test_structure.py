@@ -302,3 +302,11 @@ def test_the_size_check_sees_a_long_module(tmp_path):
     p.write_text("x = 1\n" * 601)
     (tmp_path / "short.py").write_text("x = 1\n" * 600)
     assert over_size({"a.long": p, "a.short": tmp_path / "short.py"}) == ["long.py: 601 lines"]
+
+
+def test_no_product_module_reads_a_fault_variable():
+    """Faults are the tests' to inject (tests/faults/faultplug.py): no product module names an RMDM_FAULT_*
+    variable, nor any code of the fault plugin."""
+    bad = [str(p.relative_to(ROOT)) for p in modules().values()
+           if any(w in p.read_text(encoding="utf-8") for w in ("RMDM_FAULT_", "faultplug"))]
+    assert bad == []

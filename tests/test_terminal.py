@@ -18,7 +18,7 @@ import time
 import pytest
 
 from store import Store
-from tests.helpers import ROOT, ctrl_c_when, study, study_cmd, tiny_grid
+from tests.helpers import ROOT, ctrl_c_when, faulty, study, study_cmd, tiny_grid
 
 DUR = r"(?:\d+h\d\dm|\d+m\d\ds)"
 PROGRESS = (rf"\[{DUR}\] done \d+/\d+  running \d+  pending \d+(?: \([^)]*\))?(?:  interrupted \d+)?  "
@@ -209,7 +209,7 @@ def test_root_cause_interrupted_retry_and_prune(tmp_path):
     g.write_text(tiny_grid("termfail", steps=3000, retries=0, axes="seed: [1]")
                  .replace("checkpoint_every: 10, log_every: 5", "checkpoint_every: 500, log_every: 50"))
     bad = load_grid(str(g)).runs[0]
-    env = {"RMDM_FAULT_NAN_AT": f"{bad.run_id}:3"}
+    env = faulty(nan={bad.run_id: 3})
     r = study("run", str(g), "--results", res, "--num-cpus", "2", cwd=str(tmp_path), env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 1 and f"failed {bad.run_id}: FloatingPointError: non-finite loss nan at step 3" in out, out

@@ -18,6 +18,7 @@ from study.spec.grid import GridError, expand, load_grid
 from store import Store
 from study.engine.tune import storage_url, tune_grid, tuning_run, with_values
 from study.engine.options import RunOptions
+from tests.test_cluster import two_nodes  # noqa: F401  (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {
@@ -246,10 +247,9 @@ def test_defaults_from_auto_gives_each_architecture_its_own_values(tmp_path, mon
 def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     """A real Ctrl-C on `study tune` while its third trial is mid-training, then `study tune` again.
 
-    The third trial is held at step 8 (after its checkpoint at step 6) by RMDM_FAULT_HOLD_AT, so the
+    The third trial is held at step 8 (after its checkpoint at step 6) by a fault (tests/faults), so the
     Ctrl-C lands there however fast this machine trains (a tiny trial takes a tenth of a second)."""
-    from study.engine.faults import HOLD_ENV
-    from tests.helpers import ctrl_c_when
+    from tests.helpers import ctrl_c_when, faulty, unheld
 
     lrs = [3e-3, 1e-2, 2e-2]
     raw = search_grid("sig", n_trials=5, max_concurrent=1, points=[{"lr": v} for v in lrs])
@@ -259,7 +259,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     store = Store(str(tmp_path / "results"), "sig")
     cmd = [sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(tmp_path / "results"),
            "--num-cpus", "2"]
-    env = {**os.environ, "PYTHONPATH": ROOT, HOLD_ENV: f"{ids[2]}:8"}
+    env = {**os.environ, **faulty(holds={ids[2]: 8})}
     # the third trial waits at step 8, its step-6 checkpoint written
     code, out = ctrl_c_when(cmd, tmp_path, env, lambda: os.path.exists(store.checkpoint_path(ids[2])), after=300)
     assert code == 130 and "interrupted after 2 of 5 trials" in out, out
@@ -268,7 +268,7 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
     assert sorted(t.user_attrs["run_id"] for t in finished) == sorted(ids[:2]), [t.state for t in before.values()]
     assert before[2].state == TrialState.RUNNING and before[2].user_attrs["run_id"] == ids[2]
 
-    env.pop(HOLD_ENV)
+    env = unheld(env)
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "trial 2 was interrupted" in r.stdout, r.stdout + r.stderr
     after = trials(str(tmp_path / "results"), "sig", "sig")
@@ -354,3 +354,100 @@ def test_study_tune_never_reads_the_test_split(tmp_path):
         row = evals[(evals.run_id == t.user_attrs["run_id"]) & (evals.metric == "vpr")]
         assert t.value == pytest.approx(float(row.value.iloc[0]))
     assert "split: val" in (results / "tlr" / "best.yaml").read_text()
+
+
+# ---- the one driver: a search's trials are the run's (killed driver, lost node) ------------------------------
+
+def _tune_ids(grid) -> list[str]:
+    """The run ids of a search's enqueued points (its first trials)."""
+    base = tuning_run(grid.search_groups[0].run, grid.search)
+    return [with_values(base, p).run_id for p in grid.search.points]
+
+
+def _trained_once(store: Store, ids: list[str], steps: int, log_every: int) -> None:
+    """Every run done once, every logged step in its history once, trained from step 0 once and resumed once."""
+    runs = store.read("runs")
+    assert sorted(runs.run_id) == sorted(ids) and (runs.status == "done").all(), runs
+    hist = store.read("history")
+    for rid in ids:
+        assert sorted(hist[hist.run_id == rid].step) == sorted({*range(0, steps, log_every), steps - 1}), rid
+        log = open(store.path("logs", f"{rid}.log")).read()
+        assert log.count("training from step 0") == 1 and "resuming from checkpoint at step" in log, log
+
+
+def _checkpointed(drv, store: Store, out, ids: list[str], at: int, timeout: float = 400) -> dict:
+    """Heartbeats once every run of `ids` trains with a checkpoint at step `at` or later (the driver lives)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert drv.poll() is None, open(out).read()
+        beats = store.read_progress()
+        if all(beats.get(r, {}).get("phase") == "train" and (beats[r].get("checkpoint") or 0) >= at for r in ids):
+            return beats
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint in time: " + open(out).read())
+
+
+@pytest.mark.slow
+def test_a_killed_tune_driver_resumes_with_nothing_lost_and_nothing_trained_twice(tmp_path):
+    """SIGKILL to `study tune` while both trials are mid-training (held at step 8, past their checkpoint at
+    step 6), then `study tune` again: its lease is taken over (the only lock), the cut trials run their values
+    again from their checkpoints, and every run trains each step once."""
+    from tests.helpers import faulty, kill_driver, study_cmd
+
+    raw = search_grid("tkill", n_trials=2, max_concurrent=2, points=[{"lr": 3e-3}, {"lr": 1e-2}])
+    grid = load_grid(write(tmp_path / "tkill.yaml", raw))
+    ids, results = _tune_ids(grid), str(tmp_path / "results")
+    store, out = Store(results, "tkill"), tmp_path / "tune1.out"
+    cmd = study_cmd("tune", str(tmp_path / "tkill.yaml"), "--results", results, "--num-cpus", "2")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    drv = subprocess.Popen(cmd, cwd=ROOT, env={**env, **faulty(holds={i: 8 for i in ids})}, start_new_session=True,
+                           stdout=open(out, "w"), stderr=subprocess.STDOUT)
+    try:
+        _checkpointed(drv, store, out, ids, at=6)
+    finally:
+        kill_driver(drv, [])
+    assert store.read("runs").empty
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True)
+    assert r.returncode == 0 and "lease: took over study tkill" in r.stdout, r.stdout + r.stderr
+    done = [t for t in trials(results, "tkill", "tkill") if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["run_id"] for t in done) == sorted(ids)
+    _trained_once(store, ids, steps=12, log_every=4)
+
+
+@pytest.mark.slow
+def test_a_node_lost_during_tune_is_retried_on_the_survivor_without_spending_retries(tmp_path, two_nodes):
+    """Two trials, one per node, held mid-training; the worker node is removed (as a preempted instance):
+    its trial is retried on the surviving node from its checkpoint, though the grid allows no retries."""
+    from tests.helpers import faulty, study_cmd
+
+    raw = search_grid("tloss", n_trials=2, max_concurrent=2, points=[{"lr": 3e-3}, {"lr": 1e-2}])
+    raw.update(resources={"cpu": 1}, retries=0)  # a node loss must not need any
+    raw["train"].update(steps=40, checkpoint_every=10, log_every=5)
+    gpath = write(tmp_path / "tloss.yaml", raw)
+    grid = load_grid(gpath)
+    ids, results = _tune_ids(grid), str(tmp_path / "results")
+    store, out, release = Store(results, "tloss"), tmp_path / "tune.out", tmp_path / "release"
+    (worker,) = list(two_nodes.worker_nodes)
+    drv = subprocess.Popen(study_cmd("tune", gpath, "--results", results, "--address", two_nodes.address), cwd=ROOT,
+                           env={**os.environ, **faulty(holds={i: 15 for i in ids}, release=release)},
+                           start_new_session=True, stdout=open(out, "w"), stderr=subprocess.STDOUT)
+    try:
+        beats = _checkpointed(drv, store, out, ids, at=10)
+        (lost,) = [r for r in ids if beats[r]["node_id"] == worker.node_id]
+        two_nodes.remove_node(worker, allow_graceful=False)
+        release.touch()  # the survivor goes on; the lost trial's retry (attempt 2) is not held
+        assert drv.wait(timeout=600) == 0, out.read_text()
+    finally:
+        if drv.poll() is None:
+            drv.kill()
+            drv.wait()
+    done = [t for t in trials(results, "tloss", "tloss") if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["run_id"] for t in done) == sorted(ids)
+    row = store.read("runs").set_index("run_id").loc[lost]
+    assert row.node_id == two_nodes.head_node.node_id and row.attempts == 2
+    log = open(store.path("logs", f"{lost}.log")).read()
+    assert f"lost its node {worker.node_id}" in log and "not counted against retries" in log
+    hist = store.read("history")
+    assert sorted(hist[hist.run_id == lost].step) == sorted({*range(0, 40, 5), 39})

@@ -57,7 +57,15 @@ def run(
                                          progress_every_s=progress_every, log=tuple(sinks), echo=typer.echo))
     except LeaseHeld as e:
         fail(str(e))
+    except KeyboardInterrupt:  # before the sweep (Ray's start: what it started is ended) or a second Ctrl-C
+        interrupted("run")
     raise typer.Exit(code)
+
+
+def interrupted(command: str):
+    """A Ctrl-C outside a sweep's own handling: one line, exit 130 (what was started is ended on the way)."""
+    typer.echo(f"interrupted: `study {command}` again resumes (finished runs are kept)", err=True)
+    raise typer.Exit(130)
 
 
 @app.command(cls=Command)
@@ -145,4 +153,6 @@ def tune(
     except (TuneError, LeaseHeld) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    except KeyboardInterrupt:
+        interrupted("tune")
     raise typer.Exit(code)

@@ -106,11 +106,13 @@ def _patch_tune() -> None:
 
 
 def watcher(store: Store):
-    """A Tune callback that watches every trial of a `study run` sweep as it starts."""
+    """A Tune callback that watches every trial of a sweep (`study run`, `study tune`) as it starts."""
     from ray.tune import Callback
+
+    from study.engine.raytune import run_of
 
     class NodeLossWatch(Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
-            watch(trial.trial_id, store, trial.config["run"]["run_id"])
+            watch(trial.trial_id, store, run_of(trial.config).run_id)
 
     return NodeLossWatch()

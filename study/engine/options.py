@@ -27,18 +27,22 @@ class RunOptions:
     log: tuple = ()  # --log: the sinks (study.engine.loggers.parse)
     echo: Callable[[str], None] = field(default=print, compare=False)  # where the driver's lines go
 
+    def trial(self, **driver) -> "TrialOptions":
+        """What this invocation's trials are told: `driver`'s (code version, store root, grid hash, lease) and
+        each of these flags that TrialOptions names too (a flag for the trials: one field in each class)."""
+        mine = {f.name for f in dataclasses.fields(self)} & {f.name for f in dataclasses.fields(TrialOptions)}
+        return TrialOptions(**driver, **{k: getattr(self, k) for k in mine})
+
 
 @dataclass(frozen=True)
 class TrialOptions:
     """What a driver tells each of its trials: where the store is, the code version and grid hash its rows
-    carry, the lease that fences it (store/lease.py: Lease.fence; None: unfenced) and the faults injected
-    for tests (study/engine/faults.py: fault_config; none by default)."""
+    carry, and the lease that fences it (store/lease.py: Lease.fence; None: unfenced)."""
 
     code_version: str
     results: str | None = None  # the store's root as every node reaches it (an absolute path or a URI)
     grid: str | None = None  # content hash of the grid that dispatched the run (store/provenance.py)
     lease: dict | None = None
-    faults: dict = field(default_factory=dict)
 
     def config(self) -> dict:
         """The trial config's share of these options: one key."""
@@ -48,10 +52,3 @@ class TrialOptions:
     def of_config(cls, config: dict) -> "TrialOptions":
         """The options a trial's config carries (see `config`)."""
         return cls(**config[OPTIONS_KEY])
-
-    def faults_of(self, run_id: str):
-        """One run's fault hooks, a study.engine.faults.Faults (none unless a test's environment injects them;
-        imported here: faults.py needs torch, the command line that builds options does not)."""
-        from study.engine.faults import run_faults
-
-        return run_faults(self.faults, run_id)

@@ -59,19 +59,10 @@ def waiting_note(asks: list[tuple[float, float]], free: dict, total: dict) -> st
     return f"waiting for {', '.join(short)}" if short else ""
 
 
-def trial_resources(config: dict):
-    """A trial's placement group: one bundle with its run's CPUs and GPUs."""
-    from ray.tune import PlacementGroupFactory
-
-    res = config["run"]["resources"]
-    bundle = {"CPU": res["cpu"]}
-    if res["gpu"]:
-        bundle["GPU"] = res["gpu"]  # fractional: several small trials share one GPU
-    return PlacementGroupFactory([bundle])
-
-
-def waiting_note_of(ray, trials: list, by_id: dict):
+def waiting_note_of(ray, trials: list):
     """The live line's note on why runs wait (waiting_note), asked of Ray at most every WAITING_EVERY_S."""
+    from study.engine.raytune import run_of
+
     note = {"at": 0.0, "text": ""}
 
     def waiting() -> str:
@@ -79,8 +70,7 @@ def waiting_note_of(ray, trials: list, by_id: dict):
             return note["text"]
         note["at"], note["text"] = time.time(), ""
         if any(t.status == "RUNNING" for t in trials):  # Tune reserves the first trials' resources before they start
-            asks = [(r.cpu, r.gpu) for r in (by_id[t.config["run"]["run_id"]].resources
-                                             for t in trials if t.status == "PENDING")]
+            asks = [(r.cpu, r.gpu) for r in (run_of(t.config).resources for t in trials if t.status == "PENDING")]
             if asks:
                 note["text"] = waiting_note(asks, ray.available_resources(), ray.cluster_resources())
         return note["text"]
@@ -95,14 +85,16 @@ class PlacementWatch:
 
     EVERY_S = 10.0
 
-    def __init__(self, ray, by_id: dict):
-        self.ray, self.by_id, self.reason, self.last = ray, by_id, None, time.time()
+    def __init__(self, ray):
+        self.ray, self.reason, self.last = ray, None, time.time()
 
     def check(self, trials) -> None:
         if self.reason or time.time() - self.last < self.EVERY_S:
             return
         self.last = time.time()
-        pending = [self.by_id[t.config["run"]["run_id"]] for t in trials if t.status == "PENDING"]
+        from study.engine.raytune import run_of
+
+        pending = [run_of(t.config) for t in trials if t.status == "PENDING"]
         if pending:
             never = unplaceable(pending, node_resources(self.ray))
             self.reason = "; ".join(never) or None
@@ -147,17 +139,25 @@ class StartFailures:
     one line per start of the trainable) did not grow; after NEVER_STARTED_LIMIT such failures in a row
     (a trial reporting a result resets the count) the experiment stops, and `reason` says why in one line."""
 
-    def __init__(self, store, run_ids):
+    def __init__(self, store):
         from study.engine.trial import attempts_so_far
 
         self.store, self.attempts = store, attempts_so_far
-        self.starts = {rid: attempts_so_far(store, rid) for rid in run_ids}
+        self.starts: dict[str, int] = {}  # run id -> its attempts when Tune first started a trial of it
         self.in_a_row, self.reason = 0, None
 
+    def run_id(self, trial) -> str:
+        from study.engine.raytune import run_of
+
+        rid = run_of(trial.config).run_id
+        if rid not in self.starts:
+            self.starts[rid] = self.attempts(self.store, rid)
+        return rid
+
     def failed(self, trial) -> None:
-        rid = trial.config["run"]["run_id"]
+        rid = self.run_id(trial)
         now = self.attempts(self.store, rid)
-        if now > self.starts.get(rid, 0):  # its code ran: the run's own failure, not the workers'
+        if now > self.starts[rid]:  # its code ran: the run's own failure, not the workers'
             self.starts[rid] = now
             self.in_a_row = 0
             return
@@ -172,6 +172,9 @@ class StartFailures:
         watch = self
 
         class StartCheck(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):  # before its code runs
+                watch.run_id(trial)
+
             def on_trial_result(self, iteration, trials, trial, result, **info):
                 watch.in_a_row = 0
 

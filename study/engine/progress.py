@@ -104,8 +104,8 @@ class LiveView:
     progress line every `every_s` seconds in between.
 
     `beats`: () -> the runs' heartbeats (store.read_progress), read at most once a second; the ETA is then
-    `eta` over them, as `study status` computes it. Without it (a search's trials) the heartbeats are the
-    trials' own reports. The ETA is "?" until a run has trained a measured step. `clock`: for tests.
+    `eta` over them, as `study status` computes it. The ETA is "?" until a run has trained a measured step.
+    `clock`: for tests.
     """
 
     BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of training steps done of steps owed
@@ -117,7 +117,6 @@ class LiveView:
         self.t0 = self.last = clock()
         self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat (or, without `beats`, its reports)
         self.read_at: float | None = None
-        self.step0: dict[str, tuple[int, float]] = {}  # first (step, time) reported here (no `beats`)
         self.running: set[str] = set()
         self.peak = 0  # the most runs seen running at once: the sweep's slots
         self.since: dict[str, float] = {}  # when each run started here (with `beats`)
@@ -185,12 +184,8 @@ class LiveView:
             self.since[run_id] = self.clock()
         self.show()
 
-    def result(self, run_id: str, step: int | None) -> None:
-        if step is not None and self.read_beats is None:  # a search's trial: its reports are its heartbeats
-            now, n = self.clock(), step + 1
-            s0, t0 = self.step0.setdefault(run_id, (n, now))
-            rate = (n - s0) / (now - t0) if now > t0 and n > s0 else None
-            self.beats[run_id] = {"step": n, "time": now, **({"train_seconds": n / rate} if rate else {})}
+    def result(self, run_id: str, step: int | None = None) -> None:
+        """A result of `run_id`'s trial: the line redrawn (its steps are read from the heartbeats)."""
         self.show(force=False)
 
     def finished(self, run_id: str, ok: bool) -> None:
@@ -208,35 +203,6 @@ class LiveView:
         if self.bar is not None:
             self.bar.close()
         self.bar, self.tty = None, False
-
-
-def trial_progress(view: LiveView, steps: int):
-    """A Ray Tune callback feeding `view` with the trials of a search (`study tune`): keyed by trial, each
-    owing `steps` training steps (a trial's step is its result's `train_step`, else its `step`)."""
-    from ray.tune import Callback
-
-    def step_of(result: dict) -> int | None:
-        s = result.get("train_step", result.get("step"))
-        return int(s) if isinstance(s, (int, float)) and math.isfinite(s) else None
-
-    class TrialProgress(Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            view.steps[trial.trial_id] = steps
-            view.started(trial.trial_id)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.result(trial.trial_id, step_of(result))
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            view.finished(trial.trial_id, ok=True)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            view.finished(trial.trial_id, ok=False)
-
-        def on_step_end(self, iteration, trials, **info):
-            view.show(force=False)
-
-    return TrialProgress()
 
 
 def _columns(f) -> int | None:

@@ -7,12 +7,16 @@ RuntimeEnvAgent) live on, and a rerun stalled on "Failed to connect to GCS". The
 command line) once Ray has started; the next driver, which holds the lease (so the recorder is not
 running the study), ends each recorded process that is still that process (same machine, same start
 time, same command line) before it starts Ray: SIGTERM, then SIGKILL after GRACE_S. A PID reused by
-another process since is never touched.
+another process since is never touched, nor, whatever the record says (anyone who can write to the store
+writes it), a process that is not Ray's by the test that recorded it (a `ray::` worker, or a binary or
+script of the Ray install this driver imports) or not of the recorded Ray session, the recorded driver's
+(its session directory in the command line or, for a worker, a file of it open).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -56,12 +60,39 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def ray_descendants() -> list[int]:
-    """This process's descendants that are Ray's (its binaries, scripts and `ray::` workers): a driver
-    inside a test or a notebook has other children, never touched."""
-    def ray_s(cmd: str) -> bool:
-        return cmd.startswith("ray::") or "/ray/" in cmd  # .../site-packages/ray/core/src/ray/raylet/raylet
+def ray_s(cmd: str) -> bool:
+    """Whether a command line is Ray's: a `ray::` worker, or a binary or script of the Ray install this
+    process imports (.../site-packages/ray/core/src/ray/raylet/raylet, .../ray/dashboard/agent.py)."""
+    import ray
 
+    home = os.path.dirname(os.path.abspath(ray.__file__)) + os.sep
+    return cmd.startswith("ray::") or any(arg.startswith(home) for arg in cmd.split(" ")[:3])
+
+
+def in_session(pid: int, session: str) -> bool:
+    """Whether process `pid` names Ray's session directory `session` in its command line (Ray's binaries and
+    scripts) or has a file open in it (a `ray::` worker or agent, whose title replaced its command line,
+    writes its logs there)."""
+    if not (session.startswith("/") and os.path.basename(session).startswith("session_")):
+        return False
+    if re.search(re.escape(session) + r"(/|\s|$)", cmdline(pid) or ""):
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session + os.sep):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def ray_descendants() -> list[int]:
+    """This process's descendants that are Ray's (ray_s): a driver inside a test or a notebook has other
+    children, never touched."""
     return [p for p in descendants(os.getpid()) if ray_s(cmdline(p) or "")]
 
 
@@ -93,13 +124,21 @@ def record(store: Store, every_s: float = WATCH_S) -> None:
 def _write_record(store: Store) -> set[int]:
     me = os.getpid()
     procs = [{"pid": p, "start": proc_start(p), "cmdline": cmdline(p)} for p in ray_descendants()]
-    info = {"driver": me, "start": proc_start(me), **machine(),
+    info = {"driver": me, "start": proc_start(me), "session": session_dir(), **machine(),
             "processes": [p for p in procs if p["start"] and p["cmdline"]]}
     try:
         store.write_bytes(store.path(*RECORD), json.dumps(info, sort_keys=True).encode())
     except OSError:
         pass  # a record that cannot be written costs only the clean-up of a later kill
     return {p["pid"] for p in procs}
+
+
+def session_dir() -> str | None:
+    """The session directory of the Ray this process started (None before ray.init)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    return node.get_session_dir_path() if node is not None else None
 
 
 def end_left_over(store: Store, echo) -> int:
@@ -118,9 +157,12 @@ def end_left_over(store: Store, echo) -> int:
     driver = info.get("driver")
     if isinstance(driver, int) and driver != os.getpid() and proc_start(driver) == info.get("start"):
         return 0  # its driver lives (a released lease, a driver still ending): its own shutdown ends them
+    session = info.get("session") if isinstance(info.get("session"), str) else ""
+    if not session.endswith(f"_{driver}"):
+        return 0  # not the session of the recorded driver's own Ray (Ray names it after the driver's PID)
     left = [p for p in info["processes"] if isinstance(p, dict) and isinstance(p.get("pid"), int)
             and p["pid"] != os.getpid() and proc_start(p["pid"]) == p.get("start")
-            and cmdline(p["pid"]) == p.get("cmdline")]
+            and cmdline(p["pid"]) == p.get("cmdline") and ray_s(p["cmdline"]) and in_session(p["pid"], session)]
     for p in left:
         _signal(p["pid"], signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
@@ -143,10 +185,12 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def end_own() -> None:
-    """End this process's Ray processes (what a failed start of an embedded Ray left): SIGTERM, then SIGKILL
-    after GRACE_S."""
+def end_own(shutdown=lambda: None) -> None:
+    """End this process's Ray processes (what a failed or interrupted start of an embedded Ray left), as they
+    are before `shutdown` (ray.shutdown: it ends the raylet, whose agents would outlive it, orphaned):
+    SIGTERM, then SIGKILL after GRACE_S."""
     mine = [(p, proc_start(p)) for p in ray_descendants()]
+    shutdown()
     for p, _ in mine:
         _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S

@@ -79,11 +79,13 @@ def init_ray(address: str | None, num_cpus: int | None = None, store=None, echo=
                 with workers_import_the_project():
                     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
                 break
+            except KeyboardInterrupt:  # a Ctrl-C during the start: nothing of it is left behind
+                rayprocs.end_own(ray.shutdown)
+                raise
             except Exception as e:
                 # Ray gives a raylet a hard-coded 30 s to register; a crowded machine can miss it.
                 # Nothing has run yet: shut down what this attempt started and start again.
-                ray.shutdown()
-                rayprocs.end_own()  # what the shutdown of a half-started node leaves
+                rayprocs.end_own(ray.shutdown)  # and what the shutdown of a half-started node leaves
                 if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
                     raise
                 print(f"ray: the local node timed out during startup (attempt {attempt}/{START_ATTEMPTS}); "

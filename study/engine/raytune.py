@@ -49,6 +49,29 @@ def trial_run(config: dict) -> Run:
     return with_values(run_from_resolved(config["base"]), {k: config[k] for k in config["param_keys"]})
 
 
+_runs: dict = {}  # a trial's Run by what identifies it: Tune's callbacks ask at every step
+
+
+def run_of(config: dict) -> Run:
+    """trial_run(config), built once per run (a sweep's config names its run id; a search's, its values)."""
+    key = config["run"]["run_id"] if "run" in config else (
+        config["base"]["run_id"], *(repr(config[k]) for k in config["param_keys"]))
+    if key not in _runs:
+        _runs[key] = trial_run(config)
+    return _runs[key]
+
+
+def trial_resources(config: dict):
+    """A trial's placement group: one bundle with its run's CPUs and GPUs."""
+    from ray.tune import PlacementGroupFactory
+
+    res = run_of(config).resources
+    bundle = {"CPU": res.cpu}
+    if res.gpu:
+        bundle["GPU"] = res.gpu  # fractional: several small trials share one GPU
+    return PlacementGroupFactory([bundle])
+
+
 def final_metrics(store: Store, run: Run, row: dict | None) -> dict:
     """The last result a trial reports: `final_loss` and each eval point's primary metric as it stands in the
     store (`eval/<eval_key>/<metric>`), evaluated now or by an earlier attempt. Reads the store only."""
@@ -106,17 +129,17 @@ def trainable(config: dict, objective=None) -> None:
         raise
 
 
-def make_tuner(name: str, store: Store, resources, param_space: dict, callbacks: list, max_failures: int,
+def make_tuner(name: str, store: Store, param_space: dict, callbacks: list, max_failures: int,
                objective=None, search_alg=None, scheduler=None, num_samples: int = 1, stop=None):
     """The Tuner of `study run` (a grid search over runs) and `study tune` (a searcher's samples):
-    `trainable` with `resources` (a PlacementGroupFactory, or a function of the trial's config giving one),
-    its experiment `name` under `ray_dir(store)`, Tune's own terminal output off (`callbacks` draw the
-    study's), trial actors reused, `max_failures` retries a trial."""
+    `trainable` with its run's resources (trial_resources), its experiment `name` under `ray_dir(store)`,
+    Tune's own terminal output off (`callbacks` draw the study's), trial actors reused, `max_failures`
+    retries a trial."""
     from ray import tune
 
     fn = trainable if objective is None else tune.with_parameters(trainable, objective=objective)
     return tune.Tuner(
-        tune.with_resources(fn, resources),
+        tune.with_resources(fn, trial_resources),
         param_space=param_space,
         # a trial process imports torch and the task once; later trials with the same resources reuse it
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,

@@ -1,20 +1,27 @@
-"""`study run`: dispatch the runs a grid still owes to Ray Tune, one trial per run."""
+"""The one driver of `study run`, `study tune` and claims: the runs a grid still owes, or a search's samples,
+dispatched to Ray Tune, one trial per run, under the study's lease.
+
+`run_grid` hands `dispatch` a grid search over the runs still to do; `study tune` (study/engine/tune.py)
+hands it a searcher and a scheduler, as Ray Tune runs grid and Optuna searches through one Tuner. Every
+trial gets the same safeguards: the lease fence, node-loss retries (study/engine/nodeloss.py), placement
+and start-failure stops (study/engine/placement.py) and the live line (study/engine/progress.py).
+"""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 from store import Store
 from study.engine.errors import root_cause
-from study.engine.faults import fault_config
 from study.spec.grid import Grid, Run
-from study.engine.health import Plan, classify, heal_and_plan, quarantined, todo_note
+from study.engine.health import classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.nodeloss import unwatch_all, watcher
 from study.engine.options import RunOptions, TrialOptions
-from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, trial_resources, waiting_note_of
+from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, stop_on_reason, waiting_note_of
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
-from study.engine.raytune import fit, make_tuner, record_unfinished
+from study.engine.raytune import fit, make_tuner, record_unfinished, run_of
 from study.engine.version import code_version, record_grid_file
 from study.engine.progress import LiveView
 from study.engine.trial import trial_payload
@@ -32,21 +39,98 @@ def longest_first(runs: list[Run], store: Store) -> list[Run]:
     return sorted(runs, key=left, reverse=True)  # stable: equal costs keep the grid's order
 
 
+@contextlib.contextmanager
+def leased(store: Store, command: str, options: RunOptions):
+    """The study's lease (store/lease.py), the one lock of a driver, held throughout: while another driver
+    holds it, raises store.lease.LeaseHeld naming that driver, or with `options.wait` waits until it is free.
+    A driver whose lease a newer one took over says so and stops as Ctrl-C does; its trials stop on their
+    own at their next report (the fence)."""
+    import signal
+
+    from store.lease import acquire
+
+    def lost(newer) -> None:
+        options.echo(f"error: this driver lost the study's lease to {newer.describe()}; stopping (its finished "
+                     f"runs are kept)")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    lease = acquire(store, command, wait=options.wait, echo=options.echo, on_lost=lost)
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
 def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
     `options`: the command line's (study/engine/options.py); `options.log`: the sinks of --log
-    (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks).
+    (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks)."""
+    store, echo = Store(results, grid.study), options.echo
+    with leased(store, "run", options) as lease:
+        links = store.links_out()  # never write through a symlink out of the store
+        for line in links:
+            echo(f"error: {line}")
+        if links:
+            return 2
+        plan = heal_and_plan(grid, store, options.retry_failed, echo)
+        echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
+             f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
+        if not plan.todo:
+            record_grid_file(store, grid, "run")
+            return 1 if plan.failed else 0
+        with ray_for(grid, store, plan.todo, options) as ray:
+            if ray is None:
+                return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
+            trial = trial_options(store, grid, results, options, "run", lease)
+            from ray import tune
 
-    Holds the study's lease throughout (store/lease.py): while another driver holds it, raises
-    store.lease.LeaseHeld naming that driver, or with `options.wait` waits until it is free."""
-    from store.lease import acquire
+            by_id = {r.run_id: r for r in plan.todo}
+            view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
+                            every_s=options.progress_every_s,
+                            beats=lambda: store.read_progress(set(by_id)))  # status's ETA
+            code, result_grid = dispatch(
+                f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, ray, lease, view, options,
+                "run", {"run": tune.grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
+                        **trial.config()}, max_failures=max(r.retries for r in plan.todo))
+            if code not in (None, 130):
+                return code
+            for res in result_grid:
+                rid = run_of(res.config).run_id if res.config else None  # no config: the trial never started
+                if res.error is not None and rid in by_id:
+                    record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
+            outcome = _outcome(grid, store, echo)
+            return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
 
-    echo = options.echo
-    lease = acquire(Store(results, grid.study), "run", wait=options.wait, echo=echo, on_lost=_lease_lost(echo))
+
+def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, command: str, lease) -> TrialOptions:
+    """What every trial of this driver is told (RunOptions.trial): the grid, recorded now that its runs start
+    (a run refused before leaves nothing), the code version, the store's root as every node reaches it (an
+    absolute path on a shared disk, or the URI as given) and the lease that fences it."""
+    return options.trial(code_version=code_version(), results=results if "://" in results else
+                         os.path.abspath(results), grid=record_grid_file(store, grid, command), lease=lease.fence)
+
+
+@contextlib.contextmanager
+def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
+    """Ray started (embedded) or joined (`options.address`) for `runs`, shut down after if started here;
+    None when the cluster cannot be reached or can never place one of `runs` (said through echo)."""
+    echo, address, t0 = options.echo, options.address, time.time()
     try:
-        return _run_grid(grid, results, options, lease)
+        ray, started = init_ray(address, options.num_cpus, store=store, echo=echo)
+    except ClusterError as e:
+        echo(f"error: {e}")
+        yield None
+        return
+    try:
+        sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
+        _quiet_trial_tracebacks()
+        echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
+             f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
+             f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
+        yield None if refuse_unplaceable(ray, runs, grid.path, echo) else ray
     finally:
-        lease.release()
+        if started:
+            ray.shutdown()
 
 
 def _quiet_trial_tracebacks() -> None:
@@ -60,77 +144,29 @@ def _quiet_trial_tracebacks() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _lease_lost(echo):
-    """What a driver does when a newer driver took its lease over (it sent no heartbeat in time): say so
-    and stop its trials as Ctrl-C does; its trials stop on their own at their next report (the fence)."""
-    import signal
-
-    def lost(newer) -> None:
-        echo(f"error: this driver lost the study's lease to {newer.describe()}; stopping (its finished runs are kept)")
-        os.kill(os.getpid(), signal.SIGINT)
-
-    return lost
-
-
-def _run_grid(grid: Grid, results: str, options: RunOptions, lease) -> int:
-    store, echo, address = Store(results, grid.study), options.echo, options.address
-    links = store.links_out()  # never write through a symlink out of the store
-    for line in links:
-        echo(f"error: {line}")
-    if links:
-        return 2
-    grid_sha = record_grid_file(store, grid, "run")
-    plan = heal_and_plan(grid, store, options.retry_failed, echo)
-    echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
-         f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
-    if not plan.todo:
-        return 1 if plan.failed else 0
-
-    faults = fault_config()  # a malformed spec fails here, before Ray starts
-    t0 = time.time()
-    try:
-        ray, started = init_ray(address, options.num_cpus, store=store, echo=echo)
-    except ClusterError as e:
-        echo(f"error: {e}")
-        return 2
-    try:
-        sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
-        _quiet_trial_tracebacks()
-        echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
-             f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
-             f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
-        if refuse_unplaceable(ray, plan.todo, grid.path, echo):
-            return 2
-        # a root every node reaches: an absolute path (shared disk) or the URI as given
-        abs_results = results if "://" in results else os.path.abspath(results)
-        trial = TrialOptions(code_version(), results=abs_results, grid=grid_sha, lease=lease.fence, faults=faults)
-        return _dispatch(grid, store, plan, ray, trial, lease, options)
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial: TrialOptions, lease, options: RunOptions) -> int:
-    """One Tune experiment over the runs still to do; their outcome, as `study run` says it."""
-    from ray import tune
+def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOptions, command: str,
+             param_space: dict, max_failures: int, **search):
+    """One Tune experiment `name` (a new one per invocation: the store, not Tune's state, says what is done)
+    over `param_space`: a grid search over runs (`study run`), or a searcher's samples (`search`: make_tuner's
+    objective, search_alg, scheduler, num_samples; `study tune`). Returns (an exit code when the sweep
+    stopped for a reason of its own, said through echo, 130 after a Ctrl-C (the caller says what was left),
+    else None; Tune's ResultGrid)."""
     from ray.tune.stopper import CombinedStopper
 
-    by_id, echo = {r.run_id: r for r in plan.todo}, options.echo
-    placement, starts = PlacementWatch(ray, by_id), StartFailures(store, list(by_id))
-    view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
-                    every_s=options.progress_every_s, beats=lambda: store.read_progress(set(by_id)))  # status's ETA
-    trials: list = []  # Tune's trials as of its last step (their status is live)
-    view.waiting = waiting_note_of(ray, trials, by_id)
-    payloads = [trial_payload(r) for r in longest_first(plan.todo, store)]
+    import signal
+
+    echo, trials = options.echo, []  # Tune's trials as of its last step (their status is live)
+    placement, starts, ctrl_c = PlacementWatch(ray), StartFailures(store), CtrlC()
+    view.waiting = waiting_note_of(ray, trials)
     tuner = make_tuner(
-        # a new Tune experiment per invocation: the store, not Tune's state, says what is done
-        f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, trial_resources,
-        param_space={"run": tune.grid_search(payloads), **trial.config()},
+        name, store, param_space,
         # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
-                   *logger_callbacks(list(options.log), store, "run", echo)],  # --log (study/engine/loggers.py)
-        max_failures=max(r.retries for r in plan.todo),
-        stop=CombinedStopper(placement.stopper(), starts.stopper()))
+                   *logger_callbacks(list(options.log), store, command, echo)],  # --log (study/engine/loggers.py)
+        max_failures=max_failures, stop=CombinedStopper(placement.stopper(), starts.stopper(),
+                                                        stop_on_reason(ctrl_c)), **search)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is ctrl_c's (and SIGTERM: sigterm_as_ctrl_c)
+    before = signal.signal(signal.SIGINT, ctrl_c)
     try:
         aside = quarantined(store)
         result_grid = fit(tuner, store)
@@ -138,24 +174,33 @@ def _dispatch(grid: Grid, store: Store, plan: Plan, ray, trial: TrialOptions, le
         for path in sorted(quarantined(store) - aside):
             echo(f"set aside (damaged; kept, never deleted): {path}; its run went on without it (see its log)")
         if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
-            echo(f"study {grid.study}: stopped: the lease was taken over by {lease.lost.describe()}")
-            return 1
+            echo(f"study {store.study}: stopped: the lease was taken over by {lease.lost.describe()}")
+            return 1, result_grid
         if starts.reason:
             echo(f"error: {starts.reason}; is the project installed alike where Ray runs its workers? "
                  f"(nothing of these runs was recorded: fix it, then run again)")
-            return 2
+            return 2, result_grid
         if placement.reason:
-            echo(f"error: {grid.path}: {placement.reason}; the cluster changed during the run: add nodes or lower "
-                 f"`resources`, then run again (finished runs are kept)")
-            return 2
-        for res in result_grid:
-            rid = ((res.config or {}).get("run") or {}).get("run_id")  # no config: the trial never started
-            if res.error is not None and rid in by_id:
-                record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
-        return _outcome(grid, store, echo)
+            echo(f"error: {store.study}: {placement.reason}; the cluster changed during the run: add nodes or "
+                 f"lower `resources`, then run again (finished runs are kept)")
+            return 2, result_grid
+        return (130 if ctrl_c.reason else None), result_grid
     finally:
+        signal.signal(signal.SIGINT, before)
         view.close()
         unwatch_all()
+
+
+class CtrlC:
+    """The SIGINT handler of a sweep: a first Ctrl-C stops every trial (stop_on_reason: they keep their
+    checkpoints, the sweep's outcome is said, exit 130); a second one raises KeyboardInterrupt."""
+
+    reason = None
+
+    def __call__(self, signum, frame) -> None:
+        if self.reason is not None:
+            raise KeyboardInterrupt
+        self.reason = "interrupted"
 
 
 def _outcome(grid: Grid, store: Store, echo) -> int:
@@ -178,25 +223,26 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
 
 
 def run_events(view: LiveView, trials: list):
-    """A Ray Tune callback feeding `view` with the trials of a sweep (`study run`), keyed by run id, and
-    keeping Tune's list of trials in `trials`."""
+    """A Ray Tune callback feeding `view` with the trials of a sweep, keyed by run id (a search's trial owes
+    its run's steps from its start), and keeping Tune's list of trials in `trials`."""
     from ray.tune import Callback
 
     seen = trials
 
     class RunEvents(Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
-            view.started(trial.config["run"]["run_id"])
+            run = run_of(trial.config)
+            view.steps.setdefault(run.run_id, run.train.steps)
+            view.started(run.run_id)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.result(trial.config["run"]["run_id"], result.get("step") if result.get("phase") == "train"
-                        else None)
+            view.result(run_of(trial.config).run_id)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            view.finished(trial.config["run"]["run_id"], ok=True)
+            view.finished(run_of(trial.config).run_id, ok=True)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            view.finished(trial.config["run"]["run_id"], ok=False)
+            view.finished(run_of(trial.config).run_id, ok=False)
 
         def on_step_end(self, iteration, trials, **info):
             seen[:] = trials

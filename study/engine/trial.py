@@ -86,10 +86,9 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
     """Train (or resume, or skip) and evaluate one run; write its rows. Returns its runs row.
 
     `options`: what the driver tells its trials (study/engine/options.py): the code version and the hash of
-    the grid that dispatched the run (store/provenance.py), kept in its config and row, and the fault hooks
-    for tests (study/engine/faults.py; none by default)."""
+    the grid that dispatched the run (store/provenance.py), kept in its config and row."""
     run_id = run.run_id
-    code_version, grid, faults = options.code_version, options.grid, options.faults_of(run_id)
+    code_version, grid = options.code_version, options.grid
     device = pick_device(run.resources)
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(run.resources.cpu)))
@@ -99,11 +98,7 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
     store.write_config(run_id, {**run.resolved(), "code_version": code_version, "grid": grid})
     costs = run.costs()
 
-    def batch(step: int, g: torch.Generator):
-        faults.before_step(step, attempt, trainer.model)
-        return task.train_batch(run.train.batch_size, g)
-
-    trainer = Trainer(run.model, run.train, spec, batch, device)
+    trainer = Trainer(run.model, run.train, spec, lambda step, g: task.train_batch(run.train.batch_size, g), device)
     with _Heartbeat(store, run_id, trainer, attempt, str(device)) as beat:
         # a damaged file (truncated, foreign, a git-lfs pointer, a refused pickle, the wrong keys) is set
         # aside in quarantine/ and the run goes on from the next good source: weights, checkpoint, the

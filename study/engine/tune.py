@@ -30,28 +30,24 @@ Pruning (ASHA) state does not survive a restart: rungs are rebuilt from the new 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import io
 import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import yaml
 
 from model.train import load_state
 from store import Store
-from study.engine.faults import fault_config
 from study.engine.options import RunOptions, TrialOptions
 from study.engine.evaluate import evaluate
 from study.spec.grid import Grid, Run, SearchGroup, sampling_depth
-from study.engine.loggers import callbacks as logger_callbacks
-from study.engine.raytune import EVAL_PREFIX, fit, make_tuner, record_unfinished, with_values
-from study.engine.placement import refuse_unplaceable
-from study.engine.raystart import init_ray, sigterm_as_ctrl_c
-from study.engine.version import code_version, record_grid_file
+from study.engine.progress import LiveView
+from study.engine.raytune import EVAL_PREFIX, record_unfinished, with_values
+from study.engine.runner import dispatch, leased, ray_for, trial_options
+from study.engine.version import record_grid_file
 from study.spec.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
 from study.engine.trial import trial_payload
 
@@ -260,71 +256,42 @@ def _recover(study, echo) -> None:
 def tune_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run or resume every search group of `grid`; write best.yaml. Returns an exit code.
     `options`: the command line's, as for `study run` (study/engine/options.py; retry_failed and
-    progress_every_s do not apply). Holds the study's lease as `study run` does (store/lease.py:
-    LeaseHeld, or `options.wait`)."""
+    progress_every_s do not apply). The trials go through `study run`'s one driver (study.engine.runner:
+    the study's lease, its only lock, held throughout; LeaseHeld, or `options.wait`)."""
+    import contextlib
+
+    import optuna
+
     if grid.search is None:
         raise TuneError(f"{grid.path}: no `search:` section: use `study run` for a sweep")
     if "://" in results:
         raise TuneError(f"study tune needs a local results directory for {DB_NAME} (got {results})")
-    store = Store(results, grid.study)
+    store, echo, search = Store(results, grid.study), options.echo, grid.search
     os.makedirs(store.dir, exist_ok=True)
-    from store.lease import acquire
-
-    with acquire(store, "tune", wait=options.wait, echo=options.echo):  # one driver per study, `study run` included
-        lock = open(os.path.join(store.dir, ".tune.lock"), "w")
-        try:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise TuneError(f"another `study tune` is running on {store.dir}") from None
-            return _tune_locked(grid, store, results, options)
-        finally:
-            lock.close()
-
-
-@dataclass
-class _Session:
-    """What the search groups of one `study tune` share."""
-
-    grid: Grid
-    store: Store
-    storage: object  # optuna's RDBStorage of optuna.db
-    trial: TrialOptions  # what every trial is told: results, code_version, grid (its hash), the faults
-    echo: Callable[[str], None]
-    log: list  # the sinks of --log
-
-
-def _tune_locked(grid: Grid, store: Store, results: str, options: RunOptions) -> int:
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    search = grid.search
-    grid_sha = record_grid_file(store, grid, "tune")
-    echo = options.echo
-    session = _Session(grid, store, optuna.storages.RDBStorage(storage_url(store)),
-                       TrialOptions(code_version(), results=os.path.abspath(results), grid=grid_sha,
-                                    faults=fault_config()), echo, list(options.log))
-    echo(f"study {grid.study}: {len(grid.search_groups)} search group(s) x {search.n_trials} trials; "
-         f"{search.mode}imize {search.metric.label}; storage {storage_url(store)}")
-    ray, started = None, False
-    summary, code = {}, 0
-    try:
+    with leased(store, "tune", options) as lease, contextlib.ExitStack() as ray_held:
+        storage = optuna.storages.RDBStorage(storage_url(store))
+        echo(f"study {grid.study}: {len(grid.search_groups)} search group(s) x {search.n_trials} trials; "
+             f"{search.mode}imize {search.metric.label}; storage {storage_url(store)}")
+        ray, trial, summary, code = None, None, {}, 0
         for group in grid.search_groups:
-            study = _open_study(search, group, session.storage, grid)
+            study = _open_study(search, group, storage, grid)
             _recover(study, echo)
             todo = search.n_trials - len(_finished(study))
             echo(f"group {group.name}: {len(_finished(study))} of {search.n_trials} trials finished")
             if todo > 0:
-                if ray is None:
-                    ray, started = init_ray(options.address, options.num_cpus, store=store, echo=echo)
-                    sigterm_as_ctrl_c()  # after ray.init: a SIGTERM stops the search as Ctrl-C does
-                    if refuse_unplaceable(ray, [tuning_run(g.run, search) for g in grid.search_groups],
-                                          grid.path, echo):
+                if ray is None:  # started once, for the first group with trials to run
+                    ray = ray_held.enter_context(
+                        ray_for(grid, store, [tuning_run(g.run, search) for g in grid.search_groups], options))
+                    if ray is None:
                         return 2
+                    trial = trial_options(store, grid, results, options, "tune", lease)
                 if not study.trials:
                     for p in search.points:
                         study.enqueue_trial(p)
-                _fit_group(session, group, study, todo)
+                stopped = _fit_group(grid, store, ray, lease, options, trial, group, study, storage, todo)
+                if stopped is not None:
+                    return stopped
             finished = _finished(study)
             summary[group.name] = _group_summary(group, study, search)
             _write_best(store, grid, summary)
@@ -339,30 +306,28 @@ def _tune_locked(grid: Grid, store: Store, results: str, options: RunOptions) ->
                 s = summary[group.name]
                 echo(f"group {group.name}: best {search.metric.label} = {s['value']:.4g} with {s['best']} "
                      f"(trial {s['trial']}, run {s['run_id']})")
+        if trial is None:
+            record_grid_file(store, grid, "tune")
         echo(f"best values: {store.path(BEST_NAME)}")
         return code
-    finally:
-        if started:
-            ray.shutdown()
 
 
-def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
-    """`todo` more trials of one search group, through Tune; the rows of those that failed or were pruned."""
+def _fit_group(grid: Grid, store: Store, ray, lease, options: RunOptions, trial: TrialOptions, group: SearchGroup,
+               study, storage, todo: int) -> int | None:
+    """`todo` more trials of one search group, through the one driver (study.engine.runner.dispatch); the rows
+    of those that failed or were pruned. An exit code when the sweep stopped for a reason of its own."""
     import optuna
-    from ray.tune import PlacementGroupFactory
     from ray.tune.search import ConcurrencyLimiter
 
     from study.engine.searcher import RecordingAsha, ResumableOptunaSearch, has_value
-    from study.engine.progress import LiveView, trial_progress
 
-    search, store = session.grid.search, session.store
+    search = grid.search
     base = tuning_run(group.run, search)
-    res = base.resources
     stopped: set = set()  # trials ASHA stopped (pruned, not interrupted)
     # re-seeded per session: the same seed would propose the first session's values again
     sampler = optuna.samplers.TPESampler(seed=search.seed + len(study.trials))
     searcher = ResumableOptunaSearch(stopped, space=_distributions(search), metric="objective", mode=search.mode,
-                                     sampler=sampler, study_name=group.name, storage=session.storage)
+                                     sampler=sampler, study_name=group.name, storage=storage)
     scheduler, eval_every = None, None
     if search.pruning is not None:
         p = search.pruning
@@ -371,35 +336,27 @@ def _fit_group(session: _Session, group: SearchGroup, study, todo: int) -> None:
                                   mode=search.mode if eval_every else "min", max_t=base.train.steps,
                                   grace_period=p.grace_period, reduction_factor=p.reduction_factor)
     # one line per trial started or ended, and every 30 s (a terminal: one line redrawn), as `study run`
-    view = LiveView(todo, {}, echo=session.echo)
-    tuner = make_tuner(
-        f"{session.grid.study}-tune-{group.name}-{int(time.time())}", store,
-        PlacementGroupFactory([{"CPU": res.cpu, **({"GPU": res.gpu} if res.gpu else {})}]),
-        param_space={"base": trial_payload(base), "param_keys": sorted(search.params), **session.trial.config()},
-        callbacks=[trial_progress(view, base.train.steps),  # the live line
-                   *logger_callbacks(session.log, store, "tune", session.echo)],  # --log
+    view = LiveView(todo, {}, echo=options.echo, beats=lambda: store.read_progress(set(view.steps)))
+    code, result_grid = dispatch(
+        f"{grid.study}-tune-{group.name}-{int(time.time())}", store, ray, lease, view,
+        options, "tune", {"base": trial_payload(base), "param_keys": sorted(search.params), **trial.config()},
         max_failures=base.retries, objective=Objective(search.metric, eval_every),
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=search.max_concurrent), scheduler=scheduler,
         num_samples=todo)
-    try:
-        result_grid = fit(tuner, store)
-    finally:
-        view.close()
+    if code not in (None, 130):  # a Ctrl-C: the group says how far it got
+        return code
+    row_of = {"code_version": trial.code_version, "grid": trial.grid}  # what a search's runs rows say of it
     for r in result_grid:
         cfg, metrics = r.config or {}, r.metrics or {}
         if "param_keys" not in cfg:
             continue
         run = with_values(base, {k: cfg[k] for k in cfg["param_keys"]})
         if r.error is not None:
-            record_unfinished(store, run, "failed", r.error, **_row_of(session), final_loss=metrics.get("loss"))
+            record_unfinished(store, run, "failed", r.error, **row_of, final_loss=metrics.get("loss"))
         elif not has_value(metrics, "objective") and metrics.get("run_id") and metrics.get("trial_id") in stopped:
             record_unfinished(store, run, "pruned", f"stopped by ASHA at step {metrics.get('step')}",
-                              **_row_of(session), final_loss=metrics.get("loss"))
-
-
-def _row_of(session: _Session) -> dict:
-    """What a search's runs rows say of the session: its code version and grid."""
-    return {"code_version": session.trial.code_version, "grid": session.trial.grid}
+                              **row_of, final_loss=metrics.get("loss"))
+    return None
 
 
 def _group_summary(group: SearchGroup, study, search: Search) -> dict:
