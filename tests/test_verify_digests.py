@@ -147,13 +147,25 @@ def test_a_deleted_grid_log_is_named(copy):
     failed_naming(copy, log, "grid")
 
 
-def test_a_whole_run_deleted_is_named(copy):
+def test_a_run_of_the_grid_with_no_row_yet_is_owed_not_damage(copy):
+    """A run the grid lists that left nothing (never started, interrupted, or every file gone): owed, named with
+    the command that finishes it, exit 0; its row back, and the study verifies as before (issue 47)."""
     rid = runs(copy)[(2, 1)]
     for p in sorted((copy / STUDY).rglob(f"*{rid}*")):
         shutil.rmtree(p) if p.is_dir() else os.remove(p)
     r = verify(copy)
-    assert r.returncode == 1, r.stdout
-    assert f"PROBLEM: {copy / STUDY / 'runs' / (rid + '.parquet')}: missing, but grid" in r.stdout
+    assert r.returncode == 0 and "PROBLEM" not in r.stdout, r.stdout
+    owed = [ln for ln in r.stdout.splitlines() if "owed by a grid, not yet run: 1 run(s) of grid" in ln]
+    assert owed and f"`study run {copy / STUDY / 'grids'}/" in owed[0] and f"--results {copy}`" in owed[0], r.stdout
+
+
+def test_deep_point_of_no_stored_name_is_a_usage_error_listing_the_points(copy):
+    r = verify(copy, "--deep", "--point", "bogus")
+    assert r.returncode == 2 and "disagrees" not in r.stdout + r.stderr, r.stdout + r.stderr
+    line = (r.stderr or r.stdout).strip()
+    assert line.startswith("error: --point bogus: no stored eval point of that name"), line
+    keys = sorted({p.stem for p in (copy / STUDY / "evals").rglob("*.parquet")})
+    assert f"(of 4 run(s)): {', '.join(keys)}" in line and "\n" not in line, line
 
 
 # ---- --deep ----------------------------------------------------------------------------------------------

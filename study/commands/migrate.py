@@ -4,13 +4,15 @@ It holds the study's lease throughout (never beside a `study run` / `study tune`
 atomically (Store.write_bytes), says each change in one line, and stamps FORMAT last: a migration killed
 half-way leaves a store still refused, and running it again finishes it (a second run changes nothing).
 
-From version 0 (no FORMAT) to 1:
+From version 0 (no FORMAT) or 1 to 2:
 - runs rows: a done run's `weights_sha256` / `history_sha256` filled from its files where null, and every
   rewritten row's `row_sha256` (store/digest.py); a file that is not there stays null: nothing to record;
 - grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
   (store/provenance.py);
 - evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
   null; where the samples hold no per-example cost it stays null, the one way the store says "unknown";
+- evals rows: `kind` (study/engine/kinds) filled where null, from what the key and the run's task say (the one
+  place that reads it from a key: nll-<split>, ext-..., a likelihood point's <key>-gen, else the task's eval_mode);
 - evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
   never stored since) dropped;
 - temp files under earlier versions' names (`<name>.tmp-<pid>[.npz]`, `<name>.<8 hex>.part`) left by writes
@@ -44,8 +46,8 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _grid_record(store)
-                   + _old_temps(store))
+        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _kinds(store)
+                   + _grid_record(store) + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -104,6 +106,29 @@ def _drop_ppl(store: Store) -> list[str]:
         run_id, key = name.split("/")
         store.write_rows("evals", [r for r in rows if r["metric"] != "ppl"], run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: dropped the derived ppl row (exp of nll)")
+    return changes
+
+
+def _kinds(store: Store) -> list[str]:
+    """Each evals file's `kind`, where null: what its key and its run's task say it is."""
+    from study.engine.nllrows import NLL_KEYS
+    from tasks import is_likelihood
+
+    changes, tasks = [], {}
+    for name, rows in sorted(_table_files(store, "evals").items()):
+        if all(r["kind"] is not None for r in rows):
+            continue
+        run_id, key = name.split("/")
+        stem = key[: -len(".parquet")]
+        if run_id not in tasks:
+            tasks[run_id] = (store.run_row(run_id) or {}).get("task")
+        likelihood = is_likelihood(tasks[run_id])
+        kind = ("nll" if stem in NLL_KEYS.values() else "ext" if stem.startswith("ext-")
+                else "gen" if likelihood and stem.endswith("-gen") else "likelihood" if likelihood else "sample")
+        for r in rows:
+            r["kind"] = r["kind"] or kind
+        store.write_rows("evals", rows, run_id, key)
+        changes.append(f"{store.path('evals', run_id, key)}: kind {kind}")
     return changes
 
 

@@ -19,6 +19,7 @@ from model.train import CheckpointError, load_state
 from store import Store, digest, list_studies
 from stats import mean_ci_from_sd, wilson
 from study.engine.evaluate import EvalRow, Evaluation, evaluate, now, write
+from study.engine.kinds.ext import key_of
 from study.spec.grid import EvalPoint
 from tasks import TASKS, EvalSet, make_task
 
@@ -127,7 +128,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         for _ in task.read_inputs(puzzles, chunk):  # every line checked before the first is sampled
             pass
         # keyed by the file's content, not its name: one file under two names is one evaluation point
-        key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
+        key = key_of(_file_digest(puzzles), T, L_s, sampler, seed)
 
         split = f"external:{os.path.basename(puzzles)}"
         # how to sample: the sampler's defaults (argmax, no remasking); n_examples: the file's, read as it comes
@@ -143,7 +144,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             # index of the chunk's first puzzle (`start`): sample_all seeds batch i `seed + i`
             e = evaluate(model, task, pt, EvalSet(pf.reference if has_ref else x, cond), run_id,
                          keep=keep, key=key, split=split, inputs=x, reference=has_ref, start=pf.start,
-                         metrics=metrics)
+                         metrics=metrics, kind="ext")
             secs += e.seconds
             cost.add(e.got)
             for m in metrics:
@@ -154,7 +155,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
 
         n = acc[metrics[0]].n
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
-                "eval_seconds": secs, "created_at": now(), **cost.columns(model)}
+                "eval_seconds": secs, "created_at": now(), "kind": "ext", **cost.columns(model)}
         rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns()) for m in metrics]
         write(store, run_id, Evaluation(key, rows, samples, []))
         if dest:
