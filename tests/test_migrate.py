@@ -69,7 +69,7 @@ def test_every_command_refuses_a_store_without_a_version(old, argv):
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "format none recorded (version 0)" in lines[0] and "format version 1" in lines[0]
+    assert "format none recorded (version 0)" in lines[0] and f"format version {VERSION}" in lines[0]
     assert f"`study migrate --study {STUDY} --results {results}`" in lines[0]
     assert not (old / "results" / STUDY / "FORMAT").exists()  # a refusal writes nothing
 
@@ -77,7 +77,7 @@ def test_every_command_refuses_a_store_without_a_version(old, argv):
 def test_another_version_is_refused_by_name(old):
     (old / "results" / STUDY / "FORMAT").write_text("7\n")
     r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
-    assert r.exit_code == 2 and "format version 7; this code reads and writes format version 1" in r.stderr
+    assert r.exit_code == 2 and "format version 7; this code reads and writes format version {VERSION}" in r.stderr
     r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 2 and "not a format this code can migrate from" in r.stderr
 
@@ -86,8 +86,8 @@ def test_migrate_then_verify_and_idempotent(old, fresh):
     results = str(old / "results")
     r = cli("migrate", "--study", STUDY, "--results", results)
     assert r.exit_code == 0, r.output
-    assert "format version 0 -> 1" in r.stdout and "1 change(s)" in r.stdout  # only FORMAT was missing
-    assert (old / "results" / STUDY / "FORMAT").read_text() == "1\n"
+    assert f"format version 0 -> {VERSION}" in r.stdout and "1 change(s)" in r.stdout  # only FORMAT was missing
+    assert (old / "results" / STUDY / "FORMAT").read_text() == f"{VERSION}\n"
     r = cli("verify", "--study", STUDY, "--results", results)
     assert r.exit_code == 0, r.output
     r = cli("migrate", "--study", STUDY, "--results", results)
@@ -97,18 +97,20 @@ def test_migrate_then_verify_and_idempotent(old, fresh):
 
 
 def test_migrate_fills_what_older_stores_left_null(old, fresh):
-    """Rows of older stores: no digests, no forward_passes_mean. Migrated, they equal the rows written whole."""
+    """Rows of older stores: no digests, no forward_passes_mean, no kind. Migrated, they equal the rows written
+    whole."""
     from store import Store
 
     d = old / "results" / STUDY
     for f in (d / "runs").glob("*.parquet"):
         null_columns(f, ("weights_sha256", "history_sha256", "row_sha256"))
     for f in (d / "evals").glob("*/*.parquet"):
-        null_columns(f, ("forward_passes_mean",))
+        null_columns(f, ("forward_passes_mean", "kind"))
     r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
     assert "filled history_sha256, row_sha256, weights_sha256" in r.stdout
     assert "filled forward_passes_mean" in r.stdout
+    assert "nll-test.parquet: kind nll" in r.stdout and ".parquet: kind sample" in r.stdout  # the kind filled
     want, got = Store(str(fresh / "results"), STUDY), Store(str(old / "results"), STUDY)
     for table in ("runs", "evals"):
         a = want.read(table).sort_values(list(want.read(table).columns[:2])).reset_index(drop=True)

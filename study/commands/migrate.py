@@ -15,6 +15,8 @@ From version 0 (no FORMAT) or 1 to 2:
   place that reads it from a key: nll-<split>, ext-..., a likelihood point's <key>-gen, else the task's eval_mode);
 - evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
   never stored since) dropped;
+- task data cached by an older generation of a task's files (Task.upgrade_data: Sudoku's older generators),
+  adopted under today's name for every run's config: the readers read today's only;
 - temp files under earlier versions' names (`<name>.tmp-<pid>[.npz]`, `<name>.<8 hex>.part`) left by writes
   that never finished, untouched for store.TEMP_AGE_S: removed (the readers know only today's name).
 """
@@ -47,7 +49,7 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
     lease = acquire(store, "migrate", echo=echo)
     try:
         changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _kinds(store)
-                   + _grid_record(store) + _old_temps(store))
+                   + _grid_record(store) + _task_data(store) + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -129,6 +131,26 @@ def _kinds(store: Store) -> list[str]:
             r["kind"] = r["kind"] or kind
         store.write_rows("evals", rows, run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: kind {kind}")
+    return changes
+
+
+def _task_data(store: Store) -> list[str]:
+    """Each run's task data cached in an older format, adopted in today's (Task.upgrade_data)."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    from tasks import TASKS, make_task
+
+    changes = []
+    configs = store.fs.get_file_info(pafs.FileSelector(store.path("configs"), allow_not_found=True))
+    with store.task_data() as d:
+        for info in sorted((i for i in configs if i.base_name.endswith(".json")), key=lambda i: i.path):
+            try:
+                task = json.loads(store.read_bytes(info.path) or b"{}")["task"]
+                changes += make_task(TASKS[task["name"]][0].model_validate(task)).upgrade_data(d)
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged config: `study verify` names it, `study run` rewrites it
     return changes
 
 
