@@ -4,8 +4,7 @@ fixed depth; no text re-scorer reads them back."""
 from __future__ import annotations
 
 from study.engine.kinds import KINDS, Kind, register
-
-SUFFIX = "-gen"
+from study.engine.rows import GEN_SUFFIX as SUFFIX
 
 
 class Gen(Kind):
