@@ -54,6 +54,7 @@ def results(tmp_path_factory):
     from study.commands.puzzles import load_run_model
     from study.commands.verify.configs import run_of_config
     from study.engine.evaluate import write
+    from tasks import make_task
 
     d = tmp_path_factory.mktemp("kind")
     (d / "g.yaml").write_text(tiny_grid(STUDY, retries=0, eval_extra=", n_samples_kept: 16"))
@@ -61,8 +62,9 @@ def results(tmp_path_factory):
     assert r.returncode == 0, r.stdout + r.stderr
     store = Store(str(d / "results"), STUDY)
     rid = sorted(store.read("runs")["run_id"])[0]
-    cfg, task, model = load_run_model(store, rid)
+    cfg, _, model = load_run_model(store, rid)
     run = run_of_config(cfg, STUDY)
+    task = make_task(run.task)  # with its evaluation fields (n_test: the config's task_eval)
     with store.task_data() as data:
         task.prepare(data)
     pt = run.eval_points()[0]

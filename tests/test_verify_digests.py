@@ -159,6 +159,24 @@ def test_a_run_of_the_grid_with_no_row_yet_is_owed_not_damage(copy):
     assert owed and f"`study run {copy / STUDY / 'grids'}/" in owed[0] and f"--results {copy}`" in owed[0], r.stdout
 
 
+def test_a_run_interrupted_while_evaluating_is_owed_not_damage(copy):
+    """Killed after some of a run's points were written and before its runs row: owed, exit 0; its row back, a
+    samples file without its evals file is damage again."""
+    rid = runs(copy)[(2, 1)]
+    row = copy / STUDY / "runs" / f"{rid}.parquet"
+    saved = row.read_bytes()
+    row.unlink()
+    ev = sorted((copy / STUDY / "evals" / rid).glob("T*.parquet"))[0]
+    ev.unlink()  # killed between a point's samples and its evals file
+    r = verify(copy)
+    assert r.returncode == 0 and "PROBLEM" not in r.stdout, r.stdout
+    assert "owed by a grid, not yet run: 1 run(s) of grid" in r.stdout, r.stdout
+    row.write_bytes(saved)
+    failed = verify(copy)
+    assert failed.returncode == 1 and f"orphan file {copy / STUDY / 'samples' / rid / ev.name}: samples without an " \
+                                      f"evals file" in failed.stdout, failed.stdout
+
+
 def test_deep_point_of_no_stored_name_is_a_usage_error_listing_the_points(copy):
     r = verify(copy, "--deep", "--point", "bogus")
     assert r.returncode == 2 and "disagrees" not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -110,6 +110,7 @@ class Context:
     grids: list = field(default_factory=list)  # every grid the study recorded (grids.GridRec)
     rebuilt: dict = field(default_factory=dict)  # run_id -> the Run its config describes (configs agree)
     owed: dict = field(default_factory=dict)  # run_id -> eval keys owed
+    unrun: set = field(default_factory=set)  # run ids a grid lists that have no runs row yet (owed, not damage)
     known: dict = field(default_factory=dict)  # run_id -> {eval key: EvalPoint} known
     tasks: dict = field(default_factory=dict)  # (task, task_params) -> the task, built once
     points: dict = field(default_factory=dict)  # (run_id, eval key) -> (its kind, its EvalPoint or None) checked

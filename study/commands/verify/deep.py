@@ -18,7 +18,7 @@ import torch
 
 from model import RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
-from study.commands.verify.context import Context, stem
+from study.commands.verify.context import Context
 
 DEEP_TOL = 1e-4  # relative, for floats re-derived on another device or precision (see the module docstring)
 EVAL_FIELDS = ("value", "ci_low", "ci_high", "forward_passes", "eval_flops", "forward_passes_mean")

@@ -11,13 +11,14 @@ from study.engine.kinds import KINDS
 
 
 def check_evals_and_samples(c: Context) -> None:
-    """Every evals file against its point and samples; every point owed by a done run present."""
+    """Every evals file against its point and samples; every point owed by a done run present. The files of a
+    run a grid owes that has no row yet (interrupted while evaluating) are its next `study run`'s to finish."""
     store, v, tables, runs, owed = c.store, c.v, c.tables, c.runs, c.owed
     evals = {rel: t for (table, rel), t in tables.items() if table == "evals"}
     samples = {rel: t for (table, rel), t in tables.items() if table == "samples"}
     # every eval file, readable or not (an unreadable one is already a problem of its own)
     on_disk = {table: {rel for (tb, rel) in c.files if tb == table} for table in ("evals", "samples")}
-    for rid in sorted({rel[0] for rels in on_disk.values() for rel in rels} - set(runs)):
+    for rid in sorted({rel[0] for rels in on_disk.values() for rel in rels} - set(runs) - c.unrun):
         v.problems.append(f"orphan eval files under evals/{rid}/ or samples/{rid}/: no readable runs row for "
                           f"run {rid} (a run still evaluating, or left over)")
     present: dict[str, set[str]] = {}
@@ -45,7 +46,7 @@ def check_evals_and_samples(c: Context) -> None:
         if row is not None and kind is not None:
             _check_point(c, rel, t.to_pylist(), samples.get(rel), row, kind)
     v.add("eval_files", 0)
-    for rel in sorted(on_disk["samples"] - on_disk["evals"]):
+    for rel in sorted(r for r in on_disk["samples"] - on_disk["evals"] if r[0] not in c.unrun):
         v.problems.append(f"orphan file {store.path('samples', *rel)}: samples without an evals file")
 
     for rid, keys in sorted(owed.items()):

@@ -98,6 +98,7 @@ def expected_points(c: Context) -> None:
             row = runs.get(run.run_id)
             if row is None and ("runs", (f"{run.run_id}.parquet",)) not in c.files:
                 todo += 1  # no row yet: owed (never started, or interrupted), not damage
+                c.unrun.add(run.run_id)
             pts = {p.key: p for p in run.eval_points()}
             known.setdefault(run.run_id, {}).update(pts)
             if row is not None and row["status"] == "done":
