@@ -25,7 +25,6 @@ class Best(Kind):
     """Each metric's best per-example score at a grid's point, no interval; key `best-<point key>`."""
 
     name = "best"
-    keeps_text = False
 
     def point(self, v, path, key, rows, known, run, task):
         return next((pt for pt in known.values() if f"best-{pt.key}" == key), False)
@@ -69,7 +68,7 @@ def results(tmp_path_factory):
         task.prepare(data)
     pt = run.eval_points()[0]
     ev = task.eval_set(pt.split).head(pt.n_examples)
-    for e in KINDS["best"].evaluate(rid, pt, model, task, ev, 0, "float32"):
+    for e in KINDS["best"].evaluate(rid, pt, model, task, ev, min(run.eval.n_samples_kept, len(ev)), "float32"):
         write(store, rid, e)
     return d / "results", rid, f"best-{pt.key}"
 

@@ -120,7 +120,7 @@ def test_a_refused_run_leaves_a_study_that_is_owed_not_damaged(tmp_path):
     (tmp_path / "g.yaml").write_text(tiny_grid("vfyr", retries=0))
     res = str(tmp_path / "results")
     r = study("run", str(tmp_path / "g.yaml"), "--results", res, "--address", "127.0.0.1:1", timeout=300)
-    assert r.returncode == 2 and "cannot reach the Ray cluster" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 2 and "cannot reach the Ray cluster" in r.stdout + r.stderr, r.stdout + r.stderr
     r = study("verify", "--study", "vfyr", "--results", res, timeout=300)
     assert r.returncode == 0 and "PROBLEM" not in r.stdout and "OK: every check agrees" in r.stdout, r.stdout
     assert "owed by a grid, not yet run: 2 run(s) of grid " in r.stdout and f"--results {res}` finishes them" in r.stdout
