@@ -177,6 +177,14 @@ def test_a_run_interrupted_while_evaluating_is_owed_not_damage(copy):
                                       f"evals file" in failed.stdout, failed.stdout
 
 
+@pytest.mark.parametrize("kind", ["ext", "likelihood", "nll", "toy"])
+def test_an_evals_file_relabelled_as_another_kind_is_named(copy, kind):
+    """A grid's sampled point whose rows claim another kind (whose rules would check less) is named."""
+    path = sorted((copy / STUDY / "evals" / runs(copy)[(1, 0)]).glob("T*.parquet"))[0]
+    edit(str(path), "kind", kind)
+    failed_naming(copy, path, "kind")
+
+
 def test_deep_point_of_no_stored_name_is_a_usage_error_listing_the_points(copy):
     r = verify(copy, "--deep", "--point", "bogus")
     assert r.returncode == 2 and "disagrees" not in r.stdout + r.stderr, r.stdout + r.stderr

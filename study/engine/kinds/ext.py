@@ -3,7 +3,7 @@
 again, so its key is checked against its rows, and `--deep` leaves it be."""
 from __future__ import annotations
 
-from study.engine.kinds import Kind, register
+from study.engine.kinds.base import Kind, register
 
 
 def key_of(digest: str, T: int, L_s: int, sampler: str, seed: int) -> str:
@@ -16,6 +16,8 @@ class Ext(Kind):
 
     def point(self, v, path, key, rows, known, run, task):
         v.underived.add("the puzzle file of an external evaluation (ext- keys: only its digest is stored)")
+        if key in known:
+            v.problems.append(f"{path}: field kind is 'ext' but eval key {key} is a point its grid or config owes")
         for r in rows:
             for fld, want in (("T", f"-T{r['T']}-"), ("L_s", f"-Ls{r['L_s']}-"), ("sampler", f"-{r['sampler']}-")):
                 if want not in key:

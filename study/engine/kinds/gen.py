@@ -3,7 +3,7 @@
 fixed depth; no text re-scorer reads them back."""
 from __future__ import annotations
 
-from study.engine.kinds import KINDS, Kind, register
+from study.engine.kinds.base import KINDS, Kind, register
 from study.engine.rows import GEN_SUFFIX as SUFFIX
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from study.engine.kinds import Kind, register
+from study.engine.kinds.base import Kind, register
 
 
 class Likelihood(Kind):

@@ -3,7 +3,7 @@
 'likelihood'; no text. Counted apart from the sampled points, and picked apart by `--deep --fraction`."""
 from __future__ import annotations
 
-from study.engine.kinds import Kind, register
+from study.engine.kinds.base import Kind, register
 
 
 class Nll(Kind):
@@ -29,8 +29,8 @@ class Nll(Kind):
 
         split = next((s for s, k in NLL_KEYS.items() if k == key), None)
         if split is None:
-            v.problems.append(f"{path}: eval_key {key} is not the key of a continuous-quantity point "
-                              f"({', '.join(NLL_KEYS.values())})")
+            v.problems.append(f"{path}: field kind is 'nll' but eval key {key} is not the key of a "
+                              f"continuous-quantity point ({', '.join(NLL_KEYS.values())})")
             return False
         want = {"T": 0, "sampler": SAMPLER, "split": split, **({"L_s": run.model.L} if run is not None else {})}
         for r in rows:

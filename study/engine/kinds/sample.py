@@ -2,7 +2,7 @@
 of the task (the mean of the per-example scores), key `EvalPoint.key`. The base Kind's rules, as they stand."""
 from __future__ import annotations
 
-from study.engine.kinds import Kind, register
+from study.engine.kinds.base import Kind, register
 
 
 class Sample(Kind):
