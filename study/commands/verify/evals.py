@@ -92,11 +92,13 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
     except (ValueError, TypeError) as e:
         v.problems.append(f"run {rid}: task not rebuilt from its runs row: {str(e).splitlines()[0][:160]}")
         return
+    said = len(v.problems)
     pt = kind.point(v, path, key, rows, c.known.get(rid, {}), run, task)
-    if pt is False:
+    if pt is False and len(v.problems) == said:
         v.problems.append(f"{path}: eval_key {key} is not the key of any evaluation point that a grid of the "
                           f"study or run {rid}'s config owes, nor of its rows' own fields (T, L_s, sampler, "
                           f"split, n_examples)")
+    if pt is False:
         return
     c.points[(rid, key)] = (kind, pt)
     declared = kind.metrics(task)

@@ -47,10 +47,11 @@ class Kind:
         return task.sample_score or task.primary_metric
 
     def point(self, v, path: str, key: str, rows: list[dict], known: dict, run, task):
-        """The evaluation point of `key` (None: a kind without one), or False (a problem, said in `v`)."""
+        """The evaluation point of `key` (None: a kind without one), or False: none (said in `v`, or by the caller)."""
         if task.eval_mode != self.name:
             v.problems.append(f"{path}: field kind is {self.name!r} but task {task.name} evaluates its points by "
                               f"{task.eval_mode!r}")
+            return False
         pt = known.get(key) or (point_from_rows(run, task, key, rows[0]) if run is not None else None)
         return pt if pt is not None else False
 
