@@ -7,7 +7,9 @@ disagreement:
   loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.engine.rows.run_row` and the
   model's own counting give for that config; `status` agrees with `error`, the weights and the eval
   points; `final_loss` is the history's last loss; `grid` names a grid the study recorded.
-- evals: each file's key is the key of an evaluation point some grid of the study (grids/, see
+- evals: each file is checked by the rules of the evaluation kind its rows name (study/engine/kinds: its
+  key, its rows' derivation, its cost; one loop over the files, never a key's shape); a sampled point's
+  key is the key of an evaluation point some grid of the study (grids/, see
   store/provenance.py) or the run's config owes, or the key of its rows' own fields; T, L_s,
   sampler, split and n_examples are that point's; value, ci_low and ci_high are what
   `study.engine.rows.metric_rows` (`likelihood_rows` for a likelihood point) gives the
@@ -18,7 +20,8 @@ disagreement:
   by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
   text says so (`NotRescorable`) and is named among what is not re-derived.
 - every eval point owed by every grid the study ran (and by each done run's config) is present,
-  with its samples file; the read index (_index/) agrees with the files it summarises.
+  with its samples file; a run a grid lists that has no row yet is owed (a status line naming the
+  `study run` that finishes it), not damage; the read index (_index/) agrees with the files it summarises.
 - the store's invariants: every table file parses and lies where the layout puts it, one runs
   row per id, weights present (and loadable without running code) for every done run, histories
   monotone within an attempt.
