@@ -113,8 +113,8 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"run {r['run_id']} has {int((twice['run_id'] == r['run_id']).sum())} evals rows at one "
                          f"point (T={r['T']}, L_s={r['L_s']}, {r['sampler']}, {r['split']}, {r['metric']}); "
                          "keep one per point first (analysis.load.dedupe_evals, as load_study does)")
-    # forward passes per example, mean over examples (adaptive depth: what it spent)
-    fpm = {"forward_passes_mean": ("forward_passes_mean", "mean")}
+    # forward passes per example, mean over examples (adaptive depth: what it spent); older rows lack it
+    fpm = {"forward_passes_mean": ("forward_passes_mean", "mean")} if "forward_passes_mean" in evals else {}
     # one value per run and point first (rows are unique per run and point: this only collapses the keys)
     runs = evals.groupby(per_run, as_index=False, dropna=False).agg(**fpm,
         value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
@@ -150,7 +150,7 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
     # rows written before that was recorded
     g["forward_passes"] = g["forward_passes"].fillna(g["T"] * g["L_s"])
-    g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"])
+    g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"]) if fpm else g["forward_passes"]
     return g
 
 
