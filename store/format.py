@@ -11,12 +11,13 @@ Versions:
         forward_passes_mean
     1   FORMAT recorded; every done run's row holds its digests (store/digest.py); forward_passes_mean
         null only where the samples hold no per-example cost (unknown)
+    2   every evals row names its evaluation kind (`kind`: study/engine/kinds)
 """
 from __future__ import annotations
 
 import pyarrow.fs as pafs
 
-VERSION = 1
+VERSION = 2
 FILE = "FORMAT"
 # what a study directory holds once anything of the study was written (lease/ and data/ alone are not data)
 DATA = ("runs", "evals", "history", "samples", "configs", "weights", "checkpoints", "grids", "grid.yaml")

@@ -34,6 +34,8 @@ EVALS = pa.schema([
     # forward passes per example, the mean over examples (forward_passes is the most any example ran):
     # what adaptive sampling depth actually spends; null in rows written before it was recorded
     ("forward_passes_mean", pa.float64()),
+    # what the point is (study/engine/kinds: sample, likelihood, gen, nll, ext), whose rules verify it
+    ("kind", pa.string()),
 ])
 HISTORY = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("loss", pa.float64()), ("loop_losses", pa.list_(pa.float64())),

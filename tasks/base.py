@@ -258,6 +258,11 @@ class Task(ABC):
     def prepare(self, cache_dir: str | None) -> None:
         """Generate (or load from `cache_dir`) the datasets; deterministic from the config."""
 
+    def upgrade_data(self, cache_dir: str) -> list[str]:
+        """`study migrate`: this config's data cached in `cache_dir` by an older generation of the task's files,
+        adopted in today's format (one line per file); `prepare` reads today's only."""
+        return []
+
     @abstractmethod
     def train_batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(x0 (B, N) long, cond (B, N) bool), drawn with `gen` only."""

@@ -165,7 +165,7 @@ class Sudoku(Task):
         return {"sudoku_n": params.get("n"), "mask_rate": _fixed_rate(params.get("mask_rate"))}
 
     # ---- data ------------------------------------------------------------------------------
-    DATA_VERSION = 3  # bump when generation changes; a study's older files are still used (see prepare)
+    DATA_VERSION = 3  # bump when generation changes; `study migrate` adopts a study's older files (upgrade_data)
     VAL_MASK_SEED = 104_729  # the test split's givens use data_seed + 7919
 
     def _data_key(self, version: int = DATA_VERSION) -> str:
@@ -181,42 +181,45 @@ class Sudoku(Task):
         return {"version": self.DATA_VERSION, "n": c.n, "n_train": c.n_train, "n_test": c.n_test,
                 "seed": c.data_seed, "split_by": c.split_by}
 
-    def _file_meta(self, z, version: int) -> dict:
-        if "meta" in z.files:
-            return json.loads(str(z["meta"]))
-        # files from before the meta was recorded: their key says everything but the split of v1,
-        # which the MRV-search generator always made by grid
-        return {**self._meta(), "version": version, "split_by": "grid" if version == 1 else self.cfg.split_by}
+    def _path(self, cache_dir: str, version: int = DATA_VERSION) -> str:
+        return os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key(version)}.npz")
 
-    @staticmethod
-    def _same_data(have: dict, want: dict) -> bool:
-        return all(have.get(k) == want[k] for k in want if k != "version")
+    def upgrade_data(self, cache_dir: str) -> list[str]:
+        """A study keeps the data it started with: a file an older generator made for the same config (v2: the
+        same chain, other batch streams; v1: the MRV search; either without the meta recorded inside it, whose
+        key says everything but the split of v1, always by grid) is written under today's key with its meta,
+        so runs resumed after an upgrade train on their study's grids -- but only when it holds the same split
+        (a v1 file is never adopted by a class-disjoint config, whose data is made anew instead)."""
+        path, want = self._path(cache_dir), self._meta()
+        for v in range(self.DATA_VERSION, 0, -1):
+            p = self._path(cache_dir, v)
+            if not os.path.exists(p):
+                continue
+            with np.load(p) as z:
+                if "meta" in z.files and p == path:
+                    return []  # today's already
+                have = {**want, "split_by": "grid" if v == 1 else want["split_by"]} if "meta" not in z.files \
+                    else json.loads(str(z["meta"]))
+                if all(have.get(k) == want[k] for k in want if k != "version") \
+                        and (len(z["train"]), len(z["test"])) == (self.cfg.n_train, self.cfg.n_test):
+                    save_npz(path, train=z["train"], test=z["test"], meta=np.array(json.dumps({**want, "version": v})))
+                    return [f"{path}: the study's Sudoku data of generator v{v} ({os.path.basename(p)}) adopted"]
+        return []
 
     def prepare(self, cache_dir: str | None) -> None:
         if self.train_grids is not None:
             return
         want = self._meta()
-        path = os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key()}.npz") if cache_dir else None
-        # a study keeps the data it started with: a file an older generator made for the same config
-        # (v2: the same chain, other batch streams; v1: the MRV search) is used before new data is made,
-        # so runs resumed after an upgrade train on their study's grids -- but only when it holds the same
-        # split (a v1 file is split by grid: never reused for a class-disjoint config, whose data is made
-        # anew under today's key instead)
-        train = test = None
-        for v in range(self.DATA_VERSION, 0, -1) if path else ():
-            p = path if v == self.DATA_VERSION else os.path.join(cache_dir, f"sudoku{self.n}-{self._data_key(v)}.npz")
-            if not os.path.exists(p):
-                continue
-            with np.load(p) as z:
-                have = self._file_meta(z, v)
-                if self._same_data(have, want) and len(z["train"]) == self.cfg.n_train \
-                        and len(z["test"]) == self.cfg.n_test:
-                    train, test, self._data_path = z["train"], z["test"], p
-                    break
-            if p == path:
-                raise ValueError(f"{p}: cached Sudoku data holds {have}, but the config asks for {want}; "
-                                 f"move the file away to regenerate it")
-        if train is None:
+        path = self._path(cache_dir) if cache_dir else None
+        if path and os.path.exists(path):
+            with np.load(path) as z:
+                have = json.loads(str(z["meta"]))
+                if any(have.get(k) != want[k] for k in want if k != "version") \
+                        or (len(z["train"]), len(z["test"])) != (self.cfg.n_train, self.cfg.n_test):
+                    raise ValueError(f"{path}: cached Sudoku data holds {have}, but the config asks for {want}; "
+                                     f"move the file away to regenerate it")
+                train, test, self._data_path = z["train"], z["test"], path
+        else:
             train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,
                                       self.cfg.split_by)
             if path:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from store.format import VERSION
 from tests.helpers import study, tiny_grid
 
 STUDY = "mig"
@@ -56,8 +57,6 @@ def null_columns(path, cols) -> None:
 
 
 def test_a_run_records_the_format(fresh):
-    from store.format import VERSION
-
     assert (fresh / "results" / STUDY / "FORMAT").read_text() == f"{VERSION}\n"
 
 
@@ -69,7 +68,7 @@ def test_every_command_refuses_a_store_without_a_version(old, argv):
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "format none recorded (version 0)" in lines[0] and "format version 1" in lines[0]
+    assert "format none recorded (version 0)" in lines[0] and f"format version {VERSION}" in lines[0]
     assert f"`study migrate --study {STUDY} --results {results}`" in lines[0]
     assert not (old / "results" / STUDY / "FORMAT").exists()  # a refusal writes nothing
 
@@ -77,7 +76,7 @@ def test_every_command_refuses_a_store_without_a_version(old, argv):
 def test_another_version_is_refused_by_name(old):
     (old / "results" / STUDY / "FORMAT").write_text("7\n")
     r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
-    assert r.exit_code == 2 and "format version 7; this code reads and writes format version 1" in r.stderr
+    assert r.exit_code == 2 and f"format version 7; this code reads and writes format version {VERSION}" in r.stderr
     r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 2 and "not a format this code can migrate from" in r.stderr
 
@@ -86,8 +85,8 @@ def test_migrate_then_verify_and_idempotent(old, fresh):
     results = str(old / "results")
     r = cli("migrate", "--study", STUDY, "--results", results)
     assert r.exit_code == 0, r.output
-    assert "format version 0 -> 1" in r.stdout and "1 change(s)" in r.stdout  # only FORMAT was missing
-    assert (old / "results" / STUDY / "FORMAT").read_text() == "1\n"
+    assert f"format version 0 -> {VERSION}" in r.stdout and "1 change(s)" in r.stdout  # only FORMAT was missing
+    assert (old / "results" / STUDY / "FORMAT").read_text() == f"{VERSION}\n"
     r = cli("verify", "--study", STUDY, "--results", results)
     assert r.exit_code == 0, r.output
     r = cli("migrate", "--study", STUDY, "--results", results)
@@ -97,18 +96,20 @@ def test_migrate_then_verify_and_idempotent(old, fresh):
 
 
 def test_migrate_fills_what_older_stores_left_null(old, fresh):
-    """Rows of older stores: no digests, no forward_passes_mean. Migrated, they equal the rows written whole."""
+    """Rows of older stores: no digests, no forward_passes_mean, no kind. Migrated, they equal the rows written
+    whole."""
     from store import Store
 
     d = old / "results" / STUDY
     for f in (d / "runs").glob("*.parquet"):
         null_columns(f, ("weights_sha256", "history_sha256", "row_sha256"))
     for f in (d / "evals").glob("*/*.parquet"):
-        null_columns(f, ("forward_passes_mean",))
+        null_columns(f, ("forward_passes_mean", "kind"))
     r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
     assert "filled history_sha256, row_sha256, weights_sha256" in r.stdout
     assert "filled forward_passes_mean" in r.stdout
+    assert "nll-test.parquet: kind nll" in r.stdout and ".parquet: kind sample" in r.stdout  # the kind filled
     want, got = Store(str(fresh / "results"), STUDY), Store(str(old / "results"), STUDY)
     for table in ("runs", "evals"):
         a = want.read(table).sort_values(list(want.read(table).columns[:2])).reset_index(drop=True)
@@ -137,7 +138,7 @@ def test_a_new_study_is_stamped_with_its_first_file(tmp_path):
     s = Store(str(tmp_path), "new")
     assert not (tmp_path / "new").exists()  # opening writes nothing
     s.write_config("r1", {"run_id": "r1"})
-    assert (tmp_path / "new" / "FORMAT").read_text() == "1\n"
+    assert (tmp_path / "new" / "FORMAT").read_text() == f"{VERSION}\n"
 
 
 @pytest.mark.parametrize("col", ["weights_sha256", "history_sha256", "row_sha256"])
@@ -253,3 +254,30 @@ def test_migrate_clears_temp_files_under_earlier_names(old):
         assert not p.exists()
     r = cli("verify", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
+
+
+def test_a_store_written_by_an_older_commit_is_refused_then_migrated_and_verified(tmp_path):
+    """tests/fixtures/format1: a store the code of an older commit wrote (format 1, no evals `kind`). Every reader
+    refuses it in one line naming `study migrate`; migrated, every evals row names its kind and is otherwise the
+    row it was; it verifies, and --deep evaluates its points again from its weights to the same numbers."""
+    import pandas as pd
+
+    fixture = __import__("pathlib").Path(__file__).parent / "fixtures" / "format1"
+    shutil.copytree(fixture, tmp_path / "results", ignore=shutil.ignore_patterns("README.md"))
+    results = str(tmp_path / "results")
+    for argv in (("verify",), ("report",)):
+        r = cli(*argv, "--study", "old", "--results", results)
+        assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.output
+        assert f"is of format version 1; this code reads and writes format version {VERSION}: run `study migrate " \
+               f"--study old --results {results}` first" in r.stderr, r.stderr
+    before = {p.relative_to(tmp_path): pd.read_parquet(p) for p in (tmp_path / "results").rglob("evals/*/*.parquet")}
+    r = cli("migrate", "--study", "old", "--results", results)
+    assert r.exit_code == 0, r.output
+    assert f"format version 1 -> {VERSION}" in r.stdout and "nll-val.parquet: kind nll" in r.stdout, r.stdout
+    for rel, was in before.items():
+        now = pd.read_parquet(tmp_path / rel)
+        assert "kind" not in was and set(now["kind"]) == {"nll" if rel.stem.startswith("nll-") else "sample"}, rel
+        pd.testing.assert_frame_equal(now.drop(columns="kind"), was)
+    r = cli("verify", "--study", "old", "--results", results, "--deep")
+    assert r.exit_code == 0 and "OK: every check agrees" in r.stdout, r.output
+    assert "--deep: 1 of 1 eval points evaluated again" in r.stdout and "2 of 2 continuous-quantity" in r.stdout

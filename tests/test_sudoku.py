@@ -181,8 +181,15 @@ def test_a_study_keeps_data_an_older_generator_cached(tmp_path):
     grids = generate_solutions(4, 18, seed=9, method="search")
     np.savez_compressed(legacy, train=grids[:12], test=grids[12:])
     task = Sudoku(cfg)
+    task.prepare(str(tmp_path))  # a reader reads today's format only: the older file is not read
+    assert not (task.train_grids.numpy() == grids[:12]).all()
+    (tmp_path / f"sudoku4-{old._data_key()}.npz").unlink()
+    task = Sudoku(cfg)  # `study migrate` adopts it under today's key
+    assert task.upgrade_data(str(tmp_path)) == [f"{tmp_path}/sudoku4-{old._data_key()}.npz: the study's Sudoku data "
+                                                f"of generator v1 ({legacy.name}) adopted"]
     task.prepare(str(tmp_path))
-    assert (task.train_grids.numpy() == grids[:12]).all() and len(list(tmp_path.iterdir())) == 1
+    assert (task.train_grids.numpy() == grids[:12]).all() and len(list(tmp_path.iterdir())) == 2
+    assert task.upgrade_data(str(tmp_path)) == []  # once
 
 
 # ---- validation split ----------------------------------------------------------------------
@@ -219,6 +226,7 @@ def test_cached_data_of_another_split_is_never_reused(tmp_path):
     fake = np.stack([VALID] * 25)  # what an old grid-split file would hold
     old = tmp_path / f"sudoku9-{task._data_key(1)}.npz"
     np.savez(old, train=fake[:20], test=fake[20:])
+    assert task.upgrade_data(str(tmp_path)) == []
     task.prepare(str(tmp_path))
     assert not (task.train_grids.numpy() == VALID).all(axis=1).any()  # regenerated, not the v1 file
     new = tmp_path / f"sudoku9-{task._data_key()}.npz"
@@ -227,6 +235,7 @@ def test_cached_data_of_another_split_is_never_reused(tmp_path):
     # a grid-split config may still take over its study's v1 file
     g = Sudoku(SudokuConfig(n=9, n_train=20, n_test=5, disjoint="grid"))
     np.savez(tmp_path / f"sudoku9-{g._data_key(1)}.npz", train=fake[:20], test=fake[20:])
+    assert len(g.upgrade_data(str(tmp_path))) == 1
     g.prepare(str(tmp_path))
     assert (g.train_grids.numpy() == VALID).all()
     # a file under today's key that records another split fails clearly instead of being used

@@ -147,13 +147,51 @@ def test_a_deleted_grid_log_is_named(copy):
     failed_naming(copy, log, "grid")
 
 
-def test_a_whole_run_deleted_is_named(copy):
+def test_a_run_of_the_grid_with_no_row_yet_is_owed_not_damage(copy):
+    """A run the grid lists that left nothing (never started, interrupted, or every file gone): owed, named with
+    the command that finishes it, exit 0; its row back, and the study verifies as before (issue 47)."""
     rid = runs(copy)[(2, 1)]
     for p in sorted((copy / STUDY).rglob(f"*{rid}*")):
         shutil.rmtree(p) if p.is_dir() else os.remove(p)
     r = verify(copy)
-    assert r.returncode == 1, r.stdout
-    assert f"PROBLEM: {copy / STUDY / 'runs' / (rid + '.parquet')}: missing, but grid" in r.stdout
+    assert r.returncode == 0 and "PROBLEM" not in r.stdout, r.stdout
+    owed = [ln for ln in r.stdout.splitlines() if "owed by a grid, not yet run: 1 run(s) of grid" in ln]
+    assert owed and f"`study run {copy / STUDY / 'grids'}/" in owed[0] and f"--results {copy}`" in owed[0], r.stdout
+
+
+def test_a_run_interrupted_while_evaluating_is_owed_not_damage(copy):
+    """Killed after some of a run's points were written and before its runs row: owed, exit 0; its row back, a
+    samples file without its evals file is damage again."""
+    rid = runs(copy)[(2, 1)]
+    row = copy / STUDY / "runs" / f"{rid}.parquet"
+    saved = row.read_bytes()
+    row.unlink()
+    ev = sorted((copy / STUDY / "evals" / rid).glob("T*.parquet"))[0]
+    ev.unlink()  # killed between a point's samples and its evals file
+    r = verify(copy)
+    assert r.returncode == 0 and "PROBLEM" not in r.stdout, r.stdout
+    assert "owed by a grid, not yet run: 1 run(s) of grid" in r.stdout, r.stdout
+    row.write_bytes(saved)
+    failed = verify(copy)
+    assert failed.returncode == 1 and f"orphan file {copy / STUDY / 'samples' / rid / ev.name}: samples without an " \
+                                      f"evals file" in failed.stdout, failed.stdout
+
+
+@pytest.mark.parametrize("kind", ["ext", "likelihood", "nll", "toy"])
+def test_an_evals_file_relabelled_as_another_kind_is_named(copy, kind):
+    """A grid's sampled point whose rows claim another kind (whose rules would check less) is named."""
+    path = sorted((copy / STUDY / "evals" / runs(copy)[(1, 0)]).glob("T*.parquet"))[0]
+    edit(str(path), "kind", kind)
+    failed_naming(copy, path, "kind")
+
+
+def test_deep_point_of_no_stored_name_is_a_usage_error_listing_the_points(copy):
+    r = verify(copy, "--deep", "--point", "bogus")
+    assert r.returncode == 2 and "disagrees" not in r.stdout + r.stderr, r.stdout + r.stderr
+    line = (r.stderr or r.stdout).strip()
+    assert line.startswith("error: --point bogus: no stored eval point of that name"), line
+    keys = sorted({p.stem for p in (copy / STUDY / "evals").rglob("*.parquet")})
+    assert f"(of 4 run(s)): {', '.join(keys)}" in line and "\n" not in line, line
 
 
 # ---- --deep ----------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def verify(
 ):
     """Re-score every stored sample and check the store's invariants; exit 1 on any disagreement."""
     from store import Store
-    from study.commands.verify import verify_study
+    from study.commands.verify import PointError, verify_study
 
     if (point or fraction != 1.0) and not deep:
         typer.echo("error: --fraction and --point choose what --deep evaluates again: add --deep", err=True)
@@ -33,7 +33,10 @@ def verify(
     study = study_or_exit(study, results)
     links_out_or_exit(results, study, code=1)
     store = Store(results, study)
-    verdict = verify_study(store, deep=deep, fraction=fraction, points=point)
+    try:
+        verdict = verify_study(store, deep=deep, fraction=fraction, points=point)
+    except PointError as e:
+        fail(str(e))
     typer.echo(verdict.render())
     raise typer.Exit(0 if verdict.ok else 1)
 

@@ -4,15 +4,19 @@ It holds the study's lease throughout (never beside a `study run` / `study tune`
 atomically (Store.write_bytes), says each change in one line, and stamps FORMAT last: a migration killed
 half-way leaves a store still refused, and running it again finishes it (a second run changes nothing).
 
-From version 0 (no FORMAT) to 1:
+From version 0 (no FORMAT) or 1 to 2:
 - runs rows: a done run's `weights_sha256` / `history_sha256` filled from its files where null, and every
   rewritten row's `row_sha256` (store/digest.py); a file that is not there stays null: nothing to record;
 - grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
   (store/provenance.py);
 - evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
   null; where the samples hold no per-example cost it stays null, the one way the store says "unknown";
+- evals rows: `kind` (study/engine/kinds) filled where null, from what the key and the run's task say (the one
+  place that reads it from a key: nll-<split>, ext-..., a likelihood point's <key>-gen, else the task's eval_mode);
 - evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
   never stored since) dropped;
+- task data cached by an older generation of a task's files (Task.upgrade_data: Sudoku's older generators),
+  adopted under today's name for every run's config: the readers read today's only;
 - temp files under earlier versions' names (`<name>.tmp-<pid>[.npz]`, `<name>.<8 hex>.part`) left by writes
   that never finished, untouched for store.TEMP_AGE_S: removed (the readers know only today's name).
 """
@@ -44,8 +48,8 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _grid_record(store)
-                   + _old_temps(store))
+        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _kinds(store)
+                   + _grid_record(store) + _task_data(store) + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -104,6 +108,49 @@ def _drop_ppl(store: Store) -> list[str]:
         run_id, key = name.split("/")
         store.write_rows("evals", [r for r in rows if r["metric"] != "ppl"], run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: dropped the derived ppl row (exp of nll)")
+    return changes
+
+
+def _kinds(store: Store) -> list[str]:
+    """Each evals file's `kind`, where null: what its key and its run's task say it is."""
+    from study.engine.nllrows import NLL_KEYS
+    from tasks import is_likelihood
+
+    changes, tasks = [], {}
+    for name, rows in sorted(_table_files(store, "evals").items()):
+        if all(r["kind"] is not None for r in rows):
+            continue
+        run_id, key = name.split("/")
+        stem = key[: -len(".parquet")]
+        if run_id not in tasks:
+            tasks[run_id] = (store.run_row(run_id) or {}).get("task")
+        likelihood = is_likelihood(tasks[run_id])
+        kind = ("nll" if stem in NLL_KEYS.values() else "ext" if stem.startswith("ext-")
+                else "gen" if likelihood and stem.endswith("-gen") else "likelihood" if likelihood else "sample")
+        for r in rows:
+            r["kind"] = r["kind"] or kind
+        store.write_rows("evals", rows, run_id, key)
+        changes.append(f"{store.path('evals', run_id, key)}: kind {kind}")
+    return changes
+
+
+def _task_data(store: Store) -> list[str]:
+    """Each run's task data cached in an older format, adopted in today's (Task.upgrade_data)."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    from tasks import TASKS, make_task
+
+    changes = []
+    configs = store.fs.get_file_info(pafs.FileSelector(store.path("configs"), allow_not_found=True))
+    with store.task_data() as d:
+        for info in sorted((i for i in configs if i.base_name.endswith(".json")), key=lambda i: i.path):
+            try:
+                task = json.loads(store.read_bytes(info.path) or b"{}")["task"]
+                changes += make_task(TASKS[task["name"]][0].model_validate(task)).upgrade_data(d)
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged config: `study verify` names it, `study run` rewrites it
     return changes
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
+from array import array
 
 import torch
 
@@ -17,8 +17,9 @@ from atomicio import AtomicFile
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
 from store import Store, digest, list_studies
-from stats import mean_ci_from_sd, wilson
 from study.engine.evaluate import EvalRow, Evaluation, evaluate, now, write
+from study.engine.rows import column_rows, passes_cost
+from study.engine.kinds.ext import key_of
 from study.spec.grid import EvalPoint
 from tasks import TASKS, EvalSet, make_task
 
@@ -102,9 +103,10 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
     """Solve the examples (Sudoku puzzles) of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
 
     The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
-    256: the outputs are those of sampling the whole file at once), so memory does not grow with the
-    file: the metrics are running sums, `out` is written as the chunks come (to a temp file renamed at
-    the end). The samples table holds a row per puzzle (its scores and cost: `study verify` derives the
+    256: the outputs are those of sampling the whole file at once), so the file's text is never held
+    whole: each puzzle's scores and passes are kept as a number each (the evals rows are
+    study.engine.rows.column_rows of them), `out` is written as the chunks come (to a temp file renamed
+    at the end). The samples table holds a row per puzzle (its scores and cost: `study verify` derives the
     evals rows from them), with the text of the first `n_samples_kept` puzzles (None: of all of them).
     Nothing is written to the store until every puzzle is scored; `out` is checked before any work.
 
@@ -127,13 +129,13 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         for _ in task.read_inputs(puzzles, chunk):  # every line checked before the first is sampled
             pass
         # keyed by the file's content, not its name: one file under two names is one evaluation point
-        key = f"ext-{_file_digest(puzzles)}-T{T}-Ls{L_s}-{sampler}-s{seed}"
+        key = key_of(_file_digest(puzzles), T, L_s, sampler, seed)
 
         split = f"external:{os.path.basename(puzzles)}"
         # how to sample: the sampler's defaults (argmax, no remasking); n_examples: the file's, read as it comes
         pt = EvalPoint(T=T, L_s=L_s, sampler=sampler, temperature=0.0, remask=0.0, n_examples=0, split=split,
                        seed=seed)
-        metrics, acc, cost, samples, secs = None, {}, _Cost(), [], 0.0
+        metrics, acc, passes, heads, samples, secs = None, {}, array("q"), 0, [], 0.0
         for pf in task.read_inputs(puzzles, chunk):
             x, cond = pf.x, pf.cond
             has_ref = pf.reference is not None  # the whole file has solutions or none (one CSV header)
@@ -143,19 +145,20 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
             # index of the chunk's first puzzle (`start`): sample_all seeds batch i `seed + i`
             e = evaluate(model, task, pt, EvalSet(pf.reference if has_ref else x, cond), run_id,
                          keep=keep, key=key, split=split, inputs=x, reference=has_ref, start=pf.start,
-                         metrics=metrics)
+                         metrics=metrics, kind="ext")
             secs += e.seconds
-            cost.add(e.got)
+            passes.extend(e.got.passes.tolist())
+            heads += e.got.head_calls
             for m in metrics:
-                acc.setdefault(m, _Running()).add([s[m] for s in e.scores])
+                acc.setdefault(m, array("d")).extend(s[m] for s in e.scores)
             samples += e.samples
             if dest:
                 dest.write(task.format_outputs(pf, e.got.x))
 
-        n = acc[metrics[0]].n
+        n = len(passes)
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
-                "eval_seconds": secs, "created_at": now(), **cost.columns(model)}
-        rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns()) for m in metrics]
+                "eval_seconds": secs, "created_at": now(), "kind": "ext", **passes_cost(model, passes, heads)}
+        rows = [EvalRow(**r) for r in column_rows(acc, base)]
         write(store, run_id, Evaluation(key, rows, samples, []))
         if dest:
             dest.commit()
@@ -186,46 +189,3 @@ def _file_digest(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
-
-
-class _Running:
-    """One metric's per-puzzle scores so far, in constant memory: the value and 95% interval of
-    study.engine.evaluate.metric_rows (Wilson for 0/1 scores, else the normal interval), from running sums
-    (the spread by Welford's update, exact to rounding)."""
-
-    def __init__(self):
-        self.n, self.total, self.binary, self.mean, self.m2 = 0, 0.0, True, 0.0, 0.0
-
-    def add(self, values: list[float]) -> None:
-        for v in values:
-            self.n += 1
-            self.total += v
-            self.binary = self.binary and v in (0.0, 1.0)
-            d = v - self.mean
-            self.mean += d / self.n
-            self.m2 += d * (v - self.mean)
-
-    def columns(self) -> dict:
-        if self.binary:
-            lo, hi = wilson(self.total, self.n)
-        else:
-            lo, hi = mean_ci_from_sd(self.mean, math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0, self.n)
-        return {"value": self.total / self.n, "ci_low": lo, "ci_high": hi}
-
-
-class _Cost:
-    """study.engine.evaluate.sampling_cost over chunks: passes summed (and their most), head calls summed."""
-
-    def __init__(self):
-        self.n, self.passes, self.most, self.heads = 0, 0, 0, 0
-
-    def add(self, got) -> None:
-        self.n += len(got.steps)
-        self.passes += int(got.passes.sum())
-        self.most = max(self.most, got.forward_passes)
-        self.heads += got.head_calls
-
-    def columns(self, model: RecursiveDenoiser) -> dict:
-        flops = model.flops_per_forward(self.passes, heads=self.heads) if self.passes else 0
-        return {"forward_passes": self.most, "forward_passes_mean": self.passes / self.n if self.n else None,
-                "eval_flops": flops}

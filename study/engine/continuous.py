@@ -82,7 +82,7 @@ def evaluate_nll(model: RecursiveDenoiser, run_id: str, split: str, ev, n_loops:
     t0 = time.perf_counter()
     scores = example_values(model, ev.x0, ev.cond, n_loops, nll_seed(run_id, split), precision)
     base = {"run_id": run_id, "eval_key": key, "T": 0, "L_s": n_loops, "sampler": SAMPLER, "split": split,
-            "eval_seconds": time.perf_counter() - t0, "created_at": now(), **nll_cost(model, n_loops, len(scores))}
+            "eval_seconds": time.perf_counter() - t0, "created_at": now(), "kind": "nll", **nll_cost(model, n_loops, len(scores))}
     passes = base["forward_passes"]
     samples = [SampleRow(run_id, key, 0, n_loops, example=i, input=None, output=None, reference=None,
                          score=s["elbo"], scores=json.dumps(s), passes=passes, steps=None)

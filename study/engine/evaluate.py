@@ -1,11 +1,11 @@
 """The one evaluation path: sample a model on examples, score the outputs with the task, and build
 the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
 
-`evaluate` samples and scores; every caller goes through it: a run's eval points (`evaluate_point`,
+`evaluate` samples and scores; every caller goes through it: a run's eval points (study.engine.kinds.evaluate_point,
 called by study.engine.trial), the generations of a likelihood point, `study eval --puzzles` (study/commands/puzzles.py,
 a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
 
-A task's `eval_mode` says how its points are evaluated:
+A task's `eval_mode` names the evaluation kind of its points (study/engine/kinds):
 - 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
   of the samples rows' per-example scores (95% interval: Wilson for 0/1 scores, else normal), and a
   samples row per example: its scores and cost (block passes, denoising steps), its text for the
@@ -67,6 +67,7 @@ class EvalRow:
     eval_seconds: float
     created_at: dt.datetime
     forward_passes_mean: float | None  # block passes per example, the mean over examples (None: likelihood)
+    kind: str  # the evaluation kind (study/engine/kinds) whose rules made it
 
 
 @dataclass(slots=True)
@@ -102,14 +103,15 @@ class Evaluation:
 def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id: str, *, keep: int,
              precision: str = "float32", key: str | None = None, split: str | None = None,
              inputs: torch.Tensor | None = None, reference: bool = True, start: int = 0,
-             metrics: tuple[str, ...] | None = None, primary: str | None = None) -> Evaluation:
+             metrics: tuple[str, ...] | None = None, primary: str | None = None, kind: str = "sample") -> Evaluation:
     """Sample the examples of `ev` as `pt` says, score the outputs against `ev`, and build their rows.
 
     inputs: what the sampler is given where it is not ev.x0 (only the `ev.cond` positions are read);
     reference: whether the samples rows keep ev.x0 as the examples' reference text; start: the number
     of the first example (a chunk of a longer file: the sampler's seed is pt.seed + start, so chunking
     never changes an output); metrics: the evals rows' metrics (default the task's), and then the only
-    per-example scores kept; key and split default to pt's; keep: examples whose text is kept."""
+    per-example scores kept; key and split default to pt's; keep: examples whose text is kept; kind: the
+    rows' evaluation kind."""
     x = ev.x0 if inputs is None else inputs
     t0 = time.perf_counter()
     got = sample_all(model, x, ev.cond, T=pt.T, L_s=pt.L_s, unmask=pt.sampler, temperature=pt.temperature,
@@ -120,7 +122,8 @@ def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id:
         scores = [{m: s[m] for m in metrics} for s in scores]
     key = key or pt.key
     base = {"run_id": run_id, "eval_key": key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
-            "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), **sampling_cost(model, got)}
+            "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), "kind": kind,
+            **sampling_cost(model, got)}
     evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base)]
     samples = sample_rows(run_id, key, pt, task, x, ev.cond, got, ev.x0 if reference else None, scores, keep,
                           start, primary or task.primary_metric)
@@ -143,21 +146,6 @@ def checkpoint_scores(run: Run, model: RecursiveDenoiser, task, ev_val: EvalSet,
         e = evaluate(model, task, pt, ev, run.run_id, keep=0, precision=precision, metrics=(metric,))
         out[f"val_{metric}_T{T}"] = e.evals[0].value
     return out
-
-
-def evaluate_point(run: Run, pt: EvalPoint, model: RecursiveDenoiser, task, ev_full: EvalSet, store: Store,
-                   precision: str = "float32") -> list[EvalRow]:
-    """Evaluate one eval point of a run (its first `pt.n_examples` examples of `ev_full`) and write its
-    rows; returns its evals rows (a likelihood point's generations' included)."""
-    ev = ev_full.head(pt.n_examples)
-    keep = min(run.eval.n_samples_kept, len(ev))
-    if task.eval_mode == "likelihood":
-        done = evaluate_likelihood(run.run_id, pt, model, task, ev, keep, precision)
-    else:
-        done = [evaluate(model, task, pt, ev, run.run_id, keep=keep, precision=precision)]
-    for e in done:
-        write(store, run.run_id, e)
-    return [r for e in done for r in e.evals]
 
 
 def write(store: Store, run_id: str, e: Evaluation) -> None:
@@ -186,10 +174,10 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     if n_gen > 0:
         # fixed depth whatever the point says: its rows' sampler is the unmasking rule
         gen = evaluate(model, task, dataclasses.replace(pt, adaptive=None), ev.head(n_gen), run_id, keep=n_gen,
-                       precision=precision, key=pt.key + GEN_SUFFIX, metrics=("known_words",), primary="known_words")
+                       precision=precision, key=pt.key + GEN_SUFFIX, metrics=("known_words",), primary="known_words", kind="gen")
         seconds += gen.seconds
     base = {"run_id": run_id, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.sampler,
-            "split": pt.split, "eval_seconds": seconds, "created_at": now(), "forward_passes_mean": None,
+            "split": pt.split, "eval_seconds": seconds, "created_at": now(), "forward_passes_mean": None, "kind": "likelihood",
             **likelihood_cost(model, n_t, pt.L_s, n)}
     metrics, shown = task.likelihood_metrics(), task.sample_score or task.primary_metric
     scores = [{m.name: v / m.likelihood for m in metrics} for v in per_char]

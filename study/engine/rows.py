@@ -91,10 +91,15 @@ def now() -> dt.datetime:
 def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
     """One evals row per metric: the mean of the per-example scores and its 95% interval
     (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
-    n = len(scores)
+    return column_rows({m: [s[m] for s in scores] for m in metrics}, base)
+
+
+def column_rows(columns: dict, base: dict) -> list[dict]:
+    """metric_rows of each metric's per-example scores, given as one sequence per metric (`study eval
+    --puzzles` keeps them so, a float each, whatever the file's size)."""
     rows = []
-    for m in metrics:
-        vals = [s[m] for s in scores]
+    for m, vals in columns.items():
+        n = len(vals)
         value = sum(vals) / n
         binary = all(v in (0.0, 1.0) for v in vals)
         lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]

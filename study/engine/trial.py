@@ -22,7 +22,8 @@ from store import Store, digest
 from study.engine import continuous
 from study.engine.options import TrialOptions
 from study.engine.rows import STATE_KEYS, damaged_data, gpu_ids, node_info, run_row  # noqa: F401 (re-exported)
-from study.engine.evaluate import checkpoint_scores, evaluate_point, now
+from study.engine.evaluate import checkpoint_scores, now
+from study.engine.kinds import evaluate_point
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
 

@@ -20,6 +20,7 @@ class Verdict:
     counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why (not failures)
     underived: set[str] = field(default_factory=set)  # kinds of numbers that could not be re-derived here
+    owed: list[str] = field(default_factory=list)  # runs a grid lists that have no row yet: status, not damage
 
     def add(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -40,7 +41,7 @@ class Verdict:
                  f"re-hashed, {c.get('grids', 0)} grids, {c.get('index_entries', 0)} index entries checked, "
                  f"{c.get('histories', 0)} histories, {c.get('weights', 0)} weights files; not re-derived: "
                  + "; ".join([*sorted(self.underived), UNDERIVED])]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {n}" for n in self.notes] + [f"  owed by a grid, not yet run: {o}" for o in self.owed]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines.append(f"{len(self.problems)} problem(s): the store disagrees with itself" if self.problems
                      else "OK: every check agrees")
@@ -109,8 +110,10 @@ class Context:
     grids: list = field(default_factory=list)  # every grid the study recorded (grids.GridRec)
     rebuilt: dict = field(default_factory=dict)  # run_id -> the Run its config describes (configs agree)
     owed: dict = field(default_factory=dict)  # run_id -> eval keys owed
+    unrun: set = field(default_factory=set)  # run ids a grid lists that have no runs row yet (owed, not damage)
     known: dict = field(default_factory=dict)  # run_id -> {eval key: EvalPoint} known
     tasks: dict = field(default_factory=dict)  # (task, task_params) -> the task, built once
+    points: dict = field(default_factory=dict)  # (run_id, eval key) -> (its kind, its EvalPoint or None) checked
 
     def task_of(self, row: dict):
         return task_of(row, self.tasks)

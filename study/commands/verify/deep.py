@@ -9,7 +9,6 @@ sequence of operations on the same numbers); run on another device or precision,
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -19,49 +18,24 @@ import torch
 
 from model import RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
-from study.commands.verify.context import Context, stem
+from study.commands.verify.context import Context
 
 DEEP_TOL = 1e-4  # relative, for floats re-derived on another device or precision (see the module docstring)
 EVAL_FIELDS = ("value", "ci_low", "ci_high", "forward_passes", "eval_flops", "forward_passes_mean")
 SAMPLE_FIELDS = ("input", "output", "reference", "score", "passes", "steps")
 
 
-def chosen_points(c: Context, fraction: float, points: list[str]) -> list[tuple[str, str]]:
-    """(run_id, eval key) of the stored eval points to evaluate again: those `points` names (RUN_ID/KEY, or KEY
-    for every run), else a `fraction` of them (at least one), picked by a hash of their names (the same
-    choice at every call, spread over runs and points)."""
-    stored = sorted((rel[0], stem(rel[1])) for (table, rel) in c.tables if table == "evals")
-    if points:
-        want = [p.split("/", 1) if "/" in p else [None, p] for p in points]
-        return [(r, k) for r, k in stored if any((wr in (None, r)) and wk == k for wr, wk in want)]
-    chosen = []
-    for group in ([p for p in stored if not _is_nll(p[1])], [p for p in stored if _is_nll(p[1])]):  # each apart
-        rank = sorted(group, key=lambda p: hashlib.sha256(f"{p[0]}/{p[1]}".encode()).hexdigest())
-        chosen += rank[:max(1, math.ceil(fraction * len(rank)))] if rank else []
-    return sorted(chosen)
-
-
-def _is_nll(key: str) -> bool:
-    from study.engine.nllrows import NLL_KEYS
-
-    return key in NLL_KEYS.values()
-
-
-def check_deep(c: Context, fraction: float = 1.0, points: list[str] | None = None) -> None:
-    chosen = chosen_points(c, fraction, points or [])
-    if points and not chosen:
-        c.v.problems.append(f"--point {', '.join(points)}: no stored eval point of that name (RUN_ID/EVAL_KEY "
-                            f"or EVAL_KEY, as in evals/<run_id>/<eval_key>.parquet)")
-    t0, done, nll = time.perf_counter(), 0, 0
-    models: dict = {}
+def check_deep(c: Context, chosen: list[tuple[str, str]]) -> None:
+    """The `chosen` points (verify_study's chosen_points) evaluated again, each by its kind; counted by kind."""
+    t0, done, models = time.perf_counter(), {}, {}
     for rid, key in chosen:
-        redone = _redo_point(c, rid, key, models)
-        nll, done = (nll + redone, done) if _is_nll(key) else (nll, done + redone)
-    total = sum(1 for (table, rel) in c.tables if table == "evals" and not _is_nll(stem(rel[1])))
-    n_nll = sum(1 for (table, rel) in c.tables if table == "evals" and _is_nll(stem(rel[1])))
-    c.v.notes.append(f"--deep: {done} of {total} eval points evaluated again from the stored weights "
-                     f"({time.perf_counter() - t0:.1f} s on cpu)"
-                     + (f"; {nll} of {n_nll} continuous-quantity points (nll-test, nll-val)" if n_nll else ""))
+        count = _redo_point(c, rid, key, models)
+        done[count] = done.get(count, 0) + 1
+    total = c.v.counts
+    c.v.notes.append(f"--deep: {done.get('eval_files', 0)} of {total.get('eval_files', 0)} eval points evaluated "
+                     f"again from the stored weights ({time.perf_counter() - t0:.1f} s on cpu)"
+                     + (f"; {done.get('nll_files', 0)} of {total['nll_files']} continuous-quantity points (nll-test, "
+                        f"nll-val)" if total.get("nll_files") else ""))
 
 
 def _model(c: Context, rid: str, run, task, models: dict):
@@ -84,44 +58,26 @@ def _model(c: Context, rid: str, run, task, models: dict):
     return models[rid]
 
 
-def _redo_point(c: Context, rid: str, key: str, models: dict) -> int:
-    """Evaluate (rid, key) again and compare; 1 when it was, 0 when it could not be (said in a note)."""
-    from study.engine.continuous import NLL_KEYS, evaluate_nll
-    from study.engine.evaluate import GEN_SUFFIX, evaluate, evaluate_likelihood
-
+def _redo_point(c: Context, rid: str, key: str, models: dict) -> str | None:
+    """Evaluate (rid, key) again by its kind and compare; the verdict count of its kind when it was, else None
+    (said in a note)."""
     row, run = c.runs.get(rid), c.rebuilt.get(rid)
-    base = key[: -len(GEN_SUFFIX)] if key.endswith(GEN_SUFFIX) else key
-    pt = c.known.get(rid, {}).get(key) or c.known.get(rid, {}).get(base)
-    nll_split = next((s for s, k in NLL_KEYS.items() if k == key), None) if pt is None else None
-    if row is None or run is None or (pt is None and nll_split is None):
+    kind, pt = c.points.get((rid, key), (None, None))
+    if row is None or run is None or kind is None or not kind.redone:
         c.v.notes.append(f"--deep: {rid}/{key} not evaluated again (no usable config, or not a point a grid or "
                          f"its config owes: an external `study eval` point)")
-        return 0
+        return None
     task = c.task_of(row)
     with c.store.task_data() as d:  # the data the run evaluated on (made again from the config if not cached)
         task.prepare(d)
     model = _model(c, rid, run, task, models)
     if model is None:
-        return 0
+        return None
     torch.set_num_threads(max(1, int(run.resources.cpu)))  # as the trial ran: the same reduction order
-    precision = row.get("precision") or "float32"
-    if nll_split is not None:  # the continuous quantities: as many examples as the point stored
-        n = c.tables[("evals", (rid, f"{key}.parquet"))].column("n_examples")[0].as_py()
-        ev = task.eval_set(nll_split).head(n)
-        _compare(c, rid, key, evaluate_nll(model, rid, nll_split, ev, run.model.L, precision), _exact(row))
-        return 1
-    ev = task.eval_set(run.eval.split).head(pt.n_examples)
-    keep = min(run.eval.n_samples_kept, len(ev))
-    if task.eval_mode == "likelihood":
-        got = {e.key: e for e in evaluate_likelihood(rid, pt, model, task, ev, keep, precision)}
-    else:
-        got = {pt.key: evaluate(model, task, pt, ev, rid, keep=keep, precision=precision)}
-    if key not in got:
-        c.v.problems.append(f"{c.store.path('evals', rid, key + '.parquet')}: --deep: evaluating point {base} "
-                            f"again makes no eval key {key}")
-        return 1
-    _compare(c, rid, key, got[key], _exact(row))
-    return 1
+    got = kind.redo(c, rid, key, pt, run, task, model, row.get("precision") or "float32")
+    if got is not None:
+        _compare(c, rid, key, got, _exact(row))
+    return kind.count
 
 
 def _exact(row: dict) -> bool:

@@ -91,21 +91,22 @@ def expected_points(c: Context) -> None:
     """c.owed (run_id -> eval keys owed) and c.known (run_id -> {key: EvalPoint} known): from every recorded
     grid and from each done run's own config."""
     runs, owed, known = c.runs, c.owed, c.known
-    missing: dict[str, str] = {}
+    results = "" if c.store.root in ("results", "./results") else f" --results {c.store.root}"
     for g in c.grids:
+        todo = 0
         for run in g.runs or ():
             row = runs.get(run.run_id)
             if row is None and ("runs", (f"{run.run_id}.parquet",)) not in c.files:
-                missing.setdefault(run.run_id, f"{g.path} (K {run.model.K}, L {run.model.L}, seed {run.train.seed})")
+                todo += 1  # no row yet: owed (never started, or interrupted), not damage
+                c.unrun.add(run.run_id)
             pts = {p.key: p for p in run.eval_points()}
             known.setdefault(run.run_id, {}).update(pts)
             if row is not None and row["status"] == "done":
                 owed.setdefault(run.run_id, set()).update(pts)
+        if todo:
+            c.v.owed.append(f"{todo} run(s) of grid {g.sha}: `study run {g.path}{results}` finishes them")
     for rid, run in c.rebuilt.items():
         pts = {p.key: p for p in run.eval_points()}
         known.setdefault(rid, {}).update(pts)
         if runs[rid]["status"] == "done":
             owed.setdefault(rid, set()).update(pts)
-    for rid, by in sorted(missing.items()):
-        c.v.problems.append(f"{c.store.path('runs', rid + '.parquet')}: missing, but grid {by} owes run {rid}: "
-                            f"deleted, or never run (`study run` the grid to finish it)")
