@@ -29,15 +29,25 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _check_packages() -> None:
-    """Where Python would import each of PACKAGES from (found, not imported): this project, or ImportError."""
+    """Where Python would import each of PACKAGES from (found, not imported): this project, or ImportError
+    naming what shadows it (a local file or folder of the working or the script's directory: how to run there)."""
+    import sys
+
+    local = {os.getcwd(), os.path.abspath(sys.path[0] or os.curdir)} if sys.path else {os.getcwd()}
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         origin = (spec.origin if spec is not None else None) or "not found"
         where = os.path.dirname(os.path.dirname(os.path.abspath(origin))) if spec is not None else None
         if where != _HERE:
+            top = where if spec is not None and spec.submodule_search_locations else os.path.dirname(origin)
+            why = (f"the local {'folder' if spec.submodule_search_locations else 'file'} "
+                   f"{os.path.join(top, name) if spec.submodule_search_locations else origin} shadows it (Python "
+                   f"looks first in the current or the script's directory): rename it, run from another "
+                   f"directory, or start Python with -P (or PYTHONSAFEPATH=1), which leaves that directory out"
+                   if spec is not None and top in local else
+                   "another package of that name shadows it; uninstall it or use a separate virtual environment")
             raise ImportError(f"rmdm_study: the module {name!r} is {origin!r}, not this project's "
-                              f"({_HERE}/{name}): another package of that name shadows it; uninstall it or use "
-                              f"a separate virtual environment")
+                              f"({_HERE}/{name}): {why}")
 
 
 _check_packages()

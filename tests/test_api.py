@@ -105,6 +105,20 @@ def test_a_package_shadowing_one_of_ours_is_named(tmp_path):
     assert ok.returncode == 0 and "'analysis'" in ok.stdout, ok.stderr
 
 
+def test_a_local_file_shadowing_one_of_ours_is_named_with_how_to_run_there(tmp_path):
+    """A research folder with its own model.py (issue 44): the error names that file and the way out (-P),
+    and `python -P` there imports rmdm_study."""
+    (tmp_path / "model.py").write_text("x = 1\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-c", "import rmdm_study"], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert f"the local file {tmp_path / 'model.py'} shadows it" in r.stderr and "-P" in r.stderr, r.stderr
+    ok = subprocess.run([sys.executable, "-P", "-c", "import rmdm_study"], cwd=str(tmp_path), env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_the_api_uses_the_stores_names_and_no_join_leaves_x_or_y(results):
     """One set of names, the store's (docs/guide/schema.md): in history `loss` is the training loss (a number),
     `L_t` that step's depth and `lr` that step's learning rate, as in the Parquet files; the run's loss
