@@ -155,7 +155,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         n = acc[metrics[0]].n
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
                 "eval_seconds": secs, "created_at": now(), **cost.columns(model)}
-        rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns()) for m in metrics]
+        rows = [EvalRow(**base, n_examples=n, metric=m, **acc[m].columns(task.metric_of(m))) for m in metrics]
         write(store, run_id, Evaluation(key, rows, samples, []))
         if dest:
             dest.commit()
@@ -205,11 +205,14 @@ class _Running:
             self.mean += d / self.n
             self.m2 += d * (v - self.mean)
 
-    def columns(self) -> dict:
+    def columns(self, metric=None) -> dict:
+        from study.engine.rows import clipped
+
         if self.binary:
             lo, hi = wilson(self.total, self.n)
         else:
             lo, hi = mean_ci_from_sd(self.mean, math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0, self.n)
+        lo, hi = clipped(lo, hi, metric)
         return {"value": self.total / self.n, "ci_low": lo, "ci_high": hi}
 
 
