@@ -75,6 +75,26 @@ def test_readme_example_runs_and_matches_study_report(results):
     assert "ci_method" in t
 
 
+def test_the_readmes_example_shows_one_metric_by_short_model_name_and_L_s(results, tmp_path):
+    """README's Python block on a store holding `first_study` (issue 44: it printed every metric, no L_s, models
+    only as their 600-character model_key): one metric, the (K x L) name compare() uses, L_s, T as compare()'s."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    code = re.search(r"<!-- doc-test: python -->\n```python\n(.*?)```", text, re.S).group(1)
+    shutil.copytree(results / "results" / "demo_sudoku", tmp_path / "results" / "first_study")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    head, *rows = run.stdout.splitlines()
+    assert head.split() == ["model", "L_s", "T", "value", "ci_low", "ci_high"], run.stdout
+    assert rows and all(re.match(r"\d+\s+\(\d+ x \d+\)", r) for r in rows), run.stdout
+    import rmdm_study as rs
+
+    s = rs.open(str(tmp_path / "results")).study("first_study")
+    t, c = s.table(), s.compare()
+    assert len(rows) == (t.metric == "vpr").sum() and t["T"].dtype == c["T"].dtype
+    assert set(c["A"]) | set(c["B"]) <= set(t["model"])
+
+
 def test_figures_come_back_as_figures_and_nothing_is_written(results):
     from matplotlib.figure import Figure
 
