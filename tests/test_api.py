@@ -58,7 +58,10 @@ def test_readme_example_runs_and_matches_study_report(results):
     rep = study("report", "--results", str(results / "results"), "--study", "demo_sudoku", "--figure", "iso-param",
                 "--out", str(results / "fig"), "--compare", f"{runs[0]}:{runs[1]}")
     assert rep.returncode == 0, rep.stderr
-    printed = [l.strip() for l in rep.stdout.splitlines() if l.startswith("  ") and " vs " in l]
+    from tests.helpers import unwrapped
+
+    assert max(map(len, rep.stdout.splitlines())) <= 100, rep.stdout  # fits a terminal (issue 44: ~200)
+    printed = [l.strip() for l in unwrapped(rep.stdout.splitlines()) if l.startswith("  ") and " vs " in l]
     mine = [l for l in printed if not l.startswith("named")]
     assert len(mine) == len(api)
     for line, r in zip(mine, api.itertuples(index=False)):
