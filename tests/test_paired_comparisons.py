@@ -101,7 +101,9 @@ def test_one_seed_verdict_is_about_that_seed_pair_in_table_report_and_api(tmp_pa
     assert compare(load_study(str(tmp_path), "pairs"))["verdict"].tolist() == [want]
     assert rs.open(str(tmp_path)).study("pairs").compare()["verdict"].tolist() == [want]
     md, r = _report_md(tmp_path, "pairs", tmp_path)
-    assert r.output.count(want) == 1  # the terminal line
+    from tests.helpers import unwrapped
+
+    assert "\n".join(unwrapped(r.output.splitlines())).count(want) == 1  # the terminal line (wrapped at 100)
     assert want in md.split("## Tables", 1)[1]
     head = md.split("## Headline verdicts", 1)[1].split("\n## ", 1)[0]
     assert "1 of 1 comparisons have fewer than 2 matched seeds" in head and "ahead" not in head
