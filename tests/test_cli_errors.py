@@ -306,6 +306,6 @@ def test_run_from_another_directory_finds_the_projects_store_and_says_where_it_w
     assert f"its project's store has it: {project / 'results' / 'away'}; run from {project}" in r.stderr, r.stderr
     # --results given: the user's choice, named before any work (here a bad --address stops it)
     r = study("run", str(grid), "--results", str(elsewhere / "results"), "--address", "bad addr", cwd=str(elsewhere))
-    assert r.returncode == 2 and f"store: {elsewhere / 'results' / 'away'} (new" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 2 and f"study away: store {elsewhere / 'results' / 'away'} (new" in r.stdout, r.stdout
     r = study("run", str(grid), "--address", "bad addr", cwd=str(project))
-    assert r.returncode == 2 and f"store: {project / 'results' / 'away'}\n" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 2 and f"study away: store {project / 'results' / 'away'}\n" in r.stdout, r.stdout

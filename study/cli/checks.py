@@ -117,7 +117,7 @@ def store_of_run_or_exit(results: str, study: str, grid: str, given: bool) -> No
     that lacks the study while the grid's project (a directory above the grid holding results/<study>) has
     it is refused, exit 2, naming that store: run from there or give --results (a fresh store included)."""
     if "://" in results:
-        typer.echo(f"store: {results.rstrip('/')}/{study}")
+        typer.echo(f"study {study}: store {results.rstrip('/')}/{study}")
         return
     here = os.path.join(os.path.abspath(results), study)
     near = _project_store(grid, study)
@@ -125,7 +125,7 @@ def store_of_run_or_exit(results: str, study: str, grid: str, given: bool) -> No
         fail(f"study {study!r} has no store under {os.path.abspath(results)}, but its project's store has it: "
              f"{near}; run from {os.path.dirname(os.path.dirname(near))} or give --results "
              f"{os.path.dirname(near)} (or --results {os.path.abspath(results)} to train it anew here)")
-    typer.echo(f"store: {here}" + ("" if os.path.isdir(here) else " (new: nothing of this study there yet)"))
+    typer.echo(f"study {study}: store {here}" + ("" if os.path.isdir(here) else " (new: nothing of it there yet)"))
 
 
 def _project_store(grid: str, study: str) -> str | None:
