@@ -64,11 +64,17 @@ def pace_of(hb: dict | None) -> float | None:
     return float(step) / float(secs) if ok and math.isfinite(step / secs) else None
 
 
+def _eval_of(hb: dict) -> dict | None:
+    """A heartbeat's `eval` (study/engine/trial.py): started, points done, of how many, at (the last one's end)."""
+    ev = hb.get("eval")
+    ok = isinstance(ev, dict) and all(isinstance(ev.get(k), (int, float)) for k in ("started", "done", "of", "at"))
+    return ev if ok else None
+
+
 def eval_pace(beats: dict[str, dict]) -> float | None:
-    """Seconds per eval point, measured over the runs that evaluated one (their heartbeats' `eval`: started,
-    points done, of how many, at (when the last one ended); study/engine/trial.py), None before any has."""
-    paces = [(ev["at"] - ev["started"]) / ev["done"] for hb in beats.values() for ev in [hb.get("eval") or {}]
-             if ev.get("done") and isinstance(ev.get("at"), (int, float))]
+    """Seconds per eval point, measured over the runs that evaluated one (their heartbeats' `eval`), None
+    before any has."""
+    paces = [(ev["at"] - ev["started"]) / ev["done"] for ev in map(_eval_of, beats.values()) if ev and ev["done"] > 0]
     return sum(paces) / len(paces) if paces else None
 
 
@@ -99,7 +105,7 @@ def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: fl
         if rid in running and isinstance(hb.get("time"), (int, float)):
             done += pace * max(0.0, now - float(hb["time"]))
         left = max(0.0, steps - min(done, steps)) / pace
-        ev = hb.get("eval") if rid in running and hb.get("phase") == "eval" else None
+        ev = _eval_of(hb) if rid in running and hb.get("phase") == "eval" else None
         if ev:  # its points left; the one under way counted from when the last one ended
             own = (ev["at"] - ev["started"]) / ev["done"] if ev["done"] else per_point
             if own is None:
