@@ -15,13 +15,23 @@ from analysis.tables import differing, fmt_params, shape_label
 from store import Store
 
 MAX_MODELS = 12  # model lines per task variant on a terminal; the report lists every one
+WIDTH = 100  # a terminal's columns: every line here fits them
+
+
+def fit(line: str, indent: int = 6) -> list[str]:
+    """`line` wrapped at WIDTH, its continuation lines indented by `indent` columns more than it."""
+    import textwrap
+
+    lead = " " * (len(line) - len(line.lstrip(" ")) + indent)
+    return textwrap.wrap(line, WIDTH, subsequent_indent=lead, break_on_hyphens=False) or [line]
 
 
 def comparison_lines(cmp: pd.DataFrame) -> list[str]:
-    """One line per paired comparison (analysis.compare's table): values, difference, interval, verdict."""
-    return [f"  {r.comparison:13s} {r.task_variant}: {r.A} vs {r.B}, {r.metric} T={r.T}: "
-            f"{r.value_A:.3f} vs {r.value_B:.3f}, difference {r.difference:+.3f} "
-            f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}" for r in cmp.itertuples(index=False)]
+    """Each paired comparison (analysis.compare's table): values, difference, interval, verdict; wrapped (fit)."""
+    return [part for r in cmp.itertuples(index=False) for part in fit(
+        f"  {r.comparison:13s} {r.task_variant}: {r.A} vs {r.B}, {r.metric} T={r.T}: "
+        f"{r.value_A:.3f} vs {r.value_B:.3f}, difference {r.difference:+.3f} "
+        f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] seeds {r.seeds}: {r.verdict}")]
 
 
 def _cell(r, mark: str) -> str:
@@ -30,8 +40,8 @@ def _cell(r, mark: str) -> str:
 
 
 def headline_lines(derived: Derived, split: str = "test") -> list[str]:
-    """Each task variant's primary metric, one line per model (at most MAX_MODELS), one column per T; each
-    interval's method named once below its table."""
+    """Each task variant's primary metric, one line per model (at most MAX_MODELS), one column per T (in
+    blocks of the Ts that fit WIDTH); each interval's method named once below its table."""
     out = []
     for variant, metric, d in derived.by_variant("the result table", split):
         d = d[d["L_s"] == d["L_t"]]
@@ -53,12 +63,20 @@ def headline_lines(derived: Derived, split: str = "test") -> list[str]:
         w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
         ws = [max([len(f"T={T}")] + [len(r[2][i]) for r in rows]) for i, T in enumerate(Ts)]
         out.append(f"  {variant}: {metric}")
-        out.append(("    " + " " * (w0 + w1 + 4) + "  ".join(f"T={T}".ljust(w) for T, w in zip(Ts, ws))).rstrip())
-        for label, size, cells in rows[:MAX_MODELS]:
-            out.append((f"    {label:<{w0}}  {size:<{w1}}  " + "  ".join(c.ljust(w) for c, w in zip(cells, ws))).rstrip())
+        blocks, used = [[]], 8 + w0 + w1
+        for i, w in enumerate(ws):
+            if blocks[-1] and used + w > WIDTH:
+                blocks.append([])
+                used = 8 + w0 + w1
+            blocks[-1].append(i)
+            used += w + 2
+        for b in blocks:
+            out.append(("    " + " " * (w0 + w1 + 4) + "  ".join(f"T={Ts[i]}".ljust(ws[i]) for i in b)).rstrip())
+            for label, size, cells in rows[:MAX_MODELS]:
+                out.append((f"    {label:<{w0}}  {size:<{w1}}  " + "  ".join(cells[i].ljust(ws[i]) for i in b)).rstrip())
         if len(rows) > MAX_MODELS:
             out.append(f"    ... and {len(rows) - MAX_MODELS} more models (study report lists every one)")
-        out += [f"    interval{mark}: {m}" for m, mark in marks.items()]
+        out += [part for m, mark in marks.items() for part in fit(f"    interval{mark}: {m}")]
     return out
 
 
@@ -71,7 +89,7 @@ def verdict_lines(derived: Derived, split: str = "test") -> list[str]:
     out = ([f"  verdicts (A - B, its paired 95% interval; the rule: the report's Paired comparisons):"]
            + ["  " + line for line in comparison_lines(ok)]) if len(ok) else []
     if len(few):
-        out.append(f"  {len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds: no verdict "
+        out += fit(f"  {len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds: no verdict "
                    "about the recipes (train more seeds of both models)")
     return out
 

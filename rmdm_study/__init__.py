@@ -8,7 +8,7 @@
     s.runs, s.evals, s.history                # the store's tables and names (docs/guide/schema.md), with each run's columns
     s.not_done                                # runs left out: failed or pruned (only done runs are analysed)
     s.samples()                               # per-example outputs and scores (s.samples(run_id) for one run)
-    s.table()                                 # aggregated over seeds: value, ci_low, ci_high, ci_method, n_seeds
+    s.table()                                 # aggregated over seeds: model, value, ci_low, ci_high, ci_method, n_seeds
     s.compare()                               # paired comparisons with verdicts, as `study report` prints them
     fig = s.figure("iso-param")               # a matplotlib Figure (or a list of them); saving is yours
 
@@ -29,15 +29,25 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _check_packages() -> None:
-    """Where Python would import each of PACKAGES from (found, not imported): this project, or ImportError."""
+    """Where Python would import each of PACKAGES from (found, not imported): this project, or ImportError
+    naming what shadows it (a local file or folder of the working or the script's directory: how to run there)."""
+    import sys
+
+    local = {os.getcwd(), os.path.abspath(sys.path[0] or os.curdir)} if sys.path else {os.getcwd()}
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         origin = (spec.origin if spec is not None else None) or "not found"
         where = os.path.dirname(os.path.dirname(os.path.abspath(origin))) if spec is not None else None
         if where != _HERE:
+            top = where if spec is not None and spec.submodule_search_locations else os.path.dirname(origin)
+            why = (f"the local {'folder' if spec.submodule_search_locations else 'file'} "
+                   f"{os.path.join(top, name) if spec.submodule_search_locations else origin} shadows it (Python "
+                   f"looks first in the current or the script's directory): rename it, run from another "
+                   f"directory, or start Python with -P (or PYTHONSAFEPATH=1), which leaves that directory out"
+                   if spec is not None and top in local else
+                   "another package of that name shadows it; uninstall it or use a separate virtual environment")
             raise ImportError(f"rmdm_study: the module {name!r} is {origin!r}, not this project's "
-                              f"({_HERE}/{name}): another package of that name shadows it; uninstall it or use "
-                              f"a separate virtual environment")
+                              f"({_HERE}/{name}): {why}")
 
 
 _check_packages()
@@ -105,14 +115,28 @@ class Study:
         """Per-example rows: input, output, reference (for the examples whose text is kept) and scores."""
         return self.data.store.read("samples", filter_run=run_id)
 
+    def models(self) -> dict[str, str]:
+        """model_key -> the model's short name as compare() prints it: `(K x L)`, and what else differs
+        from the other models of its task variant (`(1 x 2) lr=0.003`)."""
+        from analysis.tables import differing, shape_label
+
+        out = {}
+        for _, g in self.runs.drop_duplicates("model_key").groupby("task_variant"):
+            extra = differing(g["model_key"])
+            out.update({r.model_key: shape_label(r.K, r.L_t) + (f" {extra[r.model_key]}" if extra[r.model_key] else "")
+                        for r in g.itertuples(index=False)})
+        return out
+
     def table(self, split: str = "test") -> pd.DataFrame:
-        """Seeds aggregated: one row per model, evaluation point and metric of one split, with its
-        95% interval and the method (analysis.tables.aggregate)."""
+        """Seeds aggregated: one row per model (`model`: its short name, as compare() names it), evaluation
+        point and metric of one split, with its 95% interval and the method (analysis.tables.aggregate)."""
         if split not in self._table:
             from analysis.tables import aggregate
 
             agg = aggregate(self.data.evals)
-            self._table[split] = agg[agg["split"] == split].reset_index(drop=True)
+            agg = agg[agg["split"] == split].reset_index(drop=True).astype({"T": "int64"})  # compare()'s T
+            agg.insert(0, "model", agg["model_key"].map(self.models()))
+            self._table[split] = agg
         return self._table[split]
 
     def compare(self, *named: tuple[str, str], split: str = "test") -> pd.DataFrame:
@@ -127,7 +151,9 @@ class Study:
         and what the fixed-seed interval would say (analysis.claims); ValueError when it declared none."""
         from analysis.claims import claims_table
 
-        return claims_table(self.data)
+        t = claims_table(self.data)
+        names = self.runs.set_index("run_id")["model_key"].map(self.models()).to_dict()  # as compare() names them
+        return t.assign(A=t["A"].map(lambda r: names.get(r, r)), B=t["B"].map(lambda r: names.get(r, r)))
 
     def figure(self, name: str, **options):
         """Draw one figure of `study report` (names: analysis.figures.FIGURES) and return it as a matplotlib

@@ -18,15 +18,22 @@ trials a dead driver left behind stop at their next report.
 
 Creating a generation is exclusive:
 - local disk (and NFS): the file is hard-linked into place (`os.link` fails when it exists): one taker.
-- object stores: pyarrow's S3 client sends no conditional headers (If-None-Match is dropped; checked
-  on pyarrow 26 against moto), so each contender first lists the generation (nothing may be there),
-  writes its own claim, waits SETTLE_S, lists again, and holds only if its token is the smallest
-  claim of that generation and nothing newer exists; a contender whose list-then-write took SETTLE_S/2
-  or more withdraws. With a store whose listings are strongly consistent (S3 since December 2020,
-  moto, MinIO) this admits one holder as long as each request completes in under SETTLE_S/2: two
-  contenders that overlap both see both claims and agree on the smallest token; one that comes later
-  sees the earlier claim before writing. It is not a consensus protocol: a store that lists stale
-  data, or a process paused longer than SETTLE_S/2 between its two requests, can defeat it.
+- S3 and S3-compatible stores with conditional writes (AWS since 2024, MinIO, moto), through boto3 (the
+  `s3` extra): the generation's file is created with `If-None-Match: *` (one taker; the others get 412)
+  and every heartbeat and the release rewrite it with `If-Match: <its ETag>` (a holder whose file was
+  replaced has lost it). Whether the store honours them is checked once per acquisition (a probe object
+  written twice under `If-None-Match: *` must be refused the second time).
+- other object stores (gs://, an S3 store that ignores the headers, or boto3 not installed; said when the
+  lease is taken): pyarrow's S3 client sends no conditional headers, so each contender first lists the
+  generation (nothing may be there), writes its own claim, waits SETTLE_S, lists again, and holds only if
+  its token is the smallest claim of that generation, no unclaimed (conditional) file is there and nothing
+  newer exists; a contender whose list-then-write took SETTLE_S/2 or more withdraws. With a store whose
+  listings are strongly consistent (S3 since December 2020, moto, MinIO) this admits one holder as long as
+  each request completes in under SETTLE_S/2: two contenders that overlap both see both claims and agree
+  on the smallest token; one that comes later sees the earlier claim before writing. It is not a
+  consensus protocol: a store that lists stale data, or a process paused longer than SETTLE_S/2 between
+  its two requests, can defeat it. A conditional taker that then sees a settle claim of its generation
+  withdraws, so drivers of both kinds on one study still admit one holder.
 """
 from __future__ import annotations
 
@@ -227,6 +234,53 @@ def status_line(store, now: float | None = None) -> str:
     return f"lease: held by {h.describe(now)}: heartbeat fresh"
 
 
+# ---- conditional writes (S3 through boto3) -----------------------------------------------------------
+class _Conditional:
+    """put_object with If-None-Match: * (create) or If-Match: etag (rewrite); None when the condition fails."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def put(self, path: str, data: bytes, etag: str | None = None) -> str | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = path.split("/", 1)
+        try:
+            return self.client.put_object(Bucket=bucket, Key=key, Body=data,
+                                          **({"IfMatch": etag} if etag else {"IfNoneMatch": "*"}))["ETag"]
+        except ClientError as e:  # 412: the condition failed; 409: a concurrent conditional write won
+            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+                return None
+            raise OSError(f"{path}: {e}") from e
+        except BotoCoreError as e:
+            raise OSError(f"{path}: {e}") from e
+
+
+def conditional_writes(store) -> "_Conditional | None":
+    """A conditional writer for an s3:// store whose server honours If-None-Match (probed), else None."""
+    if not str(store.root).lower().startswith("s3://"):
+        return None
+    try:
+        import boto3
+    except ImportError:
+        return None
+    from urllib.parse import parse_qsl, urlsplit
+
+    q = dict(parse_qsl(urlsplit(store.root).query))
+    kw = {"endpoint_url": f"{q.get('scheme', 'https')}://{q['endpoint_override']}"} if "endpoint_override" in q else {}
+    kw.update({"region_name": q["region"]} if "region" in q else {})
+    if "access_key" in q:
+        kw.update(aws_access_key_id=q["access_key"], aws_secret_access_key=q.get("secret_key"))
+    cas = _Conditional(boto3.client("s3", **kw))
+    probe = f"{lease_dir(store)}/.probe-{uuid.uuid4().hex}"
+    try:
+        honoured = cas.put(probe, b"1") is not None and cas.put(probe, b"2") is None
+        store.fs.delete_file(probe)
+    except OSError:
+        return None
+    return cas if honoured else None
+
+
 # ---- taking and holding it -----------------------------------------------------------------------
 @dataclass
 class Lease:
@@ -238,6 +292,8 @@ class Lease:
     beat_s: float
     ttl_s: float
     on_lost: object = None  # called once (from the heartbeat thread) with the newer Holder
+    cas: _Conditional | None = None  # S3 with conditional writes: each rewrite If-Match `etag`
+    etag: str | None = None
     lost: Holder | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -249,13 +305,18 @@ class Lease:
         """What a trial needs to check that its driver still holds the lease (see `fence`)."""
         return {"gen": self.gen, "token": self.token}
 
-    def _write(self) -> None:
+    def _write(self) -> bool:
+        """Rewrite the lease file; False when a conditional rewrite finds it replaced (the lease is lost)."""
         data = json.dumps(self.info, sort_keys=True).encode()
+        if self.cas is not None:
+            self.etag = self.cas.put(self.path, data, self.etag)
+            return self.etag is not None
         if self.store.local:
             atomicio.write_bytes(self.path, data)
         else:
             with self.store.fs.open_output_stream(self.path) as f:  # a PUT replaces the object whole
                 f.write(data)
+        return True
 
     def _newer(self) -> Holder | None:
         files = _listing(self.store)
@@ -269,9 +330,10 @@ class Lease:
             newer = self._newer()
             if newer is None:
                 self.info["beat"] = time.time()
-                self._write()
-                self._last_ok = time.monotonic()
-                return True
+                if self._write():
+                    self._last_ok = time.monotonic()
+                    return True
+                newer = current(self.store) or Holder(self.gen, self.path, {}, None)
         except OSError:
             if time.monotonic() - self._last_ok < self.ttl_s:
                 return True  # the store did not answer: try again at the next beat
@@ -360,8 +422,13 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
         now = time.time()
         info = {"token": token, "gen": gen, "command": command, "pid": os.getpid(),
                 "start": proc_start(os.getpid()), "since": now, "beat": now, "state": "held", **machine()}
-        got = _claim_local(store, gen, token, info) if store.local else _claim_object(store, gen, token, info,
-                                                                                       settle_s)
+        cas = None if store.local else conditional_writes(store)
+        if not store.local and cas is None and not withdrawn:
+            echo(f"lease: {store.root.split('?')[0]} takes no conditional writes here (boto3 missing: pip install "
+                 f"'rmdm-study[s3]'; or the store ignores them): claim, wait {settle_s:g}s, list again")
+        got = (_claim_local(store, gen, token, info) if store.local else
+               _claim_conditional(store, cas, gen, info) if cas is not None else
+               _claim_object(store, gen, token, info, settle_s))
         if got is None:  # withdrawn: the store answered too slowly for a safe claim
             withdrawn += 1
             if withdrawn >= MAX_WITHDRAWALS:
@@ -371,12 +438,12 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
             continue
         if not got:
             continue  # another driver took this generation first: look again
-        path = got
+        path, etag = got if isinstance(got, tuple) else (got, None)
         if st in ("dead", "stale"):
             why = "its process has ended" if st == "dead" else f"no heartbeat for over {ttl_s:g}s"
             echo(f"lease: took over study {store.study} from {h.describe()}: {why}")
         _forget_old(store, gen)
-        lease = Lease(store, gen, token, info, path, beat_s, ttl_s, on_lost)
+        lease = Lease(store, gen, token, info, path, beat_s, ttl_s, on_lost, cas=cas, etag=etag)
         lease.start()
         return lease
 
@@ -414,6 +481,22 @@ def _claim_local(store, gen: int, token: str, info: dict):
     return path
 
 
+def _claim_conditional(store, cas: _Conditional, gen: int, info: dict):
+    """Create generation `gen` with If-None-Match: * (see the module's doc): (path, etag), False (another
+    driver holds it) or None (a settle claim of this generation is there: withdrawn)."""
+    path = f"{lease_dir(store)}/g{gen:010d}.json"
+    if newest_gen(store) >= gen:
+        return False
+    etag = cas.put(path, json.dumps(info, sort_keys=True).encode())
+    if etag is None:
+        return False
+    files = _listing(store)
+    if max(files, default=0) > gen or any(t is not None for t, _ in files.get(gen, [])):
+        store.fs.delete_file(path)
+        return False if max(files, default=0) > gen else None
+    return path, etag
+
+
 def _claim_object(store, gen: int, token: str, info: dict, settle_s: float):
     """Claim generation `gen` on an object store (see the module's doc): its path, False (another
     contender holds it) or None (withdrawn: the store answered too slowly)."""
@@ -430,7 +513,7 @@ def _claim_object(store, gen: int, token: str, info: dict, settle_s: float):
     time.sleep(settle_s)
     files = _listing(store)
     mine = [t for t, _ in files.get(gen, [])]
-    if max(files, default=0) > gen or min(mine, default=token) != token:
+    if max(files, default=0) > gen or None in mine or min(mine, default=token) != token:
         store.fs.delete_file(path)
         return False
     return path

@@ -248,3 +248,16 @@ def edit(path: str, column: str, value, row: int | None = None) -> None:
         if row is None or i == row:
             r[column] = value(r[column]) if callable(value) else value
     pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
+
+
+def unwrapped(lines: list[str]) -> list[str]:
+    """Terminal lines wrapped at 100 columns (analysis.summary.fit) joined back into one line each: a
+    continuation is indented 6 columns deeper than the line it continues."""
+    out: list[str] = []
+    for line in lines:
+        lead = len(line) - len(line.lstrip(" "))
+        if out and line.strip() and lead == 6 + len(out[-1]) - len(out[-1].lstrip(" ")):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out

@@ -58,7 +58,10 @@ def test_readme_example_runs_and_matches_study_report(results):
     rep = study("report", "--results", str(results / "results"), "--study", "demo_sudoku", "--figure", "iso-param",
                 "--out", str(results / "fig"), "--compare", f"{runs[0]}:{runs[1]}")
     assert rep.returncode == 0, rep.stderr
-    printed = [l.strip() for l in rep.stdout.splitlines() if l.startswith("  ") and " vs " in l]
+    from tests.helpers import unwrapped
+
+    assert max(map(len, rep.stdout.splitlines())) <= 100, rep.stdout  # fits a terminal (issue 44: ~200)
+    printed = [l.strip() for l in unwrapped(rep.stdout.splitlines()) if l.startswith("  ") and " vs " in l]
     mine = [l for l in printed if not l.startswith("named")]
     assert len(mine) == len(api)
     for line, r in zip(mine, api.itertuples(index=False)):
@@ -73,6 +76,26 @@ def test_readme_example_runs_and_matches_study_report(results):
     assert len(t) == (agg["split"] == "test").sum()
     assert t["value"].tolist() == agg[agg["split"] == "test"]["value"].tolist()
     assert "ci_method" in t
+
+
+def test_the_readmes_example_shows_one_metric_by_short_model_name_and_L_s(results, tmp_path):
+    """README's Python block on a store holding `first_study` (issue 44: it printed every metric, no L_s, models
+    only as their 600-character model_key): one metric, the (K x L) name compare() uses, L_s, T as compare()'s."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    code = re.search(r"<!-- doc-test: python -->\n```python\n(.*?)```", text, re.S).group(1)
+    shutil.copytree(results / "results" / "demo_sudoku", tmp_path / "results" / "first_study")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    head, *rows = run.stdout.splitlines()
+    assert head.split() == ["model", "L_s", "T", "value", "ci_low", "ci_high"], run.stdout
+    assert rows and all(re.match(r"\d+\s+\(\d+ x \d+\)", r) for r in rows), run.stdout
+    import rmdm_study as rs
+
+    s = rs.open(str(tmp_path / "results")).study("first_study")
+    t, c = s.table(), s.compare()
+    assert len(rows) == (t.metric == "vpr").sum() and t["T"].dtype == c["T"].dtype
+    assert set(c["A"]) | set(c["B"]) <= set(t["model"])
 
 
 def test_figures_come_back_as_figures_and_nothing_is_written(results):
@@ -103,6 +126,20 @@ def test_a_package_shadowing_one_of_ours_is_named(tmp_path):
     ok = subprocess.run([sys.executable, "-c", "import rmdm_study; print(rmdm_study.PACKAGES)"], cwd=ROOT,
                         env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "'analysis'" in ok.stdout, ok.stderr
+
+
+def test_a_local_file_shadowing_one_of_ours_is_named_with_how_to_run_there(tmp_path):
+    """A research folder with its own model.py (issue 44): the error names that file and the way out (-P),
+    and `python -P` there imports rmdm_study."""
+    (tmp_path / "model.py").write_text("x = 1\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-c", "import rmdm_study"], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert f"the local file {tmp_path / 'model.py'} shadows it" in r.stderr and "-P" in r.stderr, r.stderr
+    ok = subprocess.run([sys.executable, "-P", "-c", "import rmdm_study"], cwd=str(tmp_path), env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_the_api_uses_the_stores_names_and_no_join_leaves_x_or_y(results):

@@ -51,6 +51,7 @@ def test_claims_table_in_the_api_the_terminal_and_the_report(claims_store, tmp_p
     t = rs.open(results).study("cl").claims()
     r = t.iloc[0]
     assert r["claim"] == "(1 x 2) beats (1 x 1) at T=1" and r["kind"] == "beats" and r["T"] == 1
+    assert (r["A"], r["B"]) == ("(1 x 2)", "(1 x 1)")  # named as compare() names them (issue 44: a run id)
     assert r["decision"] == "supported" and 2 < r["seeds"] <= 4 and r["seq_low"] > 0
     assert r["fixed_says"] == "supported" and r["seq_low"] < r["fixed_low"] < r["fixed_high"] < r["seq_high"]
     assert r["difference"] == pytest.approx(sum(DIFFS[:r["seeds"]]) / r["seeds"])

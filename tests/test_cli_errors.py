@@ -287,3 +287,25 @@ def test_a_closed_pipe_prints_nothing(tmp_path, grid):
     finally:
         os.close(w_fd)
     assert p.stderr == "" and p.returncode == 141, (p.returncode, p.stderr)
+
+
+def test_run_from_another_directory_finds_the_projects_store_and_says_where_it_writes(tmp_path):
+    """`study run` elsewhere than the project (issue 44: it made ./results and retrained from zero): a grid
+    under a project's grids/ whose results/ holds the study is refused naming that store; otherwise the
+    store is named (new or not) before anything is trained."""
+    from tests.helpers import study, tiny_grid
+
+    project, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    (project / "grids").mkdir(parents=True)
+    (project / "results" / "away").mkdir(parents=True)
+    elsewhere.mkdir()
+    grid = project / "grids" / "away.yaml"
+    grid.write_text(tiny_grid("away", steps=2))
+    r = study("run", str(grid), cwd=str(elsewhere))
+    assert r.returncode == 2 and not (elsewhere / "results").exists(), r.stderr
+    assert f"its project's store has it: {project / 'results' / 'away'}; run from {project}" in r.stderr, r.stderr
+    # --results given: the user's choice, named before any work (here a bad --address stops it)
+    r = study("run", str(grid), "--results", str(elsewhere / "results"), "--address", "bad addr", cwd=str(elsewhere))
+    assert r.returncode == 2 and f"study away: store {elsewhere / 'results' / 'away'} (new" in r.stdout, r.stdout
+    r = study("run", str(grid), "--address", "bad addr", cwd=str(project))
+    assert r.returncode == 2 and f"study away: store {project / 'results' / 'away'}\n" in r.stdout, r.stdout

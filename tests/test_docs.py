@@ -203,3 +203,20 @@ def test_schema_page_names_every_column_and_no_other():
         section = text.split(f"\n## {table}:", 1)[1].split("\n## ", 1)[0]
         named = re.findall(r"^\| `(\w+)` \|", section, re.M)
         assert named == schema.names, (table, set(named) ^ set(schema.names))
+
+
+def test_the_first_studys_text_matches_its_grid_and_no_guide_grid_takes_a_projects_study():
+    """README's "N steps each" is grids/first_study.yaml's; a guide grid copied as written never adds runs
+    to a study of the project's grids (grids.md's first one named demo_sudoku's study)."""
+    import yaml
+
+    from study.spec.grid import load_grid
+
+    steps = {r.train.steps for r in load_grid(os.path.join(ROOT, "grids", "first_study.yaml")).runs}
+    assert len(steps) == 1 and f"{steps.pop()} steps each" in open(os.path.join(ROOT, "README.md")).read()
+    ours = set()
+    for path in glob.glob(os.path.join(ROOT, "grids", "**", "*.yaml"), recursive=True):
+        with open(path) as f:
+            ours.add((yaml.safe_load(f) or {}).get("study") or os.path.splitext(os.path.basename(path))[0])
+    for page, i, body in of_mode("grid"):
+        assert (yaml.safe_load(body) or {}).get("study") not in ours, (page, i)

@@ -199,3 +199,19 @@ def test_the_eta_does_not_jump_up_between_one_runs_end_and_the_next_ones_start()
     view.finished("r0", True)  # r2 not started yet: for a moment one run runs
     gap = view.eta()
     assert gap == pytest.approx(100.0, rel=0.01), gap  # not 200: r2 and r3 still train side by side
+
+
+def test_the_eta_counts_the_evaluation_left_and_a_finished_study_shows_none():
+    """Training done, evaluation under way (issue 44: the last minute showed 0m00s): the points left at the
+    measured seconds per point; unknown ("?") before any point was timed; a finished study shows no ETA."""
+    from study.engine.progress import eta, summary_line
+
+    trained = {"step": 100, "train_seconds": 50.0, "time": 60.0, "phase": "eval"}
+    a = {**trained, "eval": {"started": 50.0, "done": 2, "of": 4, "at": 70.0}}  # 10 s a point, 2 left
+    b = {**trained, "eval": {"started": 70.0, "done": 0, "of": 4, "at": 70.0}}  # 5 s into its first point
+    assert eta({"a": 100, "b": 100}, {"a": a, "b": b}, {"a", "b"}, 75.0) == pytest.approx(35.0)  # b: 40 s - 5
+    assert eta({"a": 100}, {"a": a}, {"a"}, 75.0) == pytest.approx(15.0)  # 20 s of a's, 5 s of it spent
+    assert eta({"b": 100}, {"b": b}, {"b"}, 75.0) is None  # no point timed yet: unknown, not 0m00s
+    done = {"done": 3, "running": 0, "pending": 0, "failed": 0, "interrupted": 0}
+    assert "eta" not in summary_line(done, 3, None)
+    assert summary_line({**done, "done": 2, "pending": 1}, 3, None).endswith("eta ?")

@@ -364,7 +364,9 @@ def test_study_report_prints_comparisons_and_names_a_pair(tmp_path):
     out = study("report", "--results", str(tmp_path), "--study", "paired", "--figure", "iso-param",
                 "--compare", f"{runs[0]}:{runs[-1]}")
     assert out.returncode == 0, out.stderr
-    lines = [l for l in out.stdout.splitlines() if "vs" in l and "T=1" in l]
+    from tests.helpers import unwrapped
+
+    lines = [l for l in unwrapped(out.stdout.splitlines()) if "vs" in l and "T=1" in l]
     assert any(l.strip().startswith("iso-parameter") and "seeds 3 / 3 (3 paired): ahead" in l for l in lines), out.stdout
     assert any(l.strip().startswith("named") for l in lines), out.stdout
     bad = study("report", "--results", str(tmp_path), "--study", "paired", "--figure", "iso-param",

@@ -391,35 +391,73 @@ def lease_root(s3_root):  # noqa: F811
     return s3_root.replace("/results?", "/lease-results?", 1)
 
 
-def test_one_of_two_simultaneous_takers_wins_on_s3(lease_root, monkeypatch):
-    """Two contenders at the same moment on the object store (no conditional writes): exactly one holds."""
+@pytest.mark.parametrize("mode", ["conditional", "settle", "mixed"])
+def test_one_of_two_simultaneous_takers_wins_on_s3(lease_root, monkeypatch, mode):
+    """Two contenders at the same moment on the object store, each with conditional writes (If-None-Match,
+    If-Match through boto3), neither (the claim/settle protocol: boto3 missing) or one of each: exactly one
+    holds. The conditional holder's file is the generation's own (no token in its name)."""
+    import store.lease as lease_mod
     from store import Store
     from store.lease import LeaseHeld, acquire, current
 
     for k, v in LEASE_ENV.items():
         monkeypatch.setenv(k, v)
+    probe = lease_mod.conditional_writes
+    plain = {"conditional": (), "settle": ("t0", "t1"), "mixed": ("t1",)}[mode]
+    monkeypatch.setattr(lease_mod, "conditional_writes",
+                        lambda st: None if threading.current_thread().name in plain else probe(st))
     for round_ in range(3):
         barrier = threading.Barrier(2)
-        got, refused, errors = [], [], []
+        got, refused, errors, said = [], [], [], []
 
         def contend():
-            store = Store(lease_root, "race")
+            store = Store(lease_root, f"race-{mode}")
             barrier.wait()
             try:
-                got.append(acquire(store, "run"))
+                got.append(acquire(store, "run", echo=said.append))
             except LeaseHeld as e:
                 refused.append(str(e))
             except BaseException as e:  # noqa: BLE001 (reported below)
                 errors.append(repr(e))
 
-        threads = [threading.Thread(target=contend) for _ in range(2)]
+        threads = [threading.Thread(target=contend, name=f"t{i}") for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
         assert not errors and len(got) == 1 and len(refused) == 1, (round_, got, refused, errors)
-        assert current(Store(lease_root, "race")).info["token"] == got[0].token
+        h = current(Store(lease_root, f"race-{mode}"))
+        assert h.info["token"] == got[0].token
+        assert (got[0].cas is not None) == (h.path.endswith(f"g{h.gen:010d}.json")), h.path
+        assert ("takes no conditional writes" in " ".join(said)) == bool(plain), said
         got[0].release()
+    if mode == "conditional":
+        assert got[0].cas is not None
+
+
+def test_a_conditional_lease_renews_if_unchanged_and_is_lost_once_replaced(lease_root, monkeypatch):
+    """S3 with conditional writes: each heartbeat rewrites the lease file If-Match its last ETag; a file
+    that someone else rewrote (its ETag changed) is a lost lease, not one written over."""
+    from store import Store
+    from store.lease import acquire, current
+
+    for k, v in LEASE_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("RMDM_LEASE_BEAT_S", "30")  # the test beats by hand
+    store = Store(lease_root, "renew")
+    lost = []
+    lease = acquire(store, "run", on_lost=lost.append)
+    try:
+        assert lease.cas is not None and lease.etag
+        first = lease.etag
+        assert lease.beat() and lease.etag != first and current(store).info["beat"] == lease.info["beat"]
+        with store.fs.open_output_stream(lease.path) as f:  # another writer, unconditional
+            f.write(json.dumps({**lease.info, "pid": -1}).encode())
+        assert not lease.beat() and lease.lost is not None and lost
+        assert current(store).info["pid"] == -1  # not written over
+    finally:
+        lease.release()
+    assert current(store).info["pid"] == -1 and current(store).info["state"] == "held"  # release wrote nothing
 
 
 @pytest.mark.slow

@@ -105,17 +105,27 @@ def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflo
     exp = client.get_experiment_by_name("mlf")
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
-    assert sorted(x.info.run_name for x in runs) == sorted(x.run_id for x in grid.runs)  # one MLflow run per trial
-    by_name = {x.info.run_name: x for x in runs}
+    # one MLflow run per trial, named by its model and seed (issue 44: was its run id, still its run_id tag),
+    # and one for the study's figures
+    trial_runs = [x for x in runs if x.info.run_name != "study mlf"]
+    assert sorted(x.data.tags["run_id"] for x in trial_runs) == sorted(x.run_id for x in grid.runs)
+    by_name = {x.data.tags["run_id"]: x for x in trial_runs}
     for run in grid.runs:
         m = by_name[run.run_id]
         assert m.info.status == "FINISHED"
+        assert m.info.run_name == f"({run.model.K} x {run.model.L}) d16 seed {run.train.seed}"
         p = m.data.params
-        # the run's resolved config as parameters
+        # the run's resolved config as parameters, named as the store's runs table names them (issue 44: were
+        # model.K, model.L, model.d_model, train.lr, train.seed, train.steps, task.name)
         assert p["run_id"] == run.run_id and p["study"] == "mlf"
-        assert (p["model.K"], p["model.L"], p["model.d_model"]) == (str(run.model.K), str(run.model.L), "16")
-        assert (float(p["train.lr"]), p["train.seed"], p["train.steps"]) == (run.train.lr, str(run.train.seed), "10")
-        assert p["task.name"] == "sudoku"
+        assert (p["K"], p["L_t"], p["d_model"]) == (str(run.model.K), str(run.model.L), "16")
+        assert (float(p["lr"]), p["seed"], p["steps"]) == (run.train.lr, str(run.train.seed), "10")
+        assert p["task"] == "sudoku" and "model.L" not in p and "model.mlp_ratio" in p
+        # and whole, as an artifact
+        import json as _json
+
+        got_cfg = _json.load(open(client.download_artifacts(m.info.run_id, "config.json", str(tmp_path))))
+        assert got_cfg == _json.loads(_json.dumps(run.resolved()))
         # the loss curve: every logged training step, the values the store holds, the training step as step
         curve = sorted((h.step, h.value) for h in client.get_metric_history(m.info.run_id, "loss"))
         mine = hist[hist.run_id == run.run_id].sort_values("step")
@@ -140,6 +150,10 @@ def test_tiny_sweep_logs_to_a_real_mlflow_server_and_tensorboard(tmp_path, mlflo
     # a looped and a single-pass model at one T land in one column
     assert all(f"vpr/T{t}" in by_name[x.run_id].data.metrics for x in grid.runs for t in (1, 2))
     assert "View run" not in r.stdout + r.stderr
+    # the study's figures, as `study report --figure all` draws them, in a run of their own
+    (fig_run,) = [x for x in runs if x.info.run_name == "study mlf"]
+    pngs = {a.path for a in client.list_artifacts(fig_run.info.run_id, "figures") if a.path.endswith(".png")}
+    assert "figures/iso_param.png" in pngs and "figures/training_curves.png" in pngs, pngs
 
     # TensorBoard: one event file per trial under <results>/<study>/.ray/<experiment>/<trial>/ (README)
     assert f"tensorboard --logdir {results}/mlf/.ray" in r.stdout, r.stdout
@@ -208,3 +222,49 @@ def test_tracker_names_say_what_differs_from_the_shared_column():
     assert metric_name("vpr", 4, 2, first, "test", run) == "vpr/T4"  # at L_s = L_t: the column runs share
     assert metric_name("vpr", 4, 1, first, "test", run) == "vpr/T4/Ls1"
     assert metric_name("cell_acc", 1, 2, "other", "val", run) == "cell_acc/T1/other/val"
+
+
+def test_intervals_stay_inside_the_metrics_bounds_in_the_evals_rows_and_in_mlflow(tmp_path):
+    """cell_acc (a mean of 0..1 scores) has a normal interval that can pass 1 (issue 44: ci_high 1.0013 in the
+    evals Parquet and in MLflow): the rows are clipped to the metric's declared bounds, and a store written
+    before that is clipped on its way to a tracker; a metric without bounds (nll) is not clipped."""
+    from store import Store
+    from study.engine.loggers import run_label, run_params, tracker_metrics
+    from study.engine.rows import metric_rows
+    from study.spec.grid import expand
+    from tasks import TASKS
+    from tests.helpers import full_row
+
+    sudoku = TASKS["sudoku"][1]
+    scores = [{"cell_acc": 1.0}] * 9 + [{"cell_acc": 0.9}]
+    (raw,), (row,) = metric_rows(scores, ["cell_acc"], {}), metric_rows(scores, ["cell_acc"], {}, sudoku)
+    assert raw["ci_high"] > 1 and row["ci_high"] == 1.0 and row["ci_low"] == raw["ci_low"] < row["value"]
+    g = expand({"task": {"name": "sudoku", "n": 4}, "model": {"d_model": 16, "n_heads": 2, "L": 2},
+                "train": {"seed": 3}, "eval": {"T": [1]}}, "c.yaml")
+    run = g.runs[0]
+    store = Store(str(tmp_path), run.study)
+    key = run.eval_points()[0].key
+    store.write_rows("evals", [full_row("evals", run_id=run.run_id, eval_key=key, T=1, L_s=2, split="test",
+                                        sampler=run.eval.sampler[0], metric="cell_acc", value=0.99,
+                                        ci_low=0.97, ci_high=1.0013)], run.run_id, f"{key}.parquet")
+    # `study verify` derives the clipped row again, and still accepts a store written before (unclipped)
+    from study.commands.verify.context import Verdict
+    from study.commands.verify.samples import _check_value
+
+    for stored, ok in ((row["ci_high"], True), (raw["ci_high"], True), (0.999, False)):
+        v = Verdict("c", "")
+        _check_value(v, "p", {**row, "ci_high": stored}, scores, "sample", sudoku)
+        assert v.ok == ok, (stored, v.problems)
+    got, _ = tracker_metrics(store, run)
+    assert got["cell_acc/T1"] == 0.99 and got["cell_acc/T1/ci_low"] == 0.97 and got["cell_acc/T1/ci_high"] == 1.0
+    # MLflow's names for the run (issue 44: a hash, and model.L where the store says L_t)
+    assert run_label(run) == "(1 x 2) d16 seed 3"
+    p = run_params(_config_of(run))
+    assert (p["K"], p["L_t"], p["d_model"], p["seed"], p["task"]) == (1, 2, 16, 3, "sudoku") and "model.L" not in p
+
+
+def _config_of(run) -> dict:
+    """A trial's config as the runner hands it to Tune (study.engine.raytune.trial_payload)."""
+    from study.engine.trial import trial_payload
+
+    return {"run": trial_payload(run)}

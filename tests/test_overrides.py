@@ -196,3 +196,10 @@ def test_overrides_recorded_in_the_stored_grid(tmp_path):
     assert r.returncode in (0, 1), r.stdout + r.stderr
     md = open(os.path.join(results, "ovrun", "figures", "report.md")).read()
     assert "train.steps=10" in md and "L=[1]" in md and "command-line overrides" in md
+
+
+def test_a_bad_value_for_a_field_a_couple_sets_is_named_before_the_couple():
+    """`model.K=abc` on a grid whose couple sets K (issue 44: only the coupling was named): the value first."""
+    grid = os.path.join(ROOT, "grids", "first_study.yaml")
+    fails("plan", grid, "model.K=abc", words=("model.K=abc", "valid integer", "(got 'abc')"))
+    fails("plan", grid, "model.K=3", words=("couple[0][0] sets model.K",))

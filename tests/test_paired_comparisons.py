@@ -101,7 +101,9 @@ def test_one_seed_verdict_is_about_that_seed_pair_in_table_report_and_api(tmp_pa
     assert compare(load_study(str(tmp_path), "pairs"))["verdict"].tolist() == [want]
     assert rs.open(str(tmp_path)).study("pairs").compare()["verdict"].tolist() == [want]
     md, r = _report_md(tmp_path, "pairs", tmp_path)
-    assert r.output.count(want) == 1  # the terminal line
+    from tests.helpers import unwrapped
+
+    assert "\n".join(unwrapped(r.output.splitlines())).count(want) == 1  # the terminal line (wrapped at 100)
     assert want in md.split("## Tables", 1)[1]
     head = md.split("## Headline verdicts", 1)[1].split("\n## ", 1)[0]
     assert "1 of 1 comparisons have fewer than 2 matched seeds" in head and "ahead" not in head
@@ -203,7 +205,11 @@ def test_the_run_ends_with_the_headline_table_and_verdicts(tmp_path):
     from analysis.summary import result_lines
 
     _store(str(tmp_path), {0: (20, 2), 1: (21, 1)})
-    lines = result_lines(load_study(str(tmp_path), "pairs"))
+    from tests.helpers import unwrapped
+
+    wrapped = result_lines(load_study(str(tmp_path), "pairs"))
+    assert max(map(len, wrapped)) <= 100, wrapped  # fits a terminal (issue 44: 118-123)
+    lines = unwrapped(wrapped)
     assert lines[:2] == ["result of study pairs (test split; mean over seeds [95% interval]):",
                          "  sudoku 9x9, 30% masked: vpr"], lines
     assert lines[2].split() == ["T=1"], lines
@@ -214,3 +220,23 @@ def test_the_run_ends_with_the_headline_table_and_verdicts(tmp_path):
     assert lines[6].startswith("  verdicts (") and len(lines) == 8, lines
     assert re.fullmatch(r"    iso-parameter sudoku 9x9, 30% masked: \(1 x 2\) vs \(1 x 1\), vpr T=1: 0\.854 vs 0\.062, "
                         r"difference \+0\.792 \[\+\d\.\d{3}, \+\d\.\d{3}\] seeds 2 / 2 \(2 paired\): ahead", lines[7]), lines
+
+
+def test_the_end_of_run_result_fits_100_columns_with_four_Ts_and_long_notes(tmp_path):
+    """The paper-like store (seven models, T = 1, 2, 4, 8, intervals of three methods): every line of what
+    `study run` prints at its end fits 100 columns (issue 44: 118-140 wide), the T columns in blocks, and
+    every model's every T is still there."""
+    from analysis.load import load_study
+    from analysis.summary import result_lines
+    from test_analysis_data import write_paper
+    from tests.helpers import unwrapped
+
+    store = write_paper(str(tmp_path))
+    lines = result_lines(load_study(str(tmp_path), store.study))
+    assert max(map(len, lines)) <= 100, [l for l in lines if len(l) > 100]
+    heads = [l.split() for l in lines if l.strip().startswith("T=")]
+    assert [t for h in heads[:2] for t in h] == ["T=1", "T=2", "T=4", "T=8"], heads  # the first variant's blocks
+    first = lines[2:next(i for i, l in enumerate(lines) if l.strip().startswith("interval"))]
+    assert sum(l.startswith("    (1 x 3) ") for l in first) == 2  # the model in each block of Ts
+    assert any("comparisons have fewer than 2 matched seeds: no verdict about the recipes (train more seeds" in l
+               for l in unwrapped(lines))

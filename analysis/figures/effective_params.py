@@ -56,7 +56,7 @@ def _curves(ax, variant: str, fam: str, t: pd.DataFrame, c: pd.DataFrame, colors
         for L, r in tt[tt["where"] == IN_RANGE].groupby("L"):
             lo = np.where(np.isfinite(r["m_low"]), r["m_low"] * r["n_params"], r["equiv_params"])
             hi = np.where(np.isfinite(r["m_high"]), r["m_high"] * r["n_params"], ct["n_params"].max())
-            ax.errorbar(r["equiv_params"], r["value"], xerr=[r["equiv_params"] - lo, hi - r["equiv_params"]],
+            ax.errorbar(r["equiv_params"], r["value"], xerr=np.clip([r["equiv_params"] - lo, hi - r["equiv_params"]], 0, None),
                         fmt=markers[L], color=colors[T], mec="k", ms=7, capsize=3, zorder=4)
         edge = lambda where: ct["n_params"].max() if where == ABOVE else ct["n_params"].min()  # out of range
         for where, r in tt[tt["where"] != IN_RANGE].groupby("where"):

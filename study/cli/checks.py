@@ -112,6 +112,33 @@ def store_found_or_exit(results: str, study: str, grid: str) -> None:
                    f"{_studies_there(results)}", err=True)
 
 
+def store_of_run_or_exit(results: str, study: str, grid: str, given: bool) -> None:
+    """`study run` says where the study's store is before it trains anything. A default --results (./results)
+    that lacks the study while the grid's project (a directory above the grid holding results/<study>) has
+    it is refused, exit 2, naming that store: run from there or give --results (a fresh store included)."""
+    if "://" in results:
+        typer.echo(f"study {study}: store {results.rstrip('/')}/{study}")
+        return
+    here = os.path.join(os.path.abspath(results), study)
+    near = _project_store(grid, study)
+    if not os.path.isdir(here) and near and near != here and not given:
+        fail(f"study {study!r} has no store under {os.path.abspath(results)}, but its project's store has it: "
+             f"{near}; run from {os.path.dirname(os.path.dirname(near))} or give --results "
+             f"{os.path.dirname(near)} (or --results {os.path.abspath(results)} to train it anew here)")
+    typer.echo(f"study {study}: store {here}" + ("" if os.path.isdir(here) else " (new: nothing of it there yet)"))
+
+
+def _project_store(grid: str, study: str) -> str | None:
+    """results/<study> in the grid's directory or the closest directory above it that has one."""
+    d = os.path.dirname(os.path.abspath(grid))
+    while True:
+        if os.path.isdir(os.path.join(d, "results", study)):
+            return os.path.join(d, "results", study)
+        if os.path.dirname(d) == d:
+            return None
+        d = os.path.dirname(d)
+
+
 def links_out_or_exit(results: str, study: str, code: int = 2) -> None:
     """Exit `code` (2; verify's 1: store damage is a failed check) in one line when the study's directory
     holds a symlink out of it: read paths refuse it as `study run` does (store.Store.links_out)."""

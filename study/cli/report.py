@@ -166,7 +166,7 @@ def _print_claims(data) -> None:
 def _print_comparisons(data, opts, derived) -> None:
     """The paired comparisons with their verdicts, one line each (the report's table, for the terminal)."""
     from analysis.load import MissingData
-    from analysis.summary import comparison_lines
+    from analysis.summary import comparison_lines, fit
     from stats import VERDICT_RULE
 
     try:
@@ -176,6 +176,6 @@ def _print_comparisons(data, opts, derived) -> None:
         raise typer.Exit(2)
     if c.empty:
         return
-    typer.echo(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):")
+    typer.echo("\n".join(fit(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):", 2)))
     for line in comparison_lines(c):
         typer.echo(line)

@@ -9,11 +9,13 @@ import typer
 
 from study.cli.base import RESULTS, Command, app, fail
 from study.cli.checks import (LOG_HELP, OVERRIDES, grid_or_exit, links_out_or_exit, log_or_exit, override_note,
-                              refuse_if_leased, results_or_exit, store_found_or_exit)
+                              refuse_if_leased, results_or_exit, store_found_or_exit,
+                              store_of_run_or_exit)
 
 
 @app.command(cls=Command)
 def run(
+    ctx: typer.Context,
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
@@ -40,6 +42,7 @@ def run(
     if g.search is not None:
         typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
         raise typer.Exit(2)
+    store_of_run_or_exit(results, g.study, grid, ctx.get_parameter_source("results").name != "DEFAULT")
     results_or_exit(results, create=True)
     override_note(results, g)
     try:

@@ -114,7 +114,8 @@ def _drop_ppl(store: Store) -> list[str]:
 def _kinds(store: Store) -> list[str]:
     """Each evals file's `kind`, where null: what its key and its run's task say it is."""
     from study.engine.nllrows import NLL_KEYS
-    from tasks import is_likelihood
+    from study.engine.rows import clipped
+    from tasks import TASKS, is_likelihood
 
     changes, tasks = [], {}
     for name, rows in sorted(_table_files(store, "evals").items()):
@@ -127,8 +128,10 @@ def _kinds(store: Store) -> list[str]:
         likelihood = is_likelihood(tasks[run_id])
         kind = ("nll" if stem in NLL_KEYS.values() else "ext" if stem.startswith("ext-")
                 else "gen" if likelihood and stem.endswith("-gen") else "likelihood" if likelihood else "sample")
-        for r in rows:
+        declared = TASKS[tasks[run_id]][1] if tasks[run_id] in TASKS else None
+        for r in rows:  # and each interval inside its metric's declared bounds, as rows are written today
             r["kind"] = r["kind"] or kind
+            r["ci_low"], r["ci_high"] = clipped(r["ci_low"], r["ci_high"], declared and declared.metric_of(r["metric"]))
         store.write_rows("evals", rows, run_id, key)
         changes.append(f"{store.path('evals', run_id, key)}: kind {kind}")
     return changes

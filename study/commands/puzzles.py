@@ -158,7 +158,7 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
         n = len(passes)
         base = {"run_id": run_id, "eval_key": key, "T": T, "L_s": L_s, "sampler": sampler, "split": split,
                 "eval_seconds": secs, "created_at": now(), "kind": "ext", **passes_cost(model, passes, heads)}
-        rows = [EvalRow(**r) for r in column_rows(acc, base)]
+        rows = [EvalRow(**r) for r in column_rows(acc, base, task)]
         write(store, run_id, Evaluation(key, rows, samples, []))
         if dest:
             dest.commit()

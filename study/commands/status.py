@@ -36,6 +36,7 @@ class RunStatus:
     beat_time: float | None = None  # when its latest heartbeat was written
     phase: str | None = None  # its heartbeat's phase (start, train, eval, done, error)
     trained: bool = False  # its final weights are there: what is left of it is evaluation
+    eval: dict | None = None  # its heartbeat's eval points under way (the ETA's: study.engine.progress.eta)
 
 
 def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float = STALE_S) -> list[RunStatus]:
@@ -76,7 +77,7 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
             state = "pending"
         out.append(RunStatus(rid, state, step, steps, n_eval, len(keys), ckpt, hb.get("node_ip") or hb.get("node"),
                              error, rate, hb.get("time"), hb.get("phase"),
-                             trained and state != "done"))
+                             trained and state != "done", hb.get("eval")))
     return out
 
 
@@ -102,7 +103,7 @@ def eta_seconds(statuses: list[RunStatus], now: float | None = None) -> float | 
     """Seconds of training left at the measured pace: study.engine.progress.eta, as `study run` shows it
     live, over the runs not done nor failed; None if unknown (nothing running, or no pace measured yet)."""
     owed = {s.run_id: s.steps for s in statuses if s.state in ("running", "pending", "interrupted")}
-    beats = {s.run_id: {"step": s.step, "time": s.beat_time, "phase": s.phase,
+    beats = {s.run_id: {"step": s.step, "time": s.beat_time, "phase": s.phase, "eval": s.eval,
                         **({"train_seconds": s.step / s.rate} if s.rate else {})} for s in statuses}
     running = {s.run_id for s in statuses if s.state == "running"}
     return eta(owed, beats, running, time.time() if now is None else now)

@@ -124,7 +124,7 @@ def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id:
     base = {"run_id": run_id, "eval_key": key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
             "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), "kind": kind,
             **sampling_cost(model, got)}
-    evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base)]
+    evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base, task)]
     samples = sample_rows(run_id, key, pt, task, x, ev.cond, got, ev.x0 if reference else None, scores, keep,
                           start, primary or task.primary_metric)
     return Evaluation(key, evals, samples, scores, got, seconds)

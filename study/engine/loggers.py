@@ -2,12 +2,15 @@
 
 Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig(callbacks=...):
 
-- mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its run id,
-  in the MLflow experiment named after the study; its parameters are the run's resolved config (model.K,
-  model.L, model.d_model, train.lr, train.seed, ...), its metrics the training loss at every logged step
+- mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its model and
+  seed (`(1 x 2) d128 seed 0`; the run id is its `run_id` tag and parameter), in the MLflow experiment named
+  after the study; its parameters are the run's resolved config, named as the store's runs table names them
+  where it has the field (K, L_t, d_model, heads, lr, batch, steps, seed, task...; model.mlp_ratio and the
+  others dotted), its artifact config.json the resolved config whole, its metrics the training loss at every logged step
   (the step is the training step) and, at the end, `final_loss`, `train_seconds` and every metric of every
   eval point with its interval, from the store, named by what runs share (`vpr/T4`, `vpr/T4/ci_low`; see
-  metric_name), with tags saying which L_s and sampler the names hold. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
+  metric_name), with tags saying which L_s and sampler the names hold. Once the sweep ends, one more MLflow run,
+  `study <name>`, holds the study's figures (`study report --figure all`'s PNGs) as artifacts. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
   Tune's state, sqlite:///<results>/<study>/.ray/mlflow.db.
 - wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
   <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
@@ -134,6 +137,8 @@ def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
             uri = mlflow_uri(sink, store)
             if uri.startswith("sqlite:///"):
                 os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
+            if uri.startswith("sqlite:///"):  # artifacts beside the database, not in ./mlruns of wherever it runs
+                _experiment(uri, store.study, f"{os.path.dirname(uri.removeprefix('sqlite:///'))}/mlartifacts")
             out.append(_mlflow_class()(tracking_uri=uri, experiment_name=store.study,
                                         tags={"study": store.study, "command": f"study {command}"}))
             ui = (f"`mlflow ui --backend-store-uri {uri}`" if not uri.lower().startswith(("http://", "https://"))
@@ -148,10 +153,32 @@ def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
 
 
 # ---- what a logger makes of what a trial reports ------------------------------------------------------
+STORE_NAMES = {"task.name": "task", "model.K": "K", "model.L": "L_t", "model.d_model": "d_model",
+               "model.n_heads": "heads", "train.lr": "lr", "train.batch_size": "batch", "train.steps": "steps",
+               "train.seed": "seed", "train.schedule": "schedule", "train.loss": "loss"}  # store.RUNS' columns
+
+
 def run_params(config: dict) -> dict:
-    """A trial's parameters, flat: the run's resolved config (model.K, train.lr, ...) and its run id."""
+    """A trial's parameters, flat: the run's resolved config (K, L_t, lr, model.mlp_ratio, ...: the runs table's
+    names where it has the field) and its run id."""
     run = trial_run(config)
-    return {"run_id": run.run_id, **_flat({k: v for k, v in run.resolved().items() if k != "run_id"})}
+    flat = _flat({k: v for k, v in run.resolved().items() if k != "run_id"})
+    return {"run_id": run.run_id, **{STORE_NAMES.get(k, k): v for k, v in flat.items()}}
+
+
+def run_label(run) -> str:
+    """An MLflow run's name: `(1 x 2) d128 seed 0` (shape as the report names it, width, seed)."""
+    return f"({run.model.K} x {run.model.L}) d{run.model.d_model} seed {run.train.seed}"
+
+
+def _experiment(uri: str, name: str, artifacts: str) -> None:
+    """Create MLflow experiment `name` at `uri` with its artifacts under `artifacts`, unless it exists."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    if client.get_experiment_by_name(name) is None:
+        os.makedirs(artifacts, exist_ok=True)
+        client.create_experiment(name, artifact_location=f"file://{os.path.abspath(artifacts)}")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -203,6 +230,9 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
     run's train_seconds; the tags say what the names hold (L_s, sampler, each metric's interval method)."""
     from tasks import TASKS
 
+    from study.engine.rows import clipped
+
+    task = TASKS[run.task.name][1]
     out: dict = {}
     row = store.run_row(run.run_id) or {}
     secs = row.get("train_seconds")
@@ -215,10 +245,10 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
     keys = {pt.key for pt in run.eval_points()} | set(NLL_KEYS.values())  # the sampled points and the ELBO's
     for r in ([] if ev is None or not len(ev) else ev[ev.eval_key.isin(keys)].itertuples(index=False)):
         name = metric_name(r.metric, r.T, r.L_s, r.sampler, r.split, run)
-        for suffix, v in (("", r.value), ("/ci_low", r.ci_low), ("/ci_high", r.ci_high)):
+        lo, hi = clipped(r.ci_low, r.ci_high, task.metric_of(r.metric))  # a store written before rows were clipped
+        for suffix, v in (("", r.value), ("/ci_low", lo), ("/ci_high", hi)):
             if isinstance(v, (int, float)) and math.isfinite(v):
                 out[name + suffix] = float(v)
-    task = TASKS[run.task.name][1]
     tags = {"eval.L_s": f"<metric>/T<T> at L_s = L_t = {run.model.L} (the training depth); /Ls<n> at other L_s",
             "eval.sampler": f"{run.eval.sampler[0]} (others named /<sampler>)",
             "eval.primary_metric": task.primary_metric}
@@ -232,18 +262,31 @@ def _mlflow_class():
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 
     class StudyMLflowLogger(MLflowLoggerCallback):
-        """Ray's MLflow callback, one MLflow run per trial named by its run id, with the run's resolved config as
-        parameters and the training step as the metrics' step (Ray's: the report's number)."""
+        """Ray's MLflow callback, one MLflow run per trial named by its model and seed, with the run's resolved
+        config as parameters and artifact, the training step as the metrics' step (Ray's: the report's number);
+        the study's figures in a run of their own once the sweep ends."""
 
         def log_trial_start(self, trial) -> None:
             if trial in self._trial_runs:  # a retried trial goes on in its MLflow run
                 return
             params = run_params(trial.config)
             tags = {**self.tags, "trial_name": str(trial), "run_id": params["run_id"]}
-            run = self.mlflow_util.start_run(tags=tags, run_name=params["run_id"])
+            run = self.mlflow_util.start_run(tags=tags, run_name=run_label(trial_run(trial.config)))
             self._trial_runs[trial] = run.info.run_id
             self.mlflow_util.log_params(run_id=run.info.run_id,
                                         params_to_log={k: _param(v) for k, v in params.items()})
+            self._client().log_dict(run.info.run_id, trial_run(trial.config).resolved(), "config.json")
+
+        def _client(self):
+            from mlflow.tracking import MlflowClient
+
+            return MlflowClient(tracking_uri=self.tracking_uri)
+
+        def on_experiment_end(self, trials, **info) -> None:
+            super().on_experiment_end(trials, **info)
+            if trials:
+                _log_figures(self._client(), self.experiment_name, self.tags,
+                             TrialOptions.of_config(trials[0].config).results)
 
         def log_trial_result(self, iteration: int, trial, result: dict) -> None:
             if trial not in self._trial_runs:
@@ -252,20 +295,45 @@ def _mlflow_class():
             step = result_step(result)
             step = step if step is not None else result.get("training_iteration", 0)
             if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
-                from mlflow.tracking import MlflowClient
-
                 from store import Store
 
                 run = trial_run(trial.config)
                 evals, tags = tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
                 metrics.update(evals)
-                client = MlflowClient(tracking_uri=self.tracking_uri)
+                client = self._client()
                 for k, v in tags.items():
                     client.set_tag(self._trial_runs[trial], k, v)
             if metrics:
                 self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
 
     return StudyMLflowLogger
+
+
+def _log_figures(client, study: str, tags: dict, results: str) -> None:
+    """The study's figures (every one its runs can draw, as `study report --figure all` writes them) as the
+    artifacts of an MLflow run `study <name>`; a figure the data cannot draw yet is left out, named in a tag."""
+    import tempfile
+
+    from analysis.figures import FIGURES
+    from analysis.load import MissingData, load_study
+
+    exp = client.get_experiment_by_name(study)
+    run = client.create_run(exp.experiment_id, run_name=f"study {study}", tags={**tags, "figures": "all"})
+    skipped = []
+    with tempfile.TemporaryDirectory(prefix="rmdm-mlflow-") as out:
+        try:
+            data = load_study(results, study)
+            for name, fig in FIGURES.items():
+                try:
+                    fig(data, out)
+                except (MissingData, ValueError) as e:
+                    skipped.append(f"{name}: {e}")
+        except Exception as e:  # noqa: BLE001 -- a logger only reports: the runs are done and kept
+            skipped.append(f"all: {type(e).__name__}: {e}")
+        client.log_artifacts(run.info.run_id, out, "figures")
+    if skipped:
+        client.set_tag(run.info.run_id, "figures.not_drawn", _param("; ".join(skipped)))
+    client.set_terminated(run.info.run_id)
 
 
 def _param(v) -> str:

@@ -44,12 +44,14 @@ def fmt_duration(s: float | None) -> str:
 
 def summary_line(c: dict[str, int], total: int, eta: float | None, elapsed: float | None = None,
                  waiting: str = "") -> str:
-    """`waiting`: why the pending runs wait (the live view's "waiting for cpu: 0 free of 2")."""
+    """`waiting`: why the pending runs wait (the live view's "waiting for cpu: 0 free of 2"). A study with
+    nothing left to run (or resume) has no ETA to show."""
     head = f"[{fmt_duration(elapsed)}] " if elapsed is not None else ""
     interrupted = f"  interrupted {c['interrupted']}" if c.get("interrupted") else ""
     pending = f"{c['pending']} ({waiting})" if waiting else f"{c['pending']}"
+    left = c["running"] + c["pending"] + c.get("interrupted", 0)
     return (f"{head}done {c['done']}/{total}  running {c['running']}  pending {pending}{interrupted}  "
-            f"failed {c['failed']}  eta {fmt_duration(eta)}")
+            f"failed {c['failed']}" + (f"  eta {fmt_duration(eta)}" if left else ""))
 
 
 def pace_of(hb: dict | None) -> float | None:
@@ -62,23 +64,39 @@ def pace_of(hb: dict | None) -> float | None:
     return float(step) / float(secs) if ok and math.isfinite(step / secs) else None
 
 
+def _eval_of(hb: dict) -> dict | None:
+    """A heartbeat's `eval` (study/engine/trial.py): started, points done, of how many, at (the last one's end)."""
+    ev = hb.get("eval")
+    ok = isinstance(ev, dict) and all(isinstance(ev.get(k), (int, float)) for k in ("started", "done", "of", "at"))
+    return ev if ok else None
+
+
+def eval_pace(beats: dict[str, dict]) -> float | None:
+    """Seconds per eval point, measured over the runs that evaluated one (their heartbeats' `eval`), None
+    before any has."""
+    paces = [(ev["at"] - ev["started"]) / ev["done"] for ev in map(_eval_of, beats.values()) if ev and ev["done"] > 0]
+    return sum(paces) / len(paces) if paces else None
+
+
 def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: float, slots_n: int = 0) -> float | None:
-    """Seconds until the runs still owed (`owed`: run_id -> its training steps) have trained: the one ETA
-    of `study run` and `study status`.
+    """Seconds until the runs still owed (`owed`: run_id -> its training steps) have trained and a run
+    that evaluates now has evaluated: the one ETA of `study run` and `study status`.
 
     Each run's steps left are its steps less those its latest heartbeat (`beats`) says are done, carried
-    forward to `now` at its own pace for a running run (so the ETA counts down between heartbeats). The
-    runs `running` keep their slots (a heartbeat saying "done" frees its slot); the others wait and take
-    the first slot that frees, longest first, as the runner orders them. A run not measured yet trains at
-    the mean pace of the runs measured (any of `beats`, finished ones too). None while no pace is
-    measured or nothing runs. `slots_n`: the sweep's slots when known (the most runs seen running at once):
-    a slot that is free for a moment, between one run's end and the next one's start, still takes a
-    waiting run, so the ETA does not jump up each time a run ends."""
+    forward to `now` at its own pace for a running run (so the ETA counts down between heartbeats). A
+    run evaluating (its heartbeat's `eval`) has its points left at the measured seconds per point
+    (eval_pace). The runs `running` keep their slots (a heartbeat saying "done" frees its slot); the
+    others wait and take the first slot that frees, longest first, as the runner orders them. A run not
+    measured yet trains at the mean pace of the runs measured (any of `beats`, finished ones too). None
+    while no pace is measured, nothing runs, or a run evaluates before any point was timed. `slots_n`:
+    the sweep's slots when known (the most runs seen running at once): a slot that is free for a
+    moment, between one run's end and the next one's start, still takes a waiting run, so the ETA does
+    not jump up each time a run ends."""
     measured = [p for p in (pace_of(hb) for hb in beats.values()) if p]
     running = {r for r in running if r in owed and (beats.get(r) or {}).get("phase") != "done"}
     if not measured or not running:
         return None
-    mean = sum(measured) / len(measured)
+    mean, per_point = sum(measured) / len(measured), eval_pace(beats)
     slots, waiting = [], []
     for rid, steps in owed.items():
         hb = beats.get(rid) or {}
@@ -87,6 +105,12 @@ def eta(owed: dict[str, int], beats: dict[str, dict], running: set[str], now: fl
         if rid in running and isinstance(hb.get("time"), (int, float)):
             done += pace * max(0.0, now - float(hb["time"]))
         left = max(0.0, steps - min(done, steps)) / pace
+        ev = _eval_of(hb) if rid in running and hb.get("phase") == "eval" else None
+        if ev:  # its points left; the one under way counted from when the last one ended
+            own = (ev["at"] - ev["started"]) / ev["done"] if ev["done"] else per_point
+            if own is None:
+                return None
+            left += max(0.0, own * (ev["of"] - ev["done"]) - (now - ev["at"]))
         (slots if rid in running else waiting).append(left)
     slots += [0.0] * max(0, slots_n - len(slots))  # free for a moment: the next run starts there
     for left in sorted(waiting, reverse=True):  # each into the slot that frees first

@@ -88,13 +88,21 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def metric_rows(scores: list[dict], metrics, base: dict) -> list[dict]:
+def clipped(lo, hi, metric) -> tuple:
+    """An interval inside its metric's declared bounds (tasks.base.Metric.bounds: a mean of 0..1 scores such
+    as cell_acc has a normal interval that can pass 1)."""
+    b = metric.bounds if metric is not None else None
+    return (lo, hi) if b is None or lo is None or hi is None else (max(lo, b[0]), min(hi, b[1]))
+
+
+def metric_rows(scores: list[dict], metrics, base: dict, task=None) -> list[dict]:
     """One evals row per metric: the mean of the per-example scores and its 95% interval
-    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise); `base` holds the other columns."""
-    return column_rows({m: [s[m] for s in scores] for m in metrics}, base)
+    (Wilson for 0/1 scores, mean +- 1.96 sd / sqrt(n) otherwise, clipped to `task`'s declared bounds of the
+    metric); `base` holds the other columns."""
+    return column_rows({m: [s[m] for s in scores] for m in metrics}, base, task)
 
 
-def column_rows(columns: dict, base: dict) -> list[dict]:
+def column_rows(columns: dict, base: dict, task=None) -> list[dict]:
     """metric_rows of each metric's per-example scores, given as one sequence per metric (`study eval
     --puzzles` keeps them so, a float each, whatever the file's size)."""
     rows = []
@@ -102,7 +110,8 @@ def column_rows(columns: dict, base: dict) -> list[dict]:
         n = len(vals)
         value = sum(vals) / n
         binary = all(v in (0.0, 1.0) for v in vals)
-        lo, hi = wilson(sum(vals), n) if binary else mean_ci(vals)[1:]
+        lo, hi = clipped(*(wilson(sum(vals), n) if binary else mean_ci(vals)[1:]),
+                         task.metric_of(m) if task is not None else None)
         rows.append({**base, "n_examples": n, "metric": m, "value": value, "ci_low": lo, "ci_high": hi})
     return rows
 

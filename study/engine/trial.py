@@ -114,13 +114,13 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
         else:
             _train(run, store, trainer, task, beat, attempt, report, log, costs["n_params"])
 
-        beat.update(phase="eval")
         done = store.eval_keys(run_id, whole=True)  # a point whose samples file is missing is redone
+        points, t0 = [pt for pt in run.eval_points() if pt.key not in done], time.time()
+        beat.update(phase="eval", eval={"started": t0, "done": 0, "of": len(points), "at": t0})  # the ETA's
         ev_full = _healing(store, store.data_dir(), lambda: task.eval_set(run.eval.split), log)
-        for pt in run.eval_points():
-            if pt.key in done:
-                continue
+        for i, pt in enumerate(points, 1):
             evaluate_point(run, pt, trainer.model, task, ev_full, store, trainer.precision)
+            beat.update(eval={"started": t0, "done": i, "of": len(points), "at": time.time()})
             log(f"evaluated {pt.key}")
             if report:
                 report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})

@@ -187,6 +187,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
                 keys.add(".".join(sec))  # a group's sections are validated merged, as `train.x`
             _change(container, last, present, ov, path, source, bad)
             if ov.op != "del" and len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path):
+                _refuse_bad_value(SECTIONS[path[0]], path, ov.value, bad)  # named first, before who shadows it
                 _refuse_shadowed(raw, ".".join(path), bad)
         claims.append((ov, keys))
         _once(seen, keys, ov, bad)
@@ -253,6 +254,18 @@ def _change(container, key, present: bool, ov: Override, path: list, source: str
         del container[key]
     else:
         container[key] = ov.value
+
+
+def _refuse_bad_value(section, path: list, value, bad) -> None:
+    """A section field's value of the wrong type (`model.K=abc`), named as validation would name it."""
+    from pydantic import TypeAdapter, ValidationError
+
+    field = section.model_fields.get(path[1]) if section is not None and len(path) == 2 else None
+    try:
+        if field is not None:
+            TypeAdapter(field.annotation).validate_python(value)
+    except ValidationError as e:
+        bad(f"key {'.'.join(path)!r}: {e.errors()[0]['msg']} (got {value!r})")
 
 
 def _refuse_shadowed(raw: dict, field: str, bad) -> None:

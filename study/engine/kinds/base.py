@@ -72,7 +72,7 @@ class Kind:
         """The row `r`'s value, ci_low and ci_high derived again from the per-example scores (None: not derivable)."""
         from study.engine.rows import metric_rows
 
-        return metric_rows(scores, [r["metric"]], {})[0] if all(r["metric"] in s for s in scores) else None
+        return metric_rows(scores, [r["metric"]], {}, task)[0] if all(r["metric"] in s for s in scores) else None
 
     def cost(self, v, spath: str, model, rows: list[dict], srows: list[dict], pt, task) -> dict | None:
         """forward_passes, forward_passes_mean and eval_flops its per-example cost gives (None: said in `v`)."""
