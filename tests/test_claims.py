@@ -164,23 +164,43 @@ def test_a_rerun_with_a_larger_max_goes_on_from_where_it_stopped(tmp_path, monke
     done: set[str] = set()
     rounds: list[int] = []
 
-    def fake_run_grid(grid, results, options):
+    def fake_run_grid(grid, results, options, lease):
         done.update(r.run_id for r in grid.runs)
         rounds.append(len({r.train.seed for r in grid.runs}))
         return 0
+
+    rays: list[int] = []
+
+    class FakeRay:
+        def shutdown(self):
+            rays.append(-1)
+
+    def fake_init_ray(address, num_cpus, store, echo):
+        rays.append(1)
+        return FakeRay(), True
 
     def fake_load_study(results, name):
         spec = engine_claims.json.loads(open(tmp_path / "res" / name / "claims.json").read())
         ev = _evals(spec, noisy[:len(spec['claims'][0]['A']['runs'])])
         return types.SimpleNamespace(evals=ev[ev.run_id.isin(done)])
 
-    monkeypatch.setattr(runner, "run_grid", fake_run_grid)
+    import stats.sequential
+
+    monkeypatch.setattr(stats.sequential, "FUTILE", 0.0)  # the seeds' bookkeeping: no claim stops as futile
+    monkeypatch.setattr(runner, "_run_grid", fake_run_grid)
     monkeypatch.setattr(engine_claims, "load_study", fake_load_study)
+    monkeypatch.setattr(engine_claims, "init_ray", fake_init_ray)
+    monkeypatch.setattr(engine_claims, "classify", lambda g, store, deep: types.SimpleNamespace(
+        todo=[r for r in g.runs if r.run_id not in done]))
     text = BASE + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n"
     said: list[str] = []
     opts = RunOptions(echo=said.append)
     assert engine_claims.run_claims(grid_of(text), str(tmp_path / "res"), opts) == 0
-    assert rounds == [2, 3, 4] and "undecided" in said[-1]
+    assert rounds == [2, 3, 4] and "undecided" in said[-2]
+    assert rays == [1, -1]  # one Ray for the three rounds, shut down once at the end (issue 44)
+    opened = [x for x in said if x.startswith("claims round")]
+    assert all("1 of 1 claims open ((1 x 2) beats (1 x 1) at T=1)" in x for x in opened), opened
+    assert "claims: 8 runs, 100% of a fixed 4-seed design of the same models (8 runs)" in said
     first = set(done)
     rounds.clear()
     assert engine_claims.run_claims(grid_of(text.replace("max: 4", "max: 6")), str(tmp_path / "res"), opts) == 0

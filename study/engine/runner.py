@@ -96,7 +96,9 @@ def _run_grid(grid: Grid, results: str, options: RunOptions, lease) -> int:
     try:
         sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
         _quiet_trial_tracebacks()
-        echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
+        how = ("started a local Ray on 127.0.0.1" if address is None else f"joined {address}") if started else \
+            "the Ray already running (this study's earlier claims rounds)"
+        echo(f"ray: {how} "
              f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
              f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
         if refuse_unplaceable(ray, plan.todo, grid.path, echo):
