@@ -95,18 +95,90 @@ def test_cli_exit_2_one_line(tmp_path):
     assert "claims[0].margin" in r.output and str(p) in r.output and len(r.output.strip().splitlines()) == 1
 
 
-def _evals(spec: dict, diffs: list[float], claim: int = 0):
-    """An evals table holding, at claim `claim`'s point, seed i's A value 0.5 + diffs[i] and B value 0.5."""
+def _evals(spec: dict, diffs: list[float], b: list[float] | None = None, n: int | None = None):
+    """An evals table holding, at the first claim's point, seed i's A value 0.5 + diffs[i] and B value 0.5; or,
+    given `b`, A's values `diffs` and B's `b`, rates over `n` examples."""
     import pandas as pd
 
-    c = spec["claims"][claim]
+    c = spec["claims"][0]
+    a = diffs if b is not None else [0.5 + d for d in diffs]
+    b = b if b is not None else [0.5] * len(diffs)
     rows = []
-    for i, d in enumerate(diffs):
-        for side, v in (("A", 0.5 + d), ("B", 0.5)):
+    for i, (x, y) in enumerate(zip(a, b)):
+        for side, v in (("A", x), ("B", y)):
             s = c[side]
             rows.append({"run_id": s["runs"][i], "T": c["T"], "L_s": s["L_s"], "sampler": s["sampler"],
-                         "split": s["split"], "metric": c["metric"], "value": v})
+                         "split": s["split"], "metric": c["metric"], "value": v, "n_examples": n})
     return pd.DataFrame(rows)
+
+
+def _spec(text: str = "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n", big: bool = True) -> dict:
+    return grid_of((BASE.replace("max: 4", "max: 8") if big else BASE) + text).claims.spec()
+
+
+@pytest.mark.parametrize("n", [24, 40])
+def test_seed_differences_equal_within_the_resolution_are_tied(n):
+    """Issue 42: A 0/n vs B 1/n and A 2/n vs B 3/n differ by the same count, but their float differences do not
+    (-0.041666666666666664 and -0.04166666666666667 at n = 24): tied, undecided and not final at the first
+    look, where exact equality gave an interval of width 1e-16 and "refuted, final" at 2 seeds."""
+    from analysis.claims import evaluate
+
+    spec = _spec()
+    r = evaluate(spec, _evals(spec, [0 / n, 2 / n], [1 / n, 3 / n], n)).iloc[0]
+    assert r["decision"] == "undecided (more seeds)" and not r["final"] and "no spread" in r["why"]
+    assert r["seq_low"] != r["seq_low"] and r["fixed_says"] == "undecided"  # no interval: nan
+    # a difference of one count is no tie: the same seeds with B's second at 4/n have a spread
+    r = evaluate(spec, _evals(spec, [0 / n, 2 / n], [1 / n, 4 / n], n)).iloc[0]
+    assert r["seq_low"] < r["difference"] < r["seq_high"]
+
+
+def test_constant_arms_stop_at_the_first_look_saying_why():
+    from analysis.claims import evaluate
+
+    spec = _spec()
+    r = evaluate(spec, _evals(spec, [0.0, 0.0], [0.0, 0.0], 40)).iloc[0]
+    assert r["decision"] == "undecided" and r["final"] and r["seeds"] == 2
+    assert r["why"] == "constant: every seed of A scored 0, of B 0; stopped at 2 of 8 seeds", r["why"]
+
+
+def test_a_futile_claim_stops_undecided_and_a_promising_one_goes_on():
+    from analysis.claims import evaluate
+    from stats.sequential import FUTILE, chance, design
+
+    spec = _spec()
+    futile = [0.05, 0.03, -0.05]  # promising at 2 seeds; mean 0.01, s.d. 0.053 at 3: no decision by 8 in reach
+    r = evaluate(spec, _evals(spec, futile)).iloc[0]
+    assert r["decision"] == "undecided" and r["final"] and r["seeds"] == 3
+    assert r["why"].startswith("futile: a 0% chance of a decision by 8 seeds; stopped at 3 of 8"), r["why"]
+    d = design(2, 8, 1)
+    assert chance("beats", None, 0.01, 0.0529, 3, d) < FUTILE < 0.99 < chance("beats", None, 0.05, 0.03, 3, d)
+    r = evaluate(spec, _evals(spec, [0.05, 0.02, 0.08])).iloc[0]  # 0.05 +- 0.03: the last look likely decides
+    assert r["decision"] == "undecided (more seeds)" and not r["final"]
+
+
+def test_claims_alpha_family_by_default_per_claim_on_request():
+    from analysis.claims import design_of, evaluate
+
+    two = "claims:\n  - {pair: iso-param, T: [1, 2], claim: beats}\n"
+    fam, per = _spec(two), _spec(two + "claims_alpha: per-claim\n")
+    assert fam["claims_alpha"] == "family" and per["claims_alpha"] == "per-claim"
+    assert design_of(fam).alpha == pytest.approx(0.025) and design_of(per).alpha == 0.05
+    assert design_of(fam).crit[-1] > design_of(per).crit[-1]
+    diffs = [0.30, 0.32, 0.29, 0.31, 0.33]
+    m_fam = evaluate(fam, _evals(fam, diffs)).iloc[0]["method"]
+    m_per = evaluate(per, _evals(per, diffs)).iloc[0]["method"]
+    assert "family-wise: 5% for all 2 claims together (Bonferroni: each at 0.025)" in m_fam
+    assert "repeated 97.5% t intervals" in m_fam and "repeated 95% t intervals" in m_per
+    assert "per claim (claims_alpha: per-claim): 5% each, not for the 2 together" in m_per
+
+
+def test_bad_claims_alpha_is_one_line_naming_file_key_and_values():
+    with pytest.raises(GridError) as e:
+        grid_of(BASE + CLAIMS + "claims_alpha: familywise\n")
+    assert "\n" not in str(e.value)
+    assert str(e.value) == "g.yaml: key 'claims_alpha': must be one of family, per-claim (got 'familywise')"
+    with pytest.raises(GridError, match="claims_alpha.*needs a `claims:`"):
+        grid_of(BASE.replace("seeds: {min: 2, max: 4, batch: 1}\n", "") + "claims_alpha: family\n")
 
 
 def test_claims_decided_from_evals_and_the_next_seeds():
