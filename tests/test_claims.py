@@ -220,50 +220,48 @@ def test_a_larger_max_keeps_the_seeds_already_run():
         assert b["B"]["runs"][:4] == a["B"]["runs"]
 
 
-def test_a_rerun_with_a_larger_max_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
-    """run_claims itself (the runner and the store's evaluations faked): a run with max 4 spends its looks up to
-    4 seeds, undecided; a rerun with max 6 finds those 4 seeds, owes the next look (5) at once, not 3 again, and
-    goes on to 6."""
+def _fake_engine(tmp_path, monkeypatch, evals_of):
+    """run_claims with the runner, Ray and the store's evaluations faked: (runs done, seeds per round, Ray starts
+    (1) and shutdowns (-1)); evals_of(spec) gives the evaluations of every seed (those done are served)."""
     import types
-
-    import pandas as pd
 
     import study.engine.claims as engine_claims
     import study.engine.runner as runner
-    from study.engine.options import RunOptions
 
-    noisy = [0.05, -0.02, 0.03, -0.01, 0.02, 0.0]  # small and spread: undecided at every look
     done: set[str] = set()
     rounds: list[int] = []
+    rays: list[int] = []
 
     def fake_run_grid(grid, results, options, lease):
         done.update(r.run_id for r in grid.runs)
         rounds.append(len({r.train.seed for r in grid.runs}))
         return 0
 
-    rays: list[int] = []
-
-    class FakeRay:
-        def shutdown(self):
-            rays.append(-1)
-
-    def fake_init_ray(address, num_cpus, store, echo):
-        rays.append(1)
-        return FakeRay(), True
-
     def fake_load_study(results, name):
-        spec = engine_claims.json.loads(open(tmp_path / "res" / name / "claims.json").read())
-        ev = _evals(spec, noisy[:len(spec['claims'][0]['A']['runs'])])
+        ev = evals_of(engine_claims.json.loads(open(tmp_path / "res" / name / "claims.json").read()))
         return types.SimpleNamespace(evals=ev[ev.run_id.isin(done)])
 
-    import stats.sequential
-
-    monkeypatch.setattr(stats.sequential, "FUTILE", 0.0)  # the seeds' bookkeeping: no claim stops as futile
     monkeypatch.setattr(runner, "_run_grid", fake_run_grid)
     monkeypatch.setattr(engine_claims, "load_study", fake_load_study)
-    monkeypatch.setattr(engine_claims, "init_ray", fake_init_ray)
+    monkeypatch.setattr(engine_claims, "init_ray", lambda *a, **k: (rays.append(1), (
+        types.SimpleNamespace(shutdown=lambda: rays.append(-1)), True))[1])
     monkeypatch.setattr(engine_claims, "classify", lambda g, store, deep: types.SimpleNamespace(
         todo=[r for r in g.runs if r.run_id not in done]))
+    return done, rounds, rays
+
+
+def test_a_rerun_with_a_larger_max_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
+    """run_claims itself (the runner and the store's evaluations faked): a run with max 4 spends its looks up to
+    4 seeds, undecided; a rerun with max 6 finds those 4 seeds, owes the next look (5) at once, not 3 again, and
+    goes on to 6. One Ray serves every round; each round names the claims still open."""
+    import stats.sequential
+    import study.engine.claims as engine_claims
+    from study.engine.options import RunOptions
+
+    noisy = [0.05, -0.02, 0.03, -0.01, 0.02, 0.0]  # small and spread: undecided at every look
+    done, rounds, rays = _fake_engine(tmp_path, monkeypatch,
+                                      lambda spec: _evals(spec, noisy[:len(spec["claims"][0]["A"]["runs"])]))
+    monkeypatch.setattr(stats.sequential, "FUTILE", 0.0)  # the seeds' bookkeeping: no claim stops as futile
     text = BASE + "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n"
     said: list[str] = []
     opts = RunOptions(echo=said.append)
@@ -278,3 +276,29 @@ def test_a_rerun_with_a_larger_max_goes_on_from_where_it_stopped(tmp_path, monke
     assert engine_claims.run_claims(grid_of(text.replace("max: 4", "max: 6")), str(tmp_path / "res"), opts) == 0
     assert rounds == [2, 5, 6], rounds  # round 1 finds the min seeds, the 4 run before make the next look 5
     assert first < done and len(done - first) == 2 * 2  # seeds 5 and 6 of the claim's two models, nothing again
+
+
+def test_a_grid_whose_models_did_not_learn_stops_at_its_first_look(tmp_path, monkeypatch):
+    """Issue 42/44: every model at VPR 0 on every seed: one round (2 seeds), one line saying so, each claim
+    "constant", where the loop spent every seed up to max before."""
+    import study.engine.claims as engine_claims
+    from study.engine.options import RunOptions
+
+    zeros = lambda spec: pd_concat([_evals({"claims": [c]}, [0.0] * 8, [0.0] * 8, 16)  # noqa: E731
+                                    for c in spec["claims"]])
+    _, rounds, rays = _fake_engine(tmp_path, monkeypatch, zeros)
+    said: list[str] = []
+    grid = grid_of(BASE.replace("max: 4", "max: 8") + CLAIMS)
+    assert engine_claims.run_claims(grid, str(tmp_path / "res"), RunOptions(echo=said.append)) == 0
+    assert rounds == [2] and rays == [1, -1]
+    assert ("claims: every model scored the same on every seed at each claim's point (did they learn?): nothing "
+            "to decide, stopped at the first look") in said
+    assert "claims: 6 runs, 25% of a fixed 8-seed design of the same models (24 runs)" in said
+    rows = [x for x in said if "constant: every seed of A scored 0, of B 0; stopped at 2 of 8 seeds" in x]
+    assert len(rows) == 4, said
+
+
+def pd_concat(frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True).drop_duplicates(["run_id", "T", "L_s", "sampler", "split", "metric"])
