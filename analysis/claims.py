@@ -139,7 +139,7 @@ def plan_lines(spec: dict, evals: pd.DataFrame | None, reps: int = 2000) -> list
     d = design_of(spec)
     s = spec["seeds"]
     out = [f"claims: seeds {s['min']}..{s['max']} per model, {s['batch']} at a time; looks at {list(d.looks)} "
-           f"seeds; {d.method}"]
+           f"seeds; {method_of(spec)}"]
     for c in spec["claims"]:
         diffs = differences(c, evals) if evals is not None and len(evals) else []
         margin = c["margin"]
