@@ -24,8 +24,9 @@ EXPLANATION = ("Claims declared in the grid before the run, each decided from th
                "(A better than B by, in the metric's units) by group-sequential repeated t intervals, 95% for "
                "all the claims together unless the grid said `claims_alpha: per-claim` (the method column says "
                "which; seq_low, seq_high: valid at every look taken, so stopping early costs no error rate); "
-               "seeds: the seeds the decision used, and why one stopped undecided (constant or futile). fixed_low/high: the ordinary 95% t interval over the same seeds, "
-               "and fixed_says what it alone would decide (not corrected for the looks: shown for comparison).")
+               "seeds: the seeds the decision used, and why one stopped undecided (constant or futile). "
+               "fixed_low/high: the ordinary 95% t interval over the same seeds, and fixed_says what it alone "
+               "would decide (not corrected for the looks: shown for comparison).")
 
 
 def read_spec(store) -> dict | None:
