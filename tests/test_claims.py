@@ -116,19 +116,20 @@ def _spec(text: str = "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n", 
     return grid_of((BASE.replace("max: 4", "max: 8") if big else BASE) + text).claims.spec()
 
 
-@pytest.mark.parametrize("n", [24, 40])
-def test_seed_differences_equal_within_the_resolution_are_tied(n):
-    """Issue 42: A 0/n vs B 1/n and A 2/n vs B 3/n differ by the same count, but their float differences do not
-    (-0.041666666666666664 and -0.04166666666666667 at n = 24): tied, undecided and not final at the first
-    look, where exact equality gave an interval of width 1e-16 and "refuted, final" at 2 seeds."""
+@pytest.mark.parametrize("n, k", [(24, 2), (40, 2), (500, 8)])
+def test_seed_differences_equal_within_the_resolution_are_tied(n, k):
+    """Issue 42: A 0/n vs B 1/n and A k/n vs B (k + 1)/n differ by the same count, but their float differences
+    do not (-0.041666666666666664 and -0.04166666666666667 at n = 24): tied, undecided and not final at the
+    first look, where exact equality gave an interval of width 1e-16 and "refuted, final" at 2 seeds."""
     from analysis.claims import evaluate
 
     spec = _spec()
-    r = evaluate(spec, _evals(spec, [0 / n, 2 / n], [1 / n, 3 / n], n)).iloc[0]
+    assert 0 / n - 1 / n != k / n - (k + 1) / n
+    r = evaluate(spec, _evals(spec, [0 / n, k / n], [1 / n, (k + 1) / n], n)).iloc[0]
     assert r["decision"] == "undecided (more seeds)" and not r["final"] and "no spread" in r["why"]
     assert r["seq_low"] != r["seq_low"] and r["fixed_says"] == "undecided"  # no interval: nan
     # a difference of one count is no tie: the same seeds with B's second at 4/n have a spread
-    r = evaluate(spec, _evals(spec, [0 / n, 2 / n], [1 / n, 4 / n], n)).iloc[0]
+    r = evaluate(spec, _evals(spec, [0 / n, k / n], [1 / n, (k + 2) / n], n)).iloc[0]
     assert r["seq_low"] < r["difference"] < r["seq_high"]
 
 
