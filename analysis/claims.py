@@ -110,7 +110,7 @@ def claims_table(data) -> pd.DataFrame:
 
 
 def _num(x: float) -> str:
-    return f"{x:+.4g}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+    return f"{x:+.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
 def lines(table: pd.DataFrame) -> list[str]:
