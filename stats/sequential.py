@@ -15,7 +15,13 @@ confidence sequence does not. All intervals together cover the true mean with pr
 whatever look the study stops at, so a claim decided at the first look whose interval settles it is
 wrong at most alpha of the time (tests/test_claims_sim.py checks it by simulation).
 
-A leaf module: numpy only, no project imports.
+Seed differences equal within the metric's resolution (1/n for a rate over n examples) are tied: a tied set
+has no spread to build an interval from, and is never decided on float noise. A claim also stops, undecided,
+at the look where its two arms are constant (every seed of both models the same value) or where it is
+futile: the chance of a decision by the last look, were the current mean and s.d. the truth, is below
+FUTILE. Stopping undecided never adds a wrong decision, so neither changes the error rate.
+
+A leaf module: numpy and scipy only, no project imports.
 """
 from __future__ import annotations
 
@@ -28,30 +34,23 @@ import numpy as np
 KINDS = ("beats", "matches_or_beats", "matches")
 SPENDING = ("obrien-fleming", "pocock")
 CALIBRATION_PATHS = 200_000
-METHOD = ("group-sequential repeated 95% t intervals over the looks (Jennison & Turnbull), alpha spent "
+FUTILE = 0.01  # a claim whose chance of a decision by the last look is below this stops, undecided
+METHOD = ("group-sequential repeated {level:g}% t intervals over the looks (Jennison & Turnbull), alpha spent "
           "by the Lan-DeMets {spending}-type function; critical values of the t statistics by simulation")
 
 
-def _phi(x: float) -> float:
-    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+def _phi(x):
+    from scipy.special import ndtr
 
-
-def _z(p: float) -> float:
-    """The p-quantile of the standard normal (bisection on erfc: exact to 1e-12)."""
-    lo, hi = -40.0, 40.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if _phi(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return ndtr(x)
 
 
 def spent(t: float, alpha: float, spending: str) -> float:
     """The two-sided alpha spent by information fraction t (0 < t <= 1)."""
+    from scipy.special import ndtri
+
     if spending == "obrien-fleming":
-        return min(alpha, 2.0 - 2.0 * _phi(_z(1.0 - alpha / 2.0) / math.sqrt(t)))
+        return min(alpha, 2.0 - 2.0 * float(_phi(ndtri(1.0 - alpha / 2.0) / math.sqrt(t))))
     if spending == "pocock":
         return alpha * math.log(1.0 + (math.e - 1.0) * t)
     raise ValueError(f"spending must be one of {', '.join(SPENDING)} (got {spending!r})")
@@ -76,7 +75,7 @@ class Design:
 
     @property
     def method(self) -> str:
-        return METHOD.format(spending=self.spending)
+        return METHOD.format(level=round(100 * (1 - self.alpha), 2), spending=self.spending)
 
 
 @lru_cache(maxsize=64)
@@ -128,32 +127,62 @@ def settles(kind: str, low: float, high: float, margin: float | None) -> str:
     raise ValueError(f"claim kind must be one of {', '.join(KINDS)} (got {kind!r})")
 
 
-def interval_at(diffs, n: int, c: float) -> tuple[float, float, float]:
-    """(mean, low, high) of the first n differences, half-width c * s / sqrt(n); nan bounds when s = 0."""
+def tied(values, resolution: float = 0.0) -> bool:
+    """Whether `values` are all equal within half the metric's resolution (1/n for a rate over n examples), or
+    within float noise (1e-9 of their size) where it has none."""
+    v = np.asarray(values, dtype=float)
+    return float(np.ptp(v)) <= max(resolution / 2, 1e-9 * max(1.0, float(np.abs(v).max())))
+
+
+def interval_at(diffs, n: int, c: float, resolution: float = 0.0) -> tuple[float, float, float]:
+    """(mean, low, high) of the first n differences, half-width c * s / sqrt(n); nan bounds when they are tied."""
     d = np.asarray(diffs[:n], dtype=float)
     mean = float(d.mean())
-    s = float(d.std(ddof=1))
-    if not s > 0:  # every seed the same difference: no spread to estimate, nothing to decide on
+    if tied(d, resolution):  # every seed the same difference: no spread to estimate, nothing to decide on
         return mean, float("nan"), float("nan")
-    half = c * s / math.sqrt(n)
+    half = c * float(d.std(ddof=1)) / math.sqrt(n)
     return mean, mean - half, mean + half
 
 
-def decide(diffs, d: Design, kind: str, margin: float | None = None) -> Decision:
-    """The claim's decision from the per-seed differences in seed order, at the first look that settles it."""
+def chance(kind: str, margin: float | None, mean: float, s: float, n: int, d: Design) -> float:
+    """P(the last look's interval settles the claim), were the seed differences N(mean, s^2): given the first n,
+    the last look's mean is N(mean, s^2 (N - n) / N^2) and its half-width c_K s / sqrt(N)."""
+    big_n = d.looks[-1]
+    h, sd, m = d.crit[-1] * s / math.sqrt(big_n), s * math.sqrt(big_n - n) / big_n, margin or 0.0
+    below = lambda x: float(_phi((x - mean) / sd))  # noqa: E731  P(last mean < x)
+    if kind == "matches":
+        return max(0.0, below(m - h) - below(h - m)) + below(-m - h) + 1 - below(m + h)
+    edge = 0.0 if kind == "beats" else -m
+    return below(edge - h) + 1 - below(edge + h)
+
+
+def decide(diffs, d: Design, kind: str, margin: float | None = None, resolution: float = 0.0,
+           arms: tuple | None = None) -> Decision:
+    """The claim's decision from the per-seed differences in seed order, at the first look that settles it, or
+    stops it: `arms` (A's and B's values per seed) constant, or a decision by the last look futile (FUTILE).
+    resolution: the metric's (1/n for a rate over n examples), within which differences are tied."""
     nan = float("nan")
     reached = [(n, c) for n, c in zip(d.looks, d.crit) if n <= len(diffs)]
     if not reached:
         return Decision("undecided", len(diffs), float(np.mean(diffs)) if len(diffs) else nan, nan, nan, False,
                         f"fewer seeds than the first look ({d.looks[0]})")
+    last = d.looks[-1]
     for n, c in reached:
-        mean, lo, hi = interval_at(diffs, n, c)
+        mean, lo, hi = interval_at(diffs, n, c, resolution)
+        stop = f"stopped at {n} of {last} seeds" if n < last else f"all {last} seeds"
+        if arms is not None and all(tied(x[:n], resolution) for x in arms):
+            return Decision("undecided", n, mean, nan, nan, True, f"constant: every seed of A scored {arms[0][0]:.4g}"
+                            f", of B {arms[1][0]:.4g}; {stop}")
         verdict = settles(kind, lo, hi, margin) if math.isfinite(lo) else "undecided"
         if verdict != "undecided":
             return Decision(verdict, n, mean, lo, hi, True)
-    final = reached[-1][0] == d.looks[-1]
+        if math.isfinite(lo) and n < last:
+            p = chance(kind, margin, mean, float(np.std(diffs[:n], ddof=1)), n, d)
+            if p < FUTILE:
+                return Decision("undecided", n, mean, lo, hi, True, f"futile: a {p:.0%} chance of a decision by "
+                                f"{last} seeds; {stop}")
     why = "no spread among the seed differences" if not math.isfinite(lo) else ""
-    return Decision("undecided", n, mean, lo, hi, final, why)
+    return Decision("undecided", n, mean, lo, hi, n == last, why)
 
 
 def simulate(d: Design, kind: str, margin: float | None, true_mean: float, sd: float, reps: int,

@@ -83,3 +83,29 @@ def test_a_mean_metric_interval_is_clipped_to_its_declared_range():
     assert agg.loc["cell_acc", "ci_low"] == 0.0 and agg.loc["nll", "ci_low"] < 0
     assert agg.loc["cell_acc", "ci_high"] == pytest.approx(agg.loc["nll", "ci_high"])
     assert np.isfinite(agg["ci_high"]).all()
+
+
+@pytest.mark.parametrize("m, tau", [(0.5, 2.6), (2.0, 2.6), (-3.0, 4.0), (3.0, 4.0)])
+def test_logit_normal_mean_is_exact_to_1e9_where_32_nodes_were_not(m, tau):
+    """Issue 42: the 32-node Gauss-Hermite rule alone was off by 3e-6 at tau = 2.6 (2e-4 at 4); the rule is now
+    adaptive (stats.HERMITE_TOL), checked against scipy's adaptive quadrature."""
+    import math
+
+    from scipy import integrate
+    from scipy.special import expit
+
+    from stats import logit_normal_mean
+
+    ref = integrate.quad(lambda z: expit(m + tau * z) * math.exp(-z * z / 2) / math.sqrt(2 * math.pi), -40, 40,
+                         epsabs=1e-13, limit=200)[0]
+    assert logit_normal_mean(m, tau) == pytest.approx(ref, abs=1e-9)
+
+
+def test_a_rate_difference_interval_stays_in_minus_one_to_one():
+    """Issue 42: two seeds' paired t interval of a rate difference reached past [-1, 1] (widths up to 2.77)."""
+    from stats import paired_difference
+
+    d, lo, hi, how, n = paired_difference({0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.0}, True)
+    assert how == "seeds" and n == 2 and (lo, d, hi) == (-1.0, 0.5, 1.0)
+    _, lo, hi, _, _ = paired_difference({0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.0}, False)  # not a rate: unbounded
+    assert lo < -1.0 and hi > 1.0

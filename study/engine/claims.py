@@ -5,18 +5,20 @@ Round after round: run (or resume) every model at the seeds it is owed with the 
 (analysis/claims.py), and owe the two models of each undecided claim the seeds of its next look
 (seeds.batch more), until every claim is decided or has spent seeds.max. Nothing is kept but the runs and
 the claims.json spec: a rerun starts from the first round, finds those runs done, and reaches the same
-decisions (a decision is a function of the stored evaluations alone); with a larger max it goes on.
+decisions (a decision is a function of the stored evaluations alone); with a larger max it goes on. One
+lease and one Ray serve every round; each round says which claims are still open.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 
-import tasks
 from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines
 from analysis.load import load_study
 from store import Store
+from study.engine.health import classify
 from study.engine.options import RunOptions
+from study.engine.raystart import ClusterError, init_ray
 from study.spec.grid import Grid
 
 
@@ -40,32 +42,53 @@ def next_seeds(table, spec: dict, owed: dict[str, int]) -> dict[str, int]:
 
 def run_claims(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run a claims grid to its decisions (`options`: study.engine.runner.run_grid's, given to every round).
+    Holds the study's lease and one Ray (started at the first round with runs to do) for all its rounds.
     Returns the exit code: run_grid's when a round fails or is interrupted, else 0 (undecided claims are an
     answer too)."""
-    from study.engine.runner import run_grid
+    from study.engine import runner
 
-    echo = options.echo
-    claims = grid.claims
-    spec = claims.spec()
-    write_spec(Store(results, grid.study), spec)
-    owed = {m: claims.seeds.min for m in claims.models}
-    for rnd in range(1, claims.seeds.max + 2):
-        runs = {r.run_id: r for r in grid.runs}  # every model of the grid at seeds.min
-        for m, n in owed.items():
-            runs.update({r.run_id: r for r in claims.seeds_of(m, n)})
-        echo(f"claims round {rnd}: " + ", ".join(f"{claims.models[m].model.K} x {claims.models[m].model.L}: "
-                                                 f"{n} seeds" for m, n in owed.items()))
-        code = run_grid(dataclasses.replace(grid, runs=list(runs.values())), results, options)
-        if code != 0:
-            echo("claims: the round did not finish; `study run` again resumes it and goes on")
-            return code
-        table = evaluate(spec, load_study(results, grid.study).evals)
-        new = next_seeds(table, spec, owed)
-        if new == owed:
-            break
-        owed = new
-    rates = {c["metric"] for c in spec["claims"] if tasks.is_rate(c["metric"])}
+    echo, store = options.echo, Store(results, grid.study)
+    ray, started = None, False
+    with runner.leased(store, "run", options) as lease:
+        try:
+            claims = grid.claims
+            spec = claims.spec()
+            write_spec(store, spec)
+            owed, table = {m: claims.seeds.min for m in claims.models}, None
+            for rnd in range(1, claims.seeds.max + 2):
+                runs = {r.run_id: r for r in grid.runs}  # every model of the grid at seeds.min
+                for m, n in owed.items():
+                    runs.update({r.run_id: r for r in claims.seeds_of(m, n)})
+                names = [c["name"] for c in spec["claims"]] if table is None else list(table.claim[~table.final])
+                echo(f"claims round {rnd}: {len(names)} of {len(spec['claims'])} claims open ({'; '.join(names)}); "
+                     + ", ".join(f"{claims.models[m].model.K} x {claims.models[m].model.L}: {n} seeds"
+                                 for m, n in owed.items()))
+                one = dataclasses.replace(grid, runs=list(runs.values()))
+                if ray is None and classify(one, store, deep=False).todo:  # one Ray for every round
+                    try:
+                        ray, started = init_ray(options.address, options.num_cpus, store=store, echo=echo)
+                    except ClusterError as e:
+                        echo(f"error: {e}")
+                        return 2
+                code = runner.run_leased(one, store, results, options, lease)
+                if code != 0:
+                    echo("claims: the round did not finish; `study run` again resumes it and goes on")
+                    return code
+                table = evaluate(spec, load_study(results, grid.study).evals)
+                new = next_seeds(table, spec, owed)
+                if new == owed:
+                    break
+                owed = new
+        finally:
+            if started:
+                ray.shutdown()
+    if rnd == 1 and table.why.str.startswith("constant").all():
+        echo("claims: every model scored the same on every seed at each claim's point (did they learn?): "
+             "nothing to decide, stopped at the first look")
+    fixed = len(owed) * claims.seeds.max
+    echo(f"claims: {sum(owed.values())} runs, {sum(owed.values()) / fixed:.0%} of a fixed {claims.seeds.max}-seed "
+         f"design of the same models ({fixed} runs)")
     echo("claims (" + table["method"].iloc[0] + "):")
-    for line in lines(table, rates):
+    for line in lines(table):
         echo("  " + line)
     return 0

@@ -65,41 +65,47 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
     """Run or resume a grid. Returns the process exit code (1 if any run failed or is incomplete).
     `options`: the command line's (study/engine/options.py); `options.log`: the sinks of --log
     (study.engine.loggers.parse: MLflow, W&B, TensorBoard through Ray's logger callbacks)."""
-    store, echo = Store(results, grid.study), options.echo
+    store = Store(results, grid.study)
     with leased(store, "run", options) as lease:
-        links = store.links_out()  # never write through a symlink out of the store
-        for line in links:
-            echo(f"error: {line}")
-        if links:
-            return 2
-        plan = heal_and_plan(grid, store, options.retry_failed, echo)
-        echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
-             f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
-        if not plan.todo:
-            record_grid_file(store, grid, "run")
-            return 1 if plan.failed else 0
-        with ray_for(grid, store, plan.todo, options) as ray:
-            if ray is None:
-                return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
-            trial = trial_options(store, grid, results, options, "run", lease)
-            from ray import tune
+        return run_leased(grid, store, results, options, lease)
 
-            by_id = {r.run_id: r for r in plan.todo}
-            view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
-                            every_s=options.progress_every_s,
-                            beats=lambda: store.read_progress(set(by_id)))  # status's ETA
-            code, result_grid = dispatch(
-                f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, ray, lease, view, options,
-                "run", {"run": tune.grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
-                        **trial.config()}, max_failures=max(r.retries for r in plan.todo))
-            if code not in (None, 130):
-                return code
-            for res in result_grid:
-                rid = run_of(res.config).run_id if res.config else None  # no config: the trial never started
-                if res.error is not None and rid in by_id:
-                    record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
-            outcome = _outcome(grid, store, echo)
-            return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
+
+def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, lease) -> int:
+    """run_grid's work under a lease already held (claims hold one for all their rounds)."""
+    echo = options.echo
+    links = store.links_out()  # never write through a symlink out of the store
+    for line in links:
+        echo(f"error: {line}")
+    if links:
+        return 2
+    plan = heal_and_plan(grid, store, options.retry_failed, echo)
+    echo(f"study {grid.study}: {len(grid.runs)} runs: {len(plan.done)} done, {todo_note(store, plan)}, "
+         f"{len(plan.failed)} failed earlier" + (" (use --retry-failed)" if plan.failed else ""))
+    if not plan.todo:
+        record_grid_file(store, grid, "run")
+        return 1 if plan.failed else 0
+    with ray_for(grid, store, plan.todo, options) as ray:
+        if ray is None:
+            return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
+        trial = trial_options(store, grid, results, options, "run", lease)
+        from ray import tune
+
+        by_id = {r.run_id: r for r in plan.todo}
+        view = LiveView(len(plan.todo), {r.run_id: r.train.steps for r in plan.todo}, echo=echo,
+                        every_s=options.progress_every_s,
+                        beats=lambda: store.read_progress(set(by_id)))  # status's ETA
+        code, result_grid = dispatch(
+            f"{grid.study}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", store, ray, lease, view, options,
+            "run", {"run": tune.grid_search([trial_payload(r) for r in longest_first(plan.todo, store)]),
+                    **trial.config()}, max_failures=max(r.retries for r in plan.todo))
+        if code not in (None, 130):
+            return code
+        for res in result_grid:
+            rid = run_of(res.config).run_id if res.config else None  # no config: the trial never started
+            if res.error is not None and rid in by_id:
+                record_unfinished(store, by_id[rid], "failed", res.error, trial.code_version, trial.grid)
+        outcome = _outcome(grid, store, echo)
+        return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
 
 
 def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, command: str, lease) -> TrialOptions:
@@ -124,7 +130,9 @@ def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
     try:
         sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
         _quiet_trial_tracebacks()
-        echo(f"ray: {'started a local Ray on 127.0.0.1' if started and address is None else f'joined {address}'} "
+        how = ("started a local Ray on 127.0.0.1" if address is None else f"joined {address}") if started else \
+            "the Ray already running (this study's earlier claims rounds)"
+        echo(f"ray: {how} "
              f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
              f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
         yield None if refuse_unplaceable(ray, runs, grid.path, echo) else ray

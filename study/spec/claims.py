@@ -6,6 +6,7 @@ spend deciding it (docs/DESIGN.md, "Claims").
       - {pair: iso-param, T: [1, 2], metric: vpr, claim: beats}
       - {pair: iso-flop, T: [4, 8], claim: matches_or_beats, margin: 0.02}
       - {A: {K: 1, L: 2}, B: {K: 2, L: 1}, T: [4], claim: matches, margin: 0.02}
+    claims_alpha: family      # the default: 5% error for all the claims together; per-claim: 5% each
 
 Each entry becomes one claim per pair of the grid it names and per T. The seeds of a model are ordinary runs
 whose `train.seed` is the grid's seed + 0, 1, ..., max - 1 (each its own run id); the grid's runs are the
@@ -28,6 +29,7 @@ from study.spec.sections import BadKey, Err, canonical, refuse, short, validate
 LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
              "model.step_emb", "model.reinject_input"}
 PAIRS = ("iso-param", "iso-flop")
+ALPHA = ("family", "per-claim")  # claims_alpha: Bonferroni over the grid's claims, or each claim alone
 
 
 class Seeds(Strict):
@@ -73,6 +75,7 @@ class Claims:
     base_seed: int
     claims: list[dict]  # one per (entry, pair, T): see _claim; A and B name their model by its base run id
     models: dict  # base run id -> the model's base Run (the grid's seed)
+    alpha: str = "family"  # claims_alpha (ALPHA)
 
     def seeds_of(self, model, n: int | None = None) -> list:
         """Model `model` (a base run id, or a base Run) at seeds base + 0 .. n - 1 (default max), each an
@@ -84,7 +87,7 @@ class Claims:
     def spec(self) -> dict:
         """What the store keeps as claims.json: the design and each claim with its models' run ids per seed."""
         ids = {m: [r.run_id for r in self.seeds_of(m)] for m in self.models}
-        return {"seeds": self.seeds.model_dump(), "base_seed": self.base_seed,
+        return {"seeds": self.seeds.model_dump(), "base_seed": self.base_seed, "claims_alpha": self.alpha,
                 "claims": [{**c, "A": {**c["A"], "runs": ids[c["A"]["model"]]},
                             "B": {**c["B"], "runs": ids[c["B"]["model"]]}} for c in self.claims]}
 
@@ -137,10 +140,14 @@ def _label(run) -> str:
 def parse_claims(raw: dict, runs: list, err: Err) -> Claims | None:
     """The claims of grid mapping `raw` over its base runs (one per model, the grid's seed); None when it has none.
     Raises through `err`: unknown keys, a matches claim without margin, a pair or T the grid does not hold."""
-    if "claims" not in raw and "seeds" not in raw:
+    if not {"claims", "seeds", "claims_alpha"} & set(raw):
         return None
-    if "claims" not in raw:
-        err("seeds", "a `seeds:` section needs a `claims:` section: the seeds are spent deciding claims")
+    for key in ("seeds", "claims_alpha"):
+        if "claims" not in raw and key in raw:
+            err(key, f"a `{key}:` section needs a `claims:` section: the seeds are spent deciding claims")
+    alpha = raw.get("claims_alpha", "family")
+    if alpha not in ALPHA:
+        err("claims_alpha", f"must be one of {', '.join(ALPHA)} (got {alpha!r})")
     seeds = validate(Seeds, raw.get("seeds") or {}, "seeds", err)
     if len({r.train.seed for r in runs}) > 1:
         err("seeds", "a claims grid draws its own seeds (train.seed + 0 .. max - 1): remove the seed axis")
@@ -164,7 +171,7 @@ def parse_claims(raw: dict, runs: list, err: Err) -> Claims | None:
             for T in c.T:
                 claims.append(_claim(c, a, b, T, f"{key}", err))
     models = {r.run_id: r for r in runs if any(r.run_id in (c["A"]["model"], c["B"]["model"]) for c in claims)}
-    return Claims(seeds, runs[0].train.seed, claims, models)
+    return Claims(seeds, runs[0].train.seed, claims, models, alpha)
 
 
 def _claim(c: ClaimEntry, a, b, T: int, key: str, err: Err) -> dict:

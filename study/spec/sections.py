@@ -112,8 +112,8 @@ def aliases() -> dict[str, str]:
         raise ValueError(f"task aliases {clash} clash with the generic short names {sorted(ALIASES)}")
     return {**ALIASES, **own}
 TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", "include", "exclude", "groups",
-            "search", "defaults_from", "claims", "seeds", *SECTIONS}  # search / defaults_from: see study/spec/search.py;
-# claims / seeds: study/spec/claims.py
+            "search", "defaults_from", "claims", "seeds", "claims_alpha", *SECTIONS}  # search / defaults_from:
+# study/spec/search.py; claims / seeds / claims_alpha: study/spec/claims.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
 
