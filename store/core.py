@@ -321,7 +321,7 @@ class Store:
             why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             self.unreadable[path] = f"{len(data)} bytes, not a readable {schema_name(schema)} table: {why}"
             return None
-        wrong = self._misnamed(path, t, schema)
+        wrong = self._misnamed(path, t, schema) or (digest.edited_rows(t) if schema is RUNS else None)
         if wrong:
             self.unreadable[path] = wrong
             return None

@@ -34,6 +34,17 @@ def row_sha256(row: dict) -> str:
     return rows_sha256([{k: x for k, x in row.items() if k != "row_sha256"}])
 
 
+def edited_rows(t) -> str | None:
+    """Why a runs file's rows are not those written (a field edited, a status flipped: its row_sha256 fails),
+    or None. Readers leave such a run out and name it; `study run` redoes it."""
+    for r in t.to_pylist():
+        want = r.get("row_sha256")
+        if want is not None and row_sha256(r) != want:
+            return (f"edited: its fields hash to {row_sha256(r)[:16]}..., not to its field row_sha256 "
+                    f"({want[:16]}...): changed after it was written")
+    return None
+
+
 def run_digests(store, run_id: str) -> dict:
     """{weights_sha256, history_sha256} of a run's files as they are in the store now (None where absent)."""
     data = store.read_bytes(store.weights_path(run_id))
