@@ -42,6 +42,11 @@ class _Commands(TyperGroup):
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
+        try:
+            sys.stdout.flush()  # what is still buffered fails here, not in Python's exit
+        except OSError as e:
+            _stdout_failed(e)
+            sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):
@@ -59,6 +64,12 @@ class _Commands(TyperGroup):
             if isinstance(e, FormatMismatch):  # the one line naming the versions and `study migrate`
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from None
+            if isinstance(e, OSError) and e.filename is None:
+                try:
+                    sys.stdout.flush()  # stdout's own write failed (a full or broken device): it says so again
+                except OSError:
+                    _stdout_failed(e)
+                    raise typer.Exit(1) from None
             user = isinstance(e, (OSError, ValueError))
             what = _one_line(e) if user else f"internal error ({type(e).__name__}: {_one_line(e)})"
             if getattr(e, "errno", None) == errno.ENOSPC and "no space left on the disk" not in what:
@@ -130,6 +141,15 @@ def _pipe_closed():
     except (OSError, ValueError):
         pass
     raise typer.Exit(141)
+
+
+def _stdout_failed(e: OSError):
+    """Writing to stdout failed (`> /dev/full`): one line naming stdout, not the store's disk; exit 1."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    except (OSError, ValueError):
+        pass
+    typer.echo(f"error: cannot write the output to stdout: {e.strerror or e}", err=True)
 
 
 def _results_arg() -> str:
