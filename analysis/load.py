@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 import tasks
+from atomicio import loads_json
 from store import Store, index, list_studies
 
 # columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
@@ -312,8 +313,8 @@ def _configs(store: Store) -> tuple[dict[str, dict], dict[str, str]]:
     for info, data in zip(infos, datas):
         run_id = info.base_name[: -len(".json")]
         try:
-            out[run_id] = json.loads(data) if data else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            out[run_id] = loads_json(data) if data else {}
+        except ValueError as e:
             out[run_id] = {"error": f"unreadable config: {e}"}
         else:
             if data:

@@ -449,7 +449,7 @@ class Store:
         def one(path: str):
             data = self.read_bytes(path)
             try:
-                return json.loads(data) if data else {}
+                return atomicio.loads_json(data) if data else {}
             except ValueError:
                 return None
 

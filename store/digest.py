@@ -75,3 +75,16 @@ def recorded_weights_problem(store, row: dict | None) -> str | None:
     data = store.read_bytes(path)
     bad = weights_mismatch(path, data, row) if data is not None else None
     return f"retrain: {bad} (set aside)" if bad else None
+
+
+def recorded_history_problem(store, row: dict | None) -> str | None:
+    """"re-evaluate: ..." when a done run's history rows are not those its runs row recorded (history_sha256:
+    edited): `study run`'s "is this run done" check, and the trial's before it rewrites the history from
+    the weights; None otherwise (no digest recorded, or no readable history: said elsewhere)."""
+    want = (row or {}).get("history_sha256")
+    t = store.read_file("history", f"{row['run_id']}.parquet") if want is not None else None
+    got = rows_sha256(t.to_pylist()) if t is not None else want
+    if got == want:
+        return None
+    return (f"re-evaluate: {store.path('history', row['run_id'] + '.parquet')}: its rows hash to {got[:16]}..., not "
+            f"to the runs row's field history_sha256 ({want[:16]}...): edited (set aside, rewritten from the weights)")

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from atomicio import loads_json
 from store import Store, digest
 from study.spec.grid import Grid, Run
 from study.engine.nllrows import NLL_KEYS
@@ -35,7 +36,8 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
         missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id, whole=True)
         missing |= seen.half_keys(run.run_id) & set(NLL_KEYS.values())  # a continuous point half there
         if status == "done":
-            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)) if deep else None
+            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)
+                       or digest.recorded_history_problem(store, row)) if deep else None
             if problem is None and missing:
                 problem = f"re-evaluate: eval point(s) {', '.join(sorted(missing))} missing or unreadable"
             if problem is None and not seen.has_history(run.run_id):
@@ -96,7 +98,7 @@ def not_whole(store: Store, run: Run) -> str | None:
     if raw is None:
         return f"re-evaluate: {cpath} {store.unreadable.get(cpath, 'is missing')} (rewritten)"
     try:
-        cfg = json.loads(raw)
+        cfg = loads_json(raw)
     except ValueError as e:
         return f"re-evaluate: {cpath} is not JSON ({str(e)[:80]}) (rewritten)"
     want = json.loads(json.dumps(run.resolved(), sort_keys=True, default=str))
