@@ -89,6 +89,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
+    tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     runs, not_done = drop_not_done(runs)

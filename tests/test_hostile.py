@@ -205,3 +205,19 @@ def test_an_error_writing_stdout_names_stdout_not_the_store(tmp_path):
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ["error: cannot write the output to stdout: No space left on device"], p.stderr
     assert "no space left on the disk" not in p.stderr
+
+
+def test_a_store_of_a_task_not_registered_is_one_line_naming_the_task_and_the_variable(interrupted, tmp_path):
+    _, grid, src = interrupted
+    store = _copy(src, tmp_path / "results")
+    a = grid.runs[0].run_id
+    row = store.run_row(a)
+    store.write_rows("runs", [{**row, "task": "sort_digits"}], f"{a}.parquet")  # a plugin's task, digest kept
+    out = tmp_path / "report"
+    for cmd in (["report", "--out", str(out)], ["verify"]):
+        p = subprocess.run(study_cmd(*cmd, "--results", store.root), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": ROOT, "RMDM_STUDY_TASKS": ""})
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, (cmd, p.stdout, p.stderr)
+        assert "unknown task 'sort_digits'" in lines[0] and "RMDM_STUDY_TASKS" in lines[0], lines
+    assert not out.exists()  # nothing written

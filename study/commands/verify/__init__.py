@@ -43,6 +43,7 @@ from study.commands.verify.leftovers import check_leftovers
 from study.commands.verify.read_index import check_index
 from study.commands.verify.runs import check_final_loss, check_runs
 from study.commands.verify.weights import check_weights
+from tasks import check_registered
 
 __all__ = ["Verdict", "verify_study"]
 
@@ -53,6 +54,7 @@ def verify_study(store: Store, deep: bool = False, fraction: float = 1.0, points
     c = Context(store, Verdict(store.study, store.dir))
     read_tables(c)
     check_runs(c)
+    check_registered(r["task"] for r in c.runs.values())  # a plugin's task not registered: UnknownTask, exit 2
     check_grids(c)
     check_run_configs(c)
     check_weights(c)
