@@ -9,7 +9,7 @@ import pyarrow.fs as pafs
 
 import tasks
 from atomicio import loads_json
-from store import Store, index, list_studies
+from store import HISTORY, Store, digest, index, list_studies
 
 # columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
 # None in the runs of other tasks) after task_variant; model_key (below) is what tells models apart
@@ -90,6 +90,8 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
     tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
+    hist = index.read_table(store, "history", HISTORY)
+    runs = runs[~runs["run_id"].isin(digest.edited_histories(store, dict(zip(runs.run_id, runs.history_sha256)), hist))]
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     runs, not_done = drop_not_done(runs)
@@ -101,7 +103,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER if "sampler" in evals else evals.index != evals.index
     sampled = evals[~likelihoods] if likelihoods.any() else evals  # (no copy of 40,000 rows when none is)
     continuous, (evals, left_evals) = evals[likelihoods], dedupe_evals(sampled)
-    history = with_run_columns(store.read("history"), runs)
+    history = with_run_columns(hist.to_pandas(), runs)
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,

@@ -35,8 +35,10 @@ def row_sha256(row: dict) -> str:
 
 
 def edited_rows(t) -> str | None:
-    """Why a runs file's rows are not those written (a field edited, a status flipped: its row_sha256 fails),
-    or None. Readers leave such a run out and name it; `study run` redoes it."""
+    """Why a runs file's rows are not those written (a field edited, a status flipped: its row_sha256 fails;
+    a row duplicated), or None. Readers leave such a run out and name it; `study run` redoes it."""
+    if t.num_rows > 1:
+        return f"{t.num_rows} rows: a run has one runs row (duplicated?)"
     for r in t.to_pylist():
         want = r.get("row_sha256")
         if want is not None and row_sha256(r) != want:
@@ -88,3 +90,24 @@ def recorded_history_problem(store, row: dict | None) -> str | None:
         return None
     return (f"re-evaluate: {store.path('history', row['run_id'] + '.parquet')}: its rows hash to {got[:16]}..., not "
             f"to the runs row's field history_sha256 ({want[:16]}...): edited (set aside, rewritten from the weights)")
+
+
+def edited_histories(store, recorded: dict, hist) -> set[str]:
+    """Runs whose rows in `hist` (the history table as read: each file's rows together) are not those their
+    runs row recorded (`recorded`: run_id -> field history_sha256), each named in `store.unreadable`: what a
+    reader leaves out, and `study run` redoes (recorded_history_problem)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not hist.num_rows:
+        return set()
+    ends = pc.run_end_encode(hist["run_id"].combine_chunks(), run_end_type=pa.int64())
+    stops = ends.run_ends.to_pylist()
+    out = set()
+    for rid, a, b in zip(ends.values.to_pylist(), [0, *stops[:-1]], stops):
+        want = recorded.get(rid)
+        if isinstance(want, str) and rows_sha256(hist.slice(a, b - a).to_pylist()) != want:
+            store.unreadable[store.path("history", f"{rid}.parquet")] = (
+                "edited: its rows are not those its runs row recorded (field history_sha256)")
+            out.add(rid)
+    return out

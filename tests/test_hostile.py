@@ -96,6 +96,13 @@ def _loss_edited(store: Store, a: str, b: str) -> str:
     return path
 
 
+def _runs_row_duplicated(store: Store, a: str, b: str) -> str:
+    path = store.path("runs", f"{a}.parquet")
+    t = pq.read_table(path)
+    pq.write_table(pa.concat_tables([t, t]), path)
+    return path
+
+
 def _history_edited(store: Store, a: str, b: str) -> str:
     path = store.path("history", f"{a}.parquet")
     edit(path, "loss", 0.001, row=0)
@@ -151,6 +158,11 @@ def _a_left_out(store: Store, a: str, b: str) -> None:
         load_study(store.root, store.study)
 
 
+def _a_history_left_out(store: Store, a: str, b: str) -> None:
+    with pytest.raises(MissingData, match="no finished run"):  # a, the only done run, left out: nothing to draw
+        load_study(store.root, store.study)
+
+
 def _report_reads(store: Store, a: str, b: str) -> None:
     data = load_study(store.root, store.study)  # was: RecursionError
     assert "error" in data.configs[a]
@@ -163,7 +175,8 @@ CASES = [
     Case("config-nested-100000-deep", _deep_config, "nested too deeply", _report_reads),
     Case("runs-status-flipped", _status_flipped, "", _a_left_out),
     Case("runs-field-edited", _loss_edited, "", _not_served_loss),
-    Case("history-edited", _history_edited, "edited"),
+    Case("runs-row-duplicated", _runs_row_duplicated, "", _not_served_loss),
+    Case("history-edited", _history_edited, "edited", _a_history_left_out),
     Case("index-row-edited", _index_row_edited, None, _not_served_loss),  # a cache: rewritten without a word
 ]
 
