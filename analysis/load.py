@@ -88,7 +88,8 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     runs = store.read("runs")
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
-        raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
+        bad = "".join(f"; unreadable, skipped: {p} ({why})" for p, why in sorted(store.unreadable.items()))
+        raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known}){bad}")
     tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
     hist = index.read_table(store, "history", HISTORY)
     runs = runs[~runs["run_id"].isin(digest.edited_histories(store, dict(zip(runs.run_id, runs.history_sha256)), hist))]

@@ -289,7 +289,7 @@ class Store:
         """The parsed tables of `infos`, in their order, read in parallel (pyarrow releases the GIL)."""
         def one(info):
             data = self.read_bytes(info.path)
-            return None if data is None else self._parse(info.path, data, schema)  # None: deleted since listed
+            return None if data is None else self.parse_checked(info.path, data, schema)  # None: deleted since listed
 
         return [t for t in index.read_map(self, one, infos) if t is not None]
 
@@ -321,11 +321,21 @@ class Store:
             why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             self.unreadable[path] = f"{len(data)} bytes, not a readable {schema_name(schema)} table: {why}"
             return None
-        wrong = self._misnamed(path, t, schema) or (digest.edited_rows(t) if schema is RUNS else None)
+        wrong = self._misnamed(path, t, schema)
         if wrong:
             self.unreadable[path] = wrong
             return None
         self.unreadable.pop(path, None)
+        return t
+
+    def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
+        """_parse, and a runs file whose row is not the one written (store.digest.edited_rows) unreadable too:
+        what every reader sees (`study verify` parses with _parse, and says which field changed)."""
+        t = self._parse(path, data, schema)
+        why = digest.edited_rows(t) if t is not None and schema is RUNS else None
+        if why:
+            self.unreadable[path] = why
+            return None
         return t
 
     def _misnamed(self, path: str, t: pa.Table, schema: pa.Schema) -> str | None:
@@ -352,13 +362,13 @@ class Store:
         """One table file (None when missing or unreadable; unreadable ones are noted)."""
         path = self.path(table, *parts)
         data = self.read_bytes(path)
-        return None if data is None else self._parse(path, data, SCHEMAS[table])
+        return None if data is None else self.parse_checked(path, data, SCHEMAS[table])
 
     def readable(self, table: str, *parts: str) -> bool:
         """False when the file exists but does not parse (a missing file is not damage)."""
         path = self.path(table, *parts)
         data = self.read_bytes(path)
-        return data is None or self._parse(path, data, SCHEMAS[table]) is not None
+        return data is None or self.parse_checked(path, data, SCHEMAS[table]) is not None
 
     def run_row(self, run_id: str) -> dict | None:
         """The run's row; None when missing or unreadable (a damaged row is a run not done)."""

@@ -276,7 +276,7 @@ class _Seen:
             if data is None:
                 return info, None
             crc[rel[info.path]] = tail_crc(data)
-            return info, store._parse(info.path, data, schema)
+            return info, store.parse_checked(info.path, data, schema)
 
         self.parsed = read_map(store, parse, sorted(fresh, key=lambda i: i.path))
         newest, racy_s = racy_window(files)

@@ -189,15 +189,7 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
                 row = {**tr.state.last, "seconds": tr.state.seconds, "attempt": attempt}
                 tr.state.history.append(row)
             monitor(row)
-        path, prev = store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id)
-        if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
-            store.delete(prev + DIGEST)
-            for p in (path, path + DIGEST):
-                if store.exists(p):
-                    store.fs.move(p, prev + p[len(path):])
-        data = _to_bytes({**tr.state_dict(), **owner})  # whose it is, inside; its digest, after it
-        store.write_bytes(path, data)
-        store.write_text(path + DIGEST, digest.sha256(data))
+        save_checkpoint(store, run, tr.state_dict())
         store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
         beat.update(checkpoint=tr.state.step)
 
@@ -227,6 +219,20 @@ def _set_aside_unrecorded(store: Store, run_id: str, log) -> None:
 
 
 DIGEST = ".sha256"  # beside a checkpoint, written after it: the SHA-256 of its bytes
+
+
+def save_checkpoint(store: Store, run: Run, state: dict) -> None:
+    """Write the trainer's `state` as the run's checkpoint, naming the run inside (_owner), then its digest
+    beside it; the one before is kept (with its digest) until this one is whole: a fallback if it rots."""
+    path, prev = store.checkpoint_path(run.run_id), previous_checkpoint_path(store, run.run_id)
+    if store.exists(path):
+        store.delete(prev + DIGEST)
+        for p in (path, path + DIGEST):
+            if store.exists(p):
+                store.fs.move(p, prev + p[len(path):])
+    data = _to_bytes({**state, **_owner(run)})
+    store.write_bytes(path, data)
+    store.write_text(path + DIGEST, digest.sha256(data))
 
 
 def _owner(run: Run) -> dict:
