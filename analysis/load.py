@@ -91,8 +91,14 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         bad = "".join(f"; unreadable, skipped: {p} ({why})" for p, why in sorted(store.unreadable.items()))
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known}){bad}")
     tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
-    hist = index.read_table(store, "history", HISTORY)
-    runs = runs[~runs["run_id"].isin(digest.edited_histories(store, dict(zip(runs.run_id, runs.history_sha256)), hist))]
+    hist, recorded = index.read_table(store, "history", HISTORY), dict(zip(runs.run_id, runs.history_sha256))
+    if digest.edited_histories(recorded, hist):  # the files' rows, or the read index's: from the files alone
+        store.delete(f"{store.dir}/{index.INDEX_DIR}/history.parquet")
+        hist = index.read_table(store, "history", HISTORY)
+    edited = digest.edited_histories(recorded, hist)
+    for rid in edited:
+        store.unreadable[store.path("history", f"{rid}.parquet")] = "edited: not the rows its runs row recorded"
+    runs = runs[~runs["run_id"].isin(edited)]
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     runs, not_done = drop_not_done(runs)

@@ -92,10 +92,10 @@ def recorded_history_problem(store, row: dict | None) -> str | None:
             f"to the runs row's field history_sha256 ({want[:16]}...): edited (set aside, rewritten from the weights)")
 
 
-def edited_histories(store, recorded: dict, hist) -> set[str]:
+def edited_histories(recorded: dict, hist) -> set[str]:
     """Runs whose rows in `hist` (the history table as read: each file's rows together) are not those their
-    runs row recorded (`recorded`: run_id -> field history_sha256), each named in `store.unreadable`: what a
-    reader leaves out, and `study run` redoes (recorded_history_problem)."""
+    runs row recorded (`recorded`: run_id -> field history_sha256): what a reader leaves out, and `study
+    run` redoes (recorded_history_problem)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -103,11 +103,5 @@ def edited_histories(store, recorded: dict, hist) -> set[str]:
         return set()
     ends = pc.run_end_encode(hist["run_id"].combine_chunks(), run_end_type=pa.int64())
     stops = ends.run_ends.to_pylist()
-    out = set()
-    for rid, a, b in zip(ends.values.to_pylist(), [0, *stops[:-1]], stops):
-        want = recorded.get(rid)
-        if isinstance(want, str) and rows_sha256(hist.slice(a, b - a).to_pylist()) != want:
-            store.unreadable[store.path("history", f"{rid}.parquet")] = (
-                "edited: its rows are not those its runs row recorded (field history_sha256)")
-            out.add(rid)
-    return out
+    return {rid for rid, a, b in zip(ends.values.to_pylist(), [0, *stops[:-1]], stops)
+            if isinstance(recorded.get(rid), str) and rows_sha256(hist.slice(a, b - a).to_pylist()) != recorded[rid]}

@@ -158,7 +158,7 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = 
     `rows=False` counts from the verdict index alone (tables too large to hold: samples); `first`: each
     file with rows has its first row (as Table.to_pylist gives it) in the third item. A ROWS_TABLES
     table is gathered as read_table does (unchanged files' rows as a few long slices of the index), not
-    one table per file. Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
+    one table per file. Unreadable files are noted in `store.unreadable` by `store.parse_checked` and left out.
     """
     seen = _Seen(store, table, schema, rows)
     g = seen.gather()

@@ -109,21 +109,41 @@ def _history_edited(store: Store, a: str, b: str) -> str:
     return path
 
 
-def _index_row_edited(store: Store, a: str, b: str) -> str:
-    """The runs index built over a's runs file, then a's indexed row edited with its entry (size, mtime, crc)
-    kept: what a reader trusts of the index without reading the file."""
+def _indexed(store: Store, table: str) -> str:
+    """`table`'s read index written now over every file, whatever its age; its path."""
     old = store_index.MIN_NEW, store_index.RACY_S, store_index.FINE_RACY_S
-    store_index.MIN_NEW, store_index.RACY_S, store_index.FINE_RACY_S = 0, -1, -1  # every file indexed now
+    store_index.MIN_NEW, store_index.RACY_S, store_index.FINE_RACY_S = 0, -1, -1
     try:
-        Store(store.root, store.study).read("runs")
+        Store(store.root, store.study).read(table)
     finally:
         store_index.MIN_NEW, store_index.RACY_S, store_index.FINE_RACY_S = old
-    path = os.path.join(store.dir, store_index.INDEX_DIR, "runs.parquet")
+    return os.path.join(store.dir, store_index.INDEX_DIR, f"{table}.parquet")
+
+
+def _index_row_edited(store: Store, a: str, b: str) -> str:
+    """a's row in the runs index edited with its entry (size, mtime, crc) kept: what a reader trusts of the
+    index without reading the file."""
+    path = _indexed(store, "runs")
     t = pq.read_table(path)
     assert t["_file"].to_pylist() == [f"{a}.parquet"], t["_file"]
     t = t.set_column(t.schema.get_field_index("final_loss"), "final_loss", pa.array([0.001]))
     pq.write_table(t.replace_schema_metadata(t.schema.metadata), path)
     return path
+
+
+def _history_index_edited(store: Store, a: str, b: str) -> str:
+    path = _indexed(store, "history")
+    t = pq.read_table(path)
+    loss = [0.001 if f == f"{a}.parquet" else x for f, x in zip(t["_file"].to_pylist(), t["loss"].to_pylist())]
+    t = t.set_column(t.schema.get_field_index("loss"), "loss", pa.array(loss))
+    pq.write_table(t.replace_schema_metadata(t.schema.metadata), path)
+    return path
+
+
+def _history_served_from_the_file(store: Store, a: str, b: str) -> None:
+    data = load_study(store.root, store.study)
+    assert a in data.runs["run_id"].tolist() and 0.001 not in data.history["loss"].tolist()
+    assert not data.store.unreadable
 
 
 def _final_loss(store: Store, rid: str):
@@ -178,6 +198,7 @@ CASES = [
     Case("runs-row-duplicated", _runs_row_duplicated, "", _not_served_loss),
     Case("history-edited", _history_edited, "edited", _a_history_left_out),
     Case("index-row-edited", _index_row_edited, None, _not_served_loss),  # a cache: rewritten without a word
+    Case("history-index-row-edited", _history_index_edited, None, _history_served_from_the_file),
 ]
 
 

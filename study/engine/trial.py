@@ -199,7 +199,8 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
     store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
     store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
     for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id)):
-        store.delete(p), store.delete(p + DIGEST)
+        for q in (p, p + DIGEST):
+            store.delete(q)
     log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
 
 
