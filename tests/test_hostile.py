@@ -247,8 +247,11 @@ def test_a_store_of_a_task_not_registered_is_one_line_naming_the_task_and_the_va
     a = grid.runs[0].run_id
     row = store.run_row(a)
     store.write_rows("runs", [{**row, "task": "sort_digits"}], f"{a}.parquet")  # a plugin's task, digest kept
-    out = tmp_path / "report"
-    for cmd in (["report", "--out", str(out)], ["verify"]):
+    from tests.test_new_task import GRID
+
+    out, gpath = tmp_path / "report", tmp_path / "sorting.yaml"
+    gpath.write_text(GRID)
+    for cmd in (["report", "--out", str(out)], ["verify"], ["status", str(gpath)]):
         p = subprocess.run(study_cmd(*cmd, "--results", store.root), cwd=ROOT, capture_output=True, text=True,
                            timeout=300, env={**os.environ, "PYTHONPATH": ROOT, "RMDM_STUDY_TASKS": ""})
         lines = p.stderr.strip().splitlines()
