@@ -9,7 +9,7 @@ import pyarrow.fs as pafs
 
 import tasks
 from atomicio import loads_json
-from store import HISTORY, Store, digest, index, list_studies
+from store import Store, index, list_studies
 
 # columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
 # None in the runs of other tasks) after task_variant; model_key (below) is what tells models apart
@@ -91,14 +91,8 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         bad = "".join(f"; unreadable, skipped: {p} ({why})" for p, why in sorted(store.unreadable.items()))
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known}){bad}")
     tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
-    hist, recorded = index.read_table(store, "history", HISTORY), dict(zip(runs.run_id, runs.history_sha256))
-    if digest.edited_histories(recorded, hist):  # the files' rows, or the read index's: from the files alone
-        store.delete(f"{store.dir}/{index.INDEX_DIR}/history.parquet")
-        hist = index.read_table(store, "history", HISTORY)
-    edited = digest.edited_histories(recorded, hist)
-    for rid in edited:
-        store.unreadable[store.path("history", f"{rid}.parquet")] = "edited: not the rows its runs row recorded"
-    runs = runs[~runs["run_id"].isin(edited)]
+    *_, hist, edited = store.read_history(dict(zip(runs.run_id, runs.history_sha256)))
+    runs = runs[~runs["run_id"].isin(edited)]  # named in store.unreadable
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     runs, not_done = drop_not_done(runs)

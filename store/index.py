@@ -151,12 +151,13 @@ def _save_index(store, table: str, t: pa.Table) -> None:
         pass  # a read-only store still reads; only the next read is slower
 
 
-def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False):
+def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False, whole: bool = False):
     """(files listed, {relative path: row count}, {relative path: its first row} or None) for every readable
     file of `table`: what Store.summary needs, not every file's rows.
 
     `rows=False` counts from the verdict index alone (tables too large to hold: samples); `first`: each
-    file with rows has its first row (as Table.to_pylist gives it) in the third item. A ROWS_TABLES
+    file with rows has its first row (as Table.to_pylist gives it) in the third item; `whole`: the third item is
+    every row (what read_table gives). A ROWS_TABLES
     table is gathered as read_table does (unchanged files' rows as a few long slices of the index), not
     one table per file. Unreadable files are noted in `store.unreadable` by `store.parse_checked` and left out.
     """
@@ -165,6 +166,8 @@ def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = 
     seen.save(g)
     counts = dict(zip(g.names, g.counts))
     firsts = None
+    if whole:
+        return seen.files, counts, pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
     if first and seen.keep_rows:
         starts = np.cumsum([0, *g.counts[:-1]], dtype=np.int64)
         have = [i for i, n in enumerate(g.counts) if n]
@@ -179,10 +182,7 @@ def read_table(store, table: str, schema: pa.Schema) -> pa.Table:
     from the index as a few long slices (one per stretch of unchanged files between changed ones)
     instead of one table per file: 20,000 per-file slices and their concatenation cost more than the
     rest of the read at 1,000 runs. An index rewritten here is built from the same slices."""
-    seen = _Seen(store, table, schema, True)
-    g = seen.gather()
-    seen.save(g)
-    return pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
+    return scan(store, table, schema, whole=True)[2]
 
 
 class _Slices:

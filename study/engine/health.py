@@ -29,15 +29,14 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
     what is missing: re-evaluates from the weights, or retrains when they are damaged (`why` says which)."""
     done, todo, failed = [], [], []
     why: dict[str, str] = {}
-    seen = store.summary()  # one pass over the store, not a few reads per run and point
+    seen = store.summary(histories=deep)  # one pass over the store, not a few reads per run and point
     for run in grid.runs:
         row = seen.run_row(run.run_id)
         status = row["status"] if row else None
         missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id, whole=True)
         missing |= seen.half_keys(run.run_id) & set(NLL_KEYS.values())  # a continuous point half there
         if status == "done":
-            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)
-                       or digest.recorded_history_problem(store, row)) if deep else None
+            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)) if deep else None
             if problem is None and missing:
                 problem = f"re-evaluate: eval point(s) {', '.join(sorted(missing))} missing or unreadable"
             if problem is None and not seen.has_history(run.run_id):
