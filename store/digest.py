@@ -102,6 +102,6 @@ def edited_histories(recorded: dict, hist) -> set[str]:
     if not hist.num_rows:
         return set()
     ends = pc.run_end_encode(hist["run_id"].combine_chunks(), run_end_type=pa.int64())
-    stops = ends.run_ends.to_pylist()
+    stops, rows = ends.run_ends.to_pylist(), hist.to_pylist()
     return {rid for rid, a, b in zip(ends.values.to_pylist(), [0, *stops[:-1]], stops)
-            if isinstance(recorded.get(rid), str) and rows_sha256(hist.slice(a, b - a).to_pylist()) != recorded[rid]}
+            if isinstance(recorded.get(rid), str) and rows_sha256(rows[a:b]) != recorded[rid]}
