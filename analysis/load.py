@@ -92,6 +92,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known}){bad}")
     tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
     *_, hist, edited = store.read_history(dict(zip(runs.run_id, runs.history_sha256)))
+    rows = set(runs["run_id"])
     runs = runs[~runs["run_id"].isin(edited)]  # named in store.unreadable
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
@@ -100,7 +101,11 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
                           f"({not_done_summary(not_done)})")
     cols = run_cols()
-    evals = store.read("evals").merge(runs[cols], on="run_id", how="inner")
+    evals = store.read("evals")
+    for rid in sorted(set(evals["run_id"]) - rows):  # evaluations of a run without a readable row: named, not drawn
+        store.unreadable.setdefault(store.path("runs", f"{rid}.parquet"), "missing, but its evaluations are "
+                                    "there: a run still evaluating, or its row deleted")
+    evals = evals.merge(runs[cols], on="run_id", how="inner")
     likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER if "sampler" in evals else evals.index != evals.index
     sampled = evals[~likelihoods] if likelihoods.any() else evals  # (no copy of 40,000 rows when none is)
     continuous, (evals, left_evals) = evals[likelihoods], dedupe_evals(sampled)

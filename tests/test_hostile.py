@@ -258,3 +258,12 @@ def test_a_store_of_a_task_not_registered_is_one_line_naming_the_task_and_the_va
         assert p.returncode == 2 and len(lines) == 1, (cmd, p.stdout, p.stderr)
         assert "unknown task 'sort_digits'" in lines[0] and "RMDM_STUDY_TASKS" in lines[0], lines
     assert not out.exists()  # nothing written
+
+
+def test_a_run_whose_row_was_deleted_is_named_by_the_report(healed_clean, tmp_path):
+    store = _copy(healed_clean, tmp_path / "results")
+    runs = sorted(store.read("runs").run_id)
+    os.remove(store.path("runs", f"{runs[1]}.parquet"))
+    data = load_study(store.root, store.study)
+    assert data.runs["run_id"].tolist() == runs[:1] and set(data.evals["run_id"]) == {runs[0]}
+    assert "its row deleted" in data.store.unreadable[store.path("runs", f"{runs[1]}.parquet")]
