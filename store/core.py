@@ -314,8 +314,9 @@ class Store:
 
     def read_history(self, recorded: dict) -> tuple[list, dict, pa.Table, set]:
         """(files listed, {file: rows}, rows, runs left out) of the history table without the runs whose rows
-        are not those their runs row recorded (`recorded`: run_id -> field history_sha256), each named in `unreadable`. A
-        read index holding such rows is read again from the files first (a cache: the files are the truth)."""
+        are not those their runs row recorded (`recorded`: run_id -> field history_sha256), each named in
+        `unreadable`. A read index holding such rows is read again from the files first (the files are the
+        truth)."""
         got = index.scan(self, "history", HISTORY, whole=True)
         if digest.edited_histories(recorded, got[2]):
             self.delete(f"{self.dir}/{index.INDEX_DIR}/history.parquet")

@@ -79,23 +79,10 @@ def recorded_weights_problem(store, row: dict | None) -> str | None:
     return f"retrain: {bad} (set aside)" if bad else None
 
 
-def recorded_history_problem(store, row: dict | None) -> str | None:
-    """"re-evaluate: ..." when a done run's history rows are not those its runs row recorded (history_sha256:
-    edited): `study run`'s "is this run done" check, and the trial's before it rewrites the history from
-    the weights; None otherwise (no digest recorded, or no readable history: said elsewhere)."""
-    want = (row or {}).get("history_sha256")
-    t = store.read_file("history", f"{row['run_id']}.parquet") if want is not None else None
-    got = rows_sha256(t.to_pylist()) if t is not None else want
-    if got == want:
-        return None
-    return (f"re-evaluate: {store.path('history', row['run_id'] + '.parquet')}: its rows hash to {got[:16]}..., not "
-            f"to the runs row's field history_sha256 ({want[:16]}...): edited (set aside, rewritten from the weights)")
-
-
 def edited_histories(recorded: dict, hist) -> set[str]:
     """Runs whose rows in `hist` (the history table as read: each file's rows together) are not those their
     runs row recorded (`recorded`: run_id -> field history_sha256): what a reader leaves out, and `study
-    run` redoes (recorded_history_problem)."""
+    run` redoes (the trial sets such a history aside and writes it again from the final weights)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

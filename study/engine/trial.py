@@ -112,9 +112,10 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
         weights = _load_good(trainer, store, store.weights_path(run_id), device, log) is not None
         if weights:
             log(f"final weights found (step {trainer.state.step}): evaluating only")
-            if digest.recorded_history_problem(store, store.run_row(run_id)):
-                hpath = store.path("history", f"{run_id}.parquet")
-                log(store.quarantine(hpath, "edited: its rows are not those its runs row recorded"))
+            row, hist = store.run_row(run_id) or {}, store.read_file("history", f"{run_id}.parquet")
+            if hist is not None and digest.edited_histories({run_id: row.get("history_sha256")}, hist):
+                log(store.quarantine(store.path("history", f"{run_id}.parquet"), "edited: its rows are not those "
+                                     "its runs row recorded"))
             if store.read_file("history", f"{run_id}.parquet") is None:  # missing or damaged: the weights carry it
                 store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
                 log("history file was missing or unreadable: rewritten from the final weights")
