@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 import tasks
+from atomicio import loads_json
 from store import Store, index, list_studies
 
 # columns of a run that the figures and tables read, the registered tasks' own run columns (tasks.run_column_names,
@@ -87,7 +88,12 @@ def load_study(results: str, study: str | None = None) -> StudyData:
     runs = store.read("runs")
     if runs.empty:
         known = ", ".join(s for s, _ in list_studies(results)) or "none"
-        raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known})")
+        bad = "".join(f"; unreadable, skipped: {p} ({why})" for p, why in sorted(store.unreadable.items()))
+        raise MissingData(f"study {study!r} has no runs in {store.dir} (studies with runs: {known}){bad}")
+    tasks.check_registered(runs["task"].dropna())  # a plugin's task not registered: UnknownTask, nothing drawn
+    *_, hist, edited = store.read_history(dict(zip(runs.run_id, runs.history_sha256)))
+    rows = set(runs["run_id"])
+    runs = runs[~runs["run_id"].isin(edited)]  # named in store.unreadable
     configs, config_texts = _configs(store)
     runs, superseded = drop_superseded(_identify(enrich_runs(runs), configs))
     runs, not_done = drop_not_done(runs)
@@ -95,11 +101,15 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         raise MissingData(f"study {study!r} has no finished run in {store.dir}: only done runs are analysed "
                           f"({not_done_summary(not_done)})")
     cols = run_cols()
-    evals = store.read("evals").merge(runs[cols], on="run_id", how="inner")
+    evals = store.read("evals")
+    for rid in sorted(set(evals["run_id"]) - rows):  # evaluations of a run without a readable row: named, not drawn
+        store.unreadable.setdefault(store.path("runs", f"{rid}.parquet"), "missing, but its evaluations are "
+                                    "there: a run still evaluating, or its row deleted")
+    evals = evals.merge(runs[cols], on="run_id", how="inner")
     likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER if "sampler" in evals else evals.index != evals.index
     sampled = evals[~likelihoods] if likelihoods.any() else evals  # (no copy of 40,000 rows when none is)
     continuous, (evals, left_evals) = evals[likelihoods], dedupe_evals(sampled)
-    history = with_run_columns(store.read("history"), runs)
+    history = with_run_columns(hist.to_pandas(), runs)
     grid = store.read_bytes(store.path("grid.yaml"))
     return StudyData(name=study, dir=store.dir, runs=runs, evals=evals, history=history,
                      grid_text=grid.decode("utf-8", "replace") if grid is not None else None,
@@ -312,8 +322,8 @@ def _configs(store: Store) -> tuple[dict[str, dict], dict[str, str]]:
     for info, data in zip(infos, datas):
         run_id = info.base_name[: -len(".json")]
         try:
-            out[run_id] = json.loads(data) if data else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            out[run_id] = loads_json(data) if data else {}
+        except ValueError as e:
             out[run_id] = {"error": f"unreadable config: {e}"}
         else:
             if data:

@@ -81,12 +81,31 @@ def write_text(path: str, text: str) -> None:
         f.write(text)
 
 
+MAX_JSON = 64 << 20  # bytes: no JSON file of a store or cache is near this
+
+
+def parse_text(parse, data: bytes | str, max_bytes: int = MAX_JSON):
+    """parse(data) (json.loads, yaml.safe_load), but too large, too deeply nested (a RecursionError otherwise
+    ends the command) and undecodable input all fail alike, with a ValueError saying which: what a reader of
+    a store's file sets aside (where it is derived) or names with the file."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{len(data):,} bytes, more than the {max_bytes:,} a file here may hold")
+    try:
+        return parse(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+
+
+def loads_json(data: bytes | str, max_bytes: int = MAX_JSON):
+    return parse_text(json.loads, data, max_bytes)
+
+
 def read_versioned_json(path: str, version: int) -> dict:
     """The JSON object at `path` if its "version" is `version`; {} when absent, broken or of another
     version (a cache: measure again and rewrite it)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            data = loads_json(f.read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) and data.get("version") == version else {}

@@ -12,7 +12,8 @@ Layout of `<root>/<study>/`:
                                           examples only (null beyond). A likelihood point (Text8) scores each
                                           sequence ({"nll", "bpc"}; perplexity = exp(nll) is derived, not
                                           stored); its unconditional generations are the point `<eval_key>-gen`
-    checkpoints/<run_id>.pt               resumable mid-training state (and <run_id>.prev.pt, the one before)
+    checkpoints/<run_id>.pt               resumable mid-training state (and <run_id>.prev.pt, the one before),
+                                          each naming its run inside, its SHA-256 in <name>.sha256 beside it
     weights/<run_id>.pt                   final weights (evaluate again without retraining)
     configs/<run_id>.json                 resolved config + provenance
     logs/<run_id>.log                     training log (kept after failures)

@@ -289,19 +289,21 @@ class Store:
         """The parsed tables of `infos`, in their order, read in parallel (pyarrow releases the GIL)."""
         def one(info):
             data = self.read_bytes(info.path)
-            return None if data is None else self._parse(info.path, data, schema)  # None: deleted since listed
+            return None if data is None else self.parse_checked(info.path, data, schema)  # None: deleted since listed
 
         return [t for t in index.read_map(self, one, infos) if t is not None]
 
-    def summary(self) -> "Summary":
+    def summary(self, histories: bool = False) -> "Summary":
         """What `study status` and a resume's planning need of every run, in one pass over the store.
 
         The same verdicts as run_row / eval_keys / readable("history", ...) per run, from one listing
-        and one index per table instead of a few reads per run and point (see store/index.py)."""
+        and one index per table instead of a few reads per run and point (see store/index.py). `histories`
+        (a rerun's planning): a history whose rows are not those its runs row recorded is unreadable too."""
         _, _, runs = index.scan(self, "runs", RUNS, first=True)
         _, evals, _ = index.scan(self, "evals", EVALS)
         sample_files, samples, _ = index.scan(self, "samples", SAMPLES, rows=False)
-        hist_files, hist, _ = index.scan(self, "history", HISTORY)
+        hist_files, hist, *_ = index.scan(self, "history", HISTORY) if not histories else \
+            self.read_history({n[: -len(".parquet")]: r.get("history_sha256") for n, r in runs.items()})
 
         def unreadable(files, table, ok):  # listed, not parsed: damaged (or deleted since the listing)
             prefix = f"{self.dir}/{table}/"
@@ -309,6 +311,24 @@ class Store:
 
         return Summary(runs, evals, unreadable(sample_files, "samples", samples),
                        unreadable(hist_files, "history", hist), set(samples), set(hist))
+
+    def read_history(self, recorded: dict) -> tuple[list, dict, pa.Table, set]:
+        """(files listed, {file: rows}, rows, runs left out) of the history table without the runs whose rows
+        are not those their runs row recorded (`recorded`: run_id -> field history_sha256), each named in
+        `unreadable`. A read index holding such rows is read again from the files first (the files are the
+        truth)."""
+        got = index.scan(self, "history", HISTORY, whole=True)
+        if digest.edited_histories(recorded, got[2]):
+            self.delete(f"{self.dir}/{index.INDEX_DIR}/history.parquet")
+            got = index.scan(self, "history", HISTORY, whole=True)
+        files, counts, t = got
+        edited = digest.edited_histories(recorded, t)
+        for rid in edited:
+            self.unreadable[self.path("history", f"{rid}.parquet")] = "edited: not the rows its runs row recorded"
+            counts.pop(f"{rid}.parquet", None)
+        if edited:
+            t = t.filter(pc.invert(pc.is_in(t["run_id"], pa.array(sorted(edited), pa.string()))))
+        return files, counts, t, edited
 
     # ---- run-level helpers -----------------------------------------------------------------
     def _parse(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
@@ -326,6 +346,16 @@ class Store:
             self.unreadable[path] = wrong
             return None
         self.unreadable.pop(path, None)
+        return t
+
+    def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
+        """_parse, and a runs file whose row is not the one written (store.digest.edited_rows) unreadable too:
+        what every reader sees (`study verify` parses with _parse, and says which field changed)."""
+        t = self._parse(path, data, schema)
+        why = digest.edited_rows(t) if t is not None and schema is RUNS else None
+        if why:
+            self.unreadable[path] = why
+            return None
         return t
 
     def _misnamed(self, path: str, t: pa.Table, schema: pa.Schema) -> str | None:
@@ -352,13 +382,13 @@ class Store:
         """One table file (None when missing or unreadable; unreadable ones are noted)."""
         path = self.path(table, *parts)
         data = self.read_bytes(path)
-        return None if data is None else self._parse(path, data, SCHEMAS[table])
+        return None if data is None else self.parse_checked(path, data, SCHEMAS[table])
 
     def readable(self, table: str, *parts: str) -> bool:
         """False when the file exists but does not parse (a missing file is not damage)."""
         path = self.path(table, *parts)
         data = self.read_bytes(path)
-        return data is None or self._parse(path, data, SCHEMAS[table]) is not None
+        return data is None or self.parse_checked(path, data, SCHEMAS[table]) is not None
 
     def run_row(self, run_id: str) -> dict | None:
         """The run's row; None when missing or unreadable (a damaged row is a run not done)."""
@@ -449,7 +479,7 @@ class Store:
         def one(path: str):
             data = self.read_bytes(path)
             try:
-                return json.loads(data) if data else {}
+                return atomicio.loads_json(data) if data else {}
             except ValueError:
                 return None
 

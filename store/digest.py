@@ -34,6 +34,19 @@ def row_sha256(row: dict) -> str:
     return rows_sha256([{k: x for k, x in row.items() if k != "row_sha256"}])
 
 
+def edited_rows(t) -> str | None:
+    """Why a runs file's rows are not those written (a field edited, a status flipped: its row_sha256 fails;
+    a row duplicated), or None. Readers leave such a run out and name it; `study run` redoes it."""
+    if t.num_rows > 1:
+        return f"{t.num_rows} rows: a run has one runs row (duplicated?)"
+    for r in t.to_pylist():
+        want = r.get("row_sha256")
+        if want is not None and row_sha256(r) != want:
+            return (f"edited: its fields hash to {row_sha256(r)[:16]}..., not to its field row_sha256 "
+                    f"({want[:16]}...): changed after it was written")
+    return None
+
+
 def run_digests(store, run_id: str) -> dict:
     """{weights_sha256, history_sha256} of a run's files as they are in the store now (None where absent)."""
     data = store.read_bytes(store.weights_path(run_id))
@@ -64,3 +77,18 @@ def recorded_weights_problem(store, row: dict | None) -> str | None:
     data = store.read_bytes(path)
     bad = weights_mismatch(path, data, row) if data is not None else None
     return f"retrain: {bad} (set aside)" if bad else None
+
+
+def edited_histories(recorded: dict, hist) -> set[str]:
+    """Runs whose rows in `hist` (the history table as read: each file's rows together) are not those their
+    runs row recorded (`recorded`: run_id -> field history_sha256): what a reader leaves out, and `study
+    run` redoes (the trial sets such a history aside and writes it again from the final weights)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not hist.num_rows:
+        return set()
+    ends = pc.run_end_encode(hist["run_id"].combine_chunks(), run_end_type=pa.int64())
+    stops, rows = ends.run_ends.to_pylist(), hist.to_pylist()
+    return {rid for rid, a, b in zip(ends.values.to_pylist(), [0, *stops[:-1]], stops)
+            if isinstance(recorded.get(rid), str) and rows_sha256(rows[a:b]) != recorded[rid]}

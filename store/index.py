@@ -151,28 +151,24 @@ def _save_index(store, table: str, t: pa.Table) -> None:
         pass  # a read-only store still reads; only the next read is slower
 
 
-def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False):
+def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False, whole: bool = False):
     """(files listed, {relative path: row count}, {relative path: its first row} or None) for every readable
     file of `table`: what Store.summary needs, not every file's rows.
 
     `rows=False` counts from the verdict index alone (tables too large to hold: samples); `first`: each
-    file with rows has its first row (as Table.to_pylist gives it) in the third item. A ROWS_TABLES
+    file with rows has its first row (as Table.to_pylist gives it) in the third item; `whole`: the third item is
+    every row (what read_table gives). A ROWS_TABLES
     table is gathered as read_table does (unchanged files' rows as a few long slices of the index), not
-    one table per file. Unreadable files are noted in `store.unreadable` by `store._parse` and left out.
+    one table per file. Unreadable files are noted in `store.unreadable` by `store.parse_checked` and left out.
     """
     seen = _Seen(store, table, schema, rows)
-    g = seen.gather() if seen.keep_rows else None
-    if g is None:  # the verdict index, or an index not in file order: the per-file tables
-        out = seen.per_file()
-        seen.save(out)
-        counts = {k: v.num_rows if seen.keep_rows else v for k, v in out.items()}
-        firsts = {k: v.slice(0, 1).to_pylist()[0] for k, v in out.items() if v.num_rows} \
-            if first and seen.keep_rows else None
-        return seen.files, counts, firsts
-    seen.save_gathered(g)
+    g = seen.gather()
+    seen.save(g)
     counts = dict(zip(g.names, g.counts))
     firsts = None
-    if first:
+    if whole:
+        return seen.files, counts, pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
+    if first and seen.keep_rows:
         starts = np.cumsum([0, *g.counts[:-1]], dtype=np.int64)
         have = [i for i, n in enumerate(g.counts) if n]
         t = pa.concat_tables(g.pieces) if g.pieces else schema.empty_table()
@@ -186,15 +182,7 @@ def read_table(store, table: str, schema: pa.Schema) -> pa.Table:
     from the index as a few long slices (one per stretch of unchanged files between changed ones)
     instead of one table per file: 20,000 per-file slices and their concatenation cost more than the
     rest of the read at 1,000 runs. An index rewritten here is built from the same slices."""
-    seen = _Seen(store, table, schema, True)
-    g = seen.gather()
-    if g is None:  # an index not in file order: the per-file tables
-        out = seen.per_file()
-        seen.save(out)
-        tables = [out[k] for k in sorted(out)]
-        return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
-    seen.save_gathered(g)
-    return pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
+    return scan(store, table, schema, whole=True)[2]
 
 
 class _Slices:
@@ -245,6 +233,8 @@ class _Seen:
         self.rel = rel = {i.path: i.path[len(prefix):] for i in files}
         self.keep_rows = rows and table in ROWS_TABLES
         self.index = index = load_index(store, table, schema)
+        if index is not None and self.keep_rows and _spans(index) is None:
+            index = self.index = None  # not in file order (edited): rebuilt, never trusted
         self.damaged = index is None and store.exists(_index_path(store, table))  # rewritten whole by save
         cached: dict[str, tuple[tuple[int, int], int, int]] = {}  # rel -> (ident, first row in index, crc)
         if index is not None and index.num_rows:
@@ -271,44 +261,39 @@ class _Seen:
                 self.hits.append(name)
             else:
                 fresh.append(info)
+        self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(set(self.hits)), pa.string()))) \
+            if self.hits else None
+        if table == "runs" and self.sub is not None and self.keep_rows:
+            forged = _forged_runs(self.sub)  # index rows that are not what their runs file's row recorded
+            if forged:
+                self.damaged = True
+                self.hits = [n for n in self.hits if n not in forged]
+                fresh += [i for i in files if rel[i.path] in forged]
+                self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(self.hits), pa.string())))
 
         def parse(info: pafs.FileInfo):
             data = store.read_bytes(info.path)
             if data is None:
                 return info, None
             crc[rel[info.path]] = tail_crc(data)
-            return info, store._parse(info.path, data, schema)
+            return info, store.parse_checked(info.path, data, schema)
 
-        self.parsed = read_map(store, parse, fresh)
-        self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(set(self.hits)), pa.string()))) \
-            if self.hits else None
+        self.parsed = read_map(store, parse, sorted(fresh, key=lambda i: i.path))
         newest, racy_s = racy_window(files)
         self.indexable = [info for info, t in self.parsed
                           if t is not None and (newest - (info.mtime_ns or 0)) / 1e9 > racy_s]
 
-    def runs(self) -> dict[str, tuple[int, int]] | None:
-        """{hit file: [first, last) of its rows in `sub`} when `sub` is in file order (as _write leaves
-        it: each file's rows one stretch), else None."""
-        if self.sub is None or not self.sub.num_rows:
-            return {}
-        files = self.sub["_file"].combine_chunks()
-        if len(files) > 1 and not pc.all(pc.less_equal(files[:-1], files[1:])).as_py():
-            return None
-        ends = pc.run_end_encode(files, run_end_type=pa.int64())
-        names, stops = ends.values.to_pylist(), ends.run_ends.to_pylist()
-        return {n: (a, b) for n, a, b in zip(names, [0, *stops[:-1]], stops)}
-
-    def gather(self) -> _Gathered | None:
+    def gather(self) -> _Gathered:
         """The files' rows gathered in file order from long slices of `sub` and the files parsed now (a rows
-        table), or None when `sub` is not in file order (runs()). The index's entries only when it is due."""
-        runs = self.runs()
-        if runs is None:
-            return None
+        table; row counts only for a verdict table). The index's entries only when it is due."""
+        spans = _spans(self.sub) if self.keep_rows else {}
+        if not self.keep_rows and self.sub is not None:
+            spans = {n: (0, int(k)) for n, k in zip(self.sub["_file"].to_pylist(), self.sub["_rows"].to_pylist())}
         fresh = {self.rel[info.path]: t for info, t in self.parsed if t is not None}
         new = {i.path for i in self.indexable}
         due = self.due()
         hits = set(self.hits)
-        body = self.sub.drop_columns([n for n, _ in META]) if self.sub is not None else None
+        body = self.sub.drop_columns([n for n, _ in META]) if self.sub is not None and self.keep_rows else None
         read, kept = _Slices(body), _Slices(body)
         names, counts, entries = [], [], []
         for info in self.files:
@@ -316,83 +301,63 @@ class _Seen:
             if name in fresh:
                 t = fresh[name]
                 n = t.num_rows
-                read.table(t)
-                if due and info.path in new and n:  # an empty file is read again each time (see _write)
-                    kept.table(t)
+                if self.keep_rows:
+                    read.table(t)
+                # an empty file of a rows table is read again each time (cheap; keeps the index row-aligned)
+                if due and info.path in new and (n or not self.keep_rows):
+                    if self.keep_rows:
+                        kept.table(t)
                     entries.append((name, *_ident(info), self.crc[name], n))
             elif name in hits:
-                a, b = runs.get(name, (0, 0))  # not in runs: a file of zero rows (adds none)
+                a, b = spans.get(name, (0, 0))  # not in spans: a file of zero rows (adds none)
                 n = b - a
-                if n:
+                if self.keep_rows and n:
                     read.rows(a, b)
-                    if due:
-                        kept.rows(a, b)
-                        entries.append((name, *_ident(info), self.crc[name], n))
+                    kept.rows(a, b) if due else None
+                if due and (n or not self.keep_rows):
+                    entries.append((name, *_ident(info), self.crc[name], n))
             else:
                 continue  # unreadable: never indexed
             names.append(name), counts.append(n)
         return _Gathered(names, counts, read.done(), entries, kept.done())
 
-    def save_gathered(self, g: _Gathered) -> None:
-        if self.due():
-            _save_index(self.store, self.table, _rows_index(self.schema, g.entries, g.kept))
-
-    def per_file(self) -> dict[str, pa.Table | int]:
-        """{relative path: its table (or its row count, without rows)} of every readable file."""
-        out: dict[str, pa.Table | int] = {}
-        if self.hits:
-            hit_set, sub = set(self.hits), self.sub
-            if self.keep_rows:
-                body = sub.drop_columns([n for n, _ in META])
-                names = sub["_file"].to_pylist()
-                # rows of one file are contiguous in the index (it is written file by file)
-                start = 0
-                for i in range(1, len(names) + 1):
-                    if i == len(names) or names[i] != names[start]:
-                        out[names[start]] = body.slice(start, i - start)
-                        start = i
-                for name in hit_set - set(out):  # a file of zero rows
-                    out[name] = self.schema.empty_table()
-            else:
-                for name, n in zip(sub["_file"].to_pylist(), sub["_rows"].to_pylist()):
-                    out[name] = int(n)
-        for info, t in self.parsed:
-            if t is not None:
-                out[self.rel[info.path]] = t if self.keep_rows else t.num_rows
-        return out
+    def save(self, g: _Gathered) -> None:
+        if not self.due():
+            return
+        if self.keep_rows:
+            t = _rows_index(self.schema, g.entries, g.kept)
+        else:
+            cols = list(zip(*g.entries)) or [[]] * len(VERDICT)
+            t = pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, VERDICT)], schema=VERDICT)
+        _save_index(self.store, self.table, t)
 
     def due(self) -> bool:
         """Whether the index is to be rewritten: damaged, MIN_NEW files to add, or MIN_NEW entries gone."""
         return self.damaged or len(self.indexable) >= MIN_NEW or \
             (self.index is not None and len(self.hits) + len(self.indexable) < self.n_cached - MIN_NEW)
 
-    def save(self, out: dict) -> None:
-        if self.due():
-            _write(self.store, self.table, self.files, self.rel, out, self.keep_rows, self.schema,
-                   {i.path for i in self.indexable}, set(self.hits), self.crc)
+
+def _spans(t: pa.Table | None) -> dict[str, tuple[int, int]] | None:
+    """{file: [first, last) of its rows in `t`} when `t` is in file order (as save leaves it: each file's
+    rows one stretch), else None."""
+    if t is None or not t.num_rows:
+        return {}
+    files = t["_file"].combine_chunks()
+    if len(files) > 1 and not pc.all(pc.less_equal(files[:-1], files[1:])).as_py():
+        return None
+    ends = pc.run_end_encode(files, run_end_type=pa.int64())
+    names, stops = ends.values.to_pylist(), ends.run_ends.to_pylist()
+    return {n: (a, b) for n, a, b in zip(names, [0, *stops[:-1]], stops)}
 
 
-def _write(store, table, files, rel, out, keep_rows, schema, new_paths, hits, crc) -> None:
-    """A fresh index from per-file tables (or row counts): the entries still valid (hits) and the files
-    parsed now that are old enough. _Seen.gather builds the same index from long slices."""
-    entries, bodies = [], []
-    for info in files:
-        name = rel[info.path]
-        if name not in out or not (name in hits or info.path in new_paths):
-            continue
-        v = out[name]
-        n = v.num_rows if keep_rows else v
-        if keep_rows and n == 0:
-            continue  # an empty file is read again each time (cheap; keeps the index row-aligned)
-        entries.append((name, *_ident(info), crc[name], n))
-        if keep_rows:
-            bodies.append(v)
-    if not keep_rows:
-        cols = list(zip(*entries)) or [[]] * len(VERDICT)
-        t = pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, VERDICT)], schema=VERDICT)
-    else:
-        t = _rows_index(schema, entries, bodies)
-    _save_index(store, table, t)
+def _forged_runs(sub: pa.Table) -> set[str]:
+    """Files of the runs index whose rows are not the rows their field row_sha256 recorded (edited in the
+    index with its entry kept): read again from the file, and the index rewritten."""
+    from store.digest import row_sha256
+
+    files = sub["_file"].to_pylist()
+    rows = sub.drop_columns([n for n, _ in META]).to_pylist()
+    return {f for f, r in zip(files, rows) if r.get("row_sha256") is not None and row_sha256(r) != r["row_sha256"]}
 
 
 def _rows_index(schema: pa.Schema, entries: list[tuple], bodies: list[pa.Table]) -> pa.Table:

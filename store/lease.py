@@ -194,7 +194,7 @@ def _holder_of(store, gen: int, files: list) -> Holder:
     token, info = min(files, key=lambda f: (f[0] is not None, f[0] or ""))
     data = store.read_bytes(info.path)
     try:
-        parsed = json.loads(data) if data else {}
+        parsed = atomicio.loads_json(data) if data else {}
         parsed = parsed if isinstance(parsed, dict) else {}
     except ValueError:
         parsed = {}

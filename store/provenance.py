@@ -17,6 +17,8 @@ import datetime as dt
 import hashlib
 import json
 
+from atomicio import loads_json
+
 GRIDS = "grids"
 LOG = "log.jsonl"
 
@@ -69,7 +71,7 @@ def read_log(store) -> tuple[list[dict], list[str]]:
         if not line.strip():
             continue
         try:
-            e = json.loads(line)
+            e = loads_json(line)
             if not isinstance(e, dict) or not isinstance(e.get("grid"), str):
                 raise ValueError("no grid hash")
             entries.append(e)

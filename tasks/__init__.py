@@ -69,9 +69,23 @@ def _check_declarations(name: str, config_cls: type[TaskConfig], task_cls: type[
         raise ValueError(f"task {name!r} declares a metric twice: {names}")
 
 
+class UnknownTask(ValueError):
+    """A task name no registered task has (a plugin task whose module is not named): one line, exit 2."""
+
+
+def how_to_register() -> str:
+    return (f"known tasks: {', '.join(sorted(TASKS))}; a task of a plugin module is registered by naming its module "
+            f"in {PLUGIN_ENV} (e.g. {PLUGIN_ENV}=my_tasks) or in a package's {PLUGIN_GROUP} entry points")
+
+
+def check_registered(names) -> None:
+    """UnknownTask for the first of `names` (the tasks a store's runs or a grid name) not registered here."""
+    for name in sorted(set(names) - set(TASKS), key=str):
+        raise UnknownTask(f"unknown task {name!r}; {how_to_register()}")
+
+
 def task_class(name: str) -> type[Task]:
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    check_registered([name])
     return TASKS[name][1]
 
 
@@ -142,8 +156,8 @@ def load_plugins() -> None:
     for mod in dict.fromkeys(names):
         try:
             importlib.import_module(mod)
-        except ImportError as e:
-            raise ImportError(f"task plugin module {mod!r} (from {PLUGIN_ENV} or the {PLUGIN_GROUP} entry points) "
+        except ImportError as e:  # a usage mistake (a misspelt name): exit 2, one line
+            raise UnknownTask(f"task plugin module {mod!r} (from {PLUGIN_ENV} or the {PLUGIN_GROUP} entry points) "
                               f"does not import: {e}") from e
 
 
@@ -153,6 +167,6 @@ load_plugins()
 
 
 __all__ = ["PLUGIN_ENV", "PLUGIN_GROUP", "SPLITS", "TASKS", "DataBound", "DataBoundError", "EvalSet",
-           "InputFileError", "Inputs", "Metric", "NotRescorable", "Task", "TaskConfig", "aliases", "is_likelihood",
-           "is_rate", "load_plugins", "lower_is_better", "make_task", "metric", "primary_metric", "register",
-           "run_column_names", "task_class"]
+           "InputFileError", "Inputs", "Metric", "NotRescorable", "Task", "TaskConfig", "UnknownTask", "aliases",
+           "check_registered", "how_to_register", "is_likelihood", "is_rate", "load_plugins", "lower_is_better",
+           "make_task", "metric", "primary_metric", "register", "run_column_names", "task_class"]

@@ -305,7 +305,8 @@ def test_a_runs_row_with_a_bad_config_is_named_not_an_internal_error(tmp_path, t
     t = t.set_column(t.schema.get_field_index("config"), "config", pa.array([config] * len(t), pa.string()))
     pq.write_table(t, f)
     r = cli("report", "--results", root, "--study", "adv", "--figure", "iso-param", "--out", str(tmp_path / "figs"))
-    assert r.exit_code in (0, 1), r.output  # 1: a one-run study has no iso-param figure to draw
+    # the edited row (its row_sha256 fails) is left out and named: the study has no other run
+    assert r.exit_code == 2 and f"{run_id}.parquet (edited" in r.output, r.output
     r = cli("verify", "--results", root, "--study", "adv")
     assert r.exit_code == 1 and run_id in r.output and "internal error" not in r.output, r.output
 

@@ -83,7 +83,7 @@ def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_d
     assert len(aside) == 2 and all(open(p, "rb").read() == crafted_bytes(marker) for p in aside)
 
     # a genuine checkpoint at step 10 of 20: the run resumes from it and finishes
-    from study.engine.trial import _to_bytes
+    from study.engine.trial import save_checkpoint
     from tasks import make_task
 
     task = make_task(good.task)
@@ -93,7 +93,7 @@ def test_crafted_checkpoint_is_refused_on_resume_and_genuine_one_resumes(study_d
     spec = SeqSpec(task.vocab_size, task.pos_ids(), task.pos_sizes())
     tr = Trainer(good.model, good.train, spec, lambda step, g: task.train_batch(good.train.batch_size, g))
     tr.train(until=10)
-    store.write_bytes(store.checkpoint_path(good.run_id), _to_bytes(tr.state_dict()))
+    save_checkpoint(store, good, tr.state_dict())  # as the trainer writes it: naming the run, its digest beside
     row = execute(good, store, TrialOptions("test"))
     assert row["status"] == "done"
     log = store.read_bytes(store.path("logs", f"{good.run_id}.log")).decode()

@@ -304,10 +304,10 @@ def _grow(store: Store) -> None:
     age_all(store, OLD)
 
 
-def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_scratch(tmp_path, monkeypatch):
+def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_scratch(tmp_path):
     """read_table and scan rebuild the index from long slices of the old one plus the files parsed now: the
-    file written is byte for byte what the per-file tables (as before) write on the same store state, and
-    what a read with no index at all writes; the rows and Store.summary's verdicts are the same three ways."""
+    file written is byte for byte what a read with no index at all writes; the rows and Store.summary's
+    verdicts are the same both ways."""
     import shutil
 
     base = build(tmp_path / "base")
@@ -318,23 +318,20 @@ def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_
     tables = ("runs", "evals", "history", "samples")
     for entry in ("read", "summary"):
         idx, reads, verdicts = {}, {}, {}
-        for way in ("slices", "per_file", "scratch"):
+        for way in ("slices", "scratch"):
             root = tmp_path / f"{entry}-{way}"
             shutil.copytree(base.root, root, copy_function=shutil.copy2)  # mtimes kept: the same state
             store = Store(str(root), "s")
             before = {t: open(f"{store.dir}/_index/{t}.parquet", "rb").read() for t in tables}
             if way == "scratch":
                 shutil.rmtree(f"{store.dir}/_index")
-            with monkeypatch.context() as m:
-                if way == "per_file":
-                    m.setattr(index._Seen, "gather", lambda self: None)
-                if entry == "read":
-                    reads[way] = {t: store.read(t) for t in ("runs", "evals", "history")}
-                else:
-                    s = store.summary()
-                    rids = [f"r{i:02d}" for i in range(N_RUNS + index.MIN_NEW + 2)]
-                    verdicts[way] = [(s.run_row(r), s.eval_keys(r), s.eval_keys(r, whole=True), s.half_keys(r),
-                                      s.history_readable(r), s.has_history(r)) for r in rids]
+            if entry == "read":
+                reads[way] = {t: store.read(t) for t in ("runs", "evals", "history")}
+            else:
+                s = store.summary()
+                rids = [f"r{i:02d}" for i in range(N_RUNS + index.MIN_NEW + 2)]
+                verdicts[way] = [(s.run_row(r), s.eval_keys(r), s.eval_keys(r, whole=True), s.half_keys(r),
+                                  s.history_readable(r), s.has_history(r)) for r in rids]
             idx[way] = {t: open(f"{store.dir}/_index/{t}.parquet", "rb").read()
                         for t in (tables if entry == "summary" else tables[:3])}
             if way == "slices":
@@ -351,12 +348,11 @@ def test_an_index_rewritten_after_new_files_is_byte_for_byte_the_one_built_from_
                         same(got.drop_columns([n for n, _ in index.META]).to_pandas(),
                              reference(store, t)[lambda df: ~df["run_id"].eq(f"r{N_RUNS - 1:02d}")])
         for t in idx["slices"]:
-            assert idx["slices"][t] == idx["per_file"][t], f"{entry} {t}: slices and per-file indexes differ"
             assert idx["slices"][t] == idx["scratch"][t], f"{entry} {t}: slices and scratch indexes differ"
         if entry == "read":
             for t, df in reads["slices"].items():
                 same(df, reference(Store(str(tmp_path / "read-slices"), "s"), t))
-                same(df, reads["per_file"][t]), same(df, reads["scratch"][t])
+                same(df, reads["scratch"][t])
         else:
-            assert verdicts["slices"] == verdicts["per_file"] == verdicts["scratch"]
+            assert verdicts["slices"] == verdicts["scratch"]
             assert verdicts["slices"][7][1] == {"T1_a", "T2_a"} and verdicts["slices"][5][1] == {"T1_a"}

@@ -31,8 +31,15 @@ class _Commands(TyperGroup):
             typer.echo(f"error: give a command: {', '.join(self.commands)}; `study --help` says what each does",
                        err=True)
             sys.exit(2)
+        sys.stdout = _Stdout(sys.stdout)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            sys.stdout.flush()  # what is still buffered fails here, not in Python's exit
+        except OSError as e:
+            if not getattr(e, "stdout", False):
+                raise
+            _stdout_failed(e)
+            sys.exit(1)
         except cx.ClickException as e:
             path = e.ctx.command_path.split(" ")[1:] if getattr(e, "ctx", None) is not None else []
             where = " ".join(["study", *path])
@@ -63,6 +70,9 @@ class _Commands(TyperGroup):
             if isinstance(e, FormatMismatch):  # the one line naming the versions and `study migrate`
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from None
+            if getattr(e, "stdout", False):
+                _stdout_failed(e)
+                raise typer.Exit(1) from None
             user = isinstance(e, (OSError, ValueError))
             what = _one_line(e) if user else f"internal error ({type(e).__name__}: {_one_line(e)})"
             if getattr(e, "errno", None) == errno.ENOSPC and "no space left on the disk" not in what:
@@ -118,6 +128,39 @@ def _pipe_closed():
     except (OSError, ValueError):
         pass
     raise typer.Exit(141)
+
+
+class _Stdout:
+    """sys.stdout, whose failed writes are marked (`stdout`) so that they are not taken for the store's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def write(self, text):
+        return self._mark(self._stream.write, text)
+
+    def flush(self):
+        return self._mark(self._stream.flush)
+
+    @staticmethod
+    def _mark(fn, *args):
+        try:
+            return fn(*args)
+        except OSError as e:
+            e.stdout = True
+            raise
+
+
+def _stdout_failed(e: OSError):
+    """Writing to stdout failed (`> /dev/full`): one line naming stdout, not the store's disk; exit 1."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    except (OSError, ValueError):
+        pass
+    typer.echo(f"error: cannot write the output to stdout: {e.strerror or e}", err=True)
 
 
 def _results_arg() -> str:

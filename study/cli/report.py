@@ -112,10 +112,11 @@ def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, th
 def _report_data_or_exit(results: str, study: str):
     """The study's tables for the figures (the unreadable files it skipped named on stderr), or exit."""
     from analysis.load import MissingData, load_study
+    from tasks import UnknownTask
 
     try:
         data = load_study(results, study)
-    except MissingData as e:  # a study with no runs yet: what `study run` would write is missing
+    except (MissingData, UnknownTask) as e:  # no runs yet (what `study run` would write is missing), a plugin's task
         fail(str(e))
     except ValueError as e:  # the store itself is damaged
         fail(str(e), 1)

@@ -13,7 +13,7 @@ from array import array
 
 import torch
 
-from atomicio import AtomicFile
+from atomicio import AtomicFile, loads_json
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
 from model.train import CheckpointError, load_state
 from store import Store, digest, list_studies
@@ -62,7 +62,7 @@ def load_run_model(store: Store, run_id: str, device: str | torch.device = "cpu"
         why = store.unreadable.get(cpath, "missing")
         raise EvalError(f"{cpath}: no stored config of run {run_id!r} ({why}); `study run` on its grid rewrites it")
     try:
-        cfg = json.loads(raw)
+        cfg = loads_json(raw)
         if not isinstance(cfg, dict) or not isinstance(cfg.get("task"), dict) or "model" not in cfg:
             raise ValueError("not a run's config (no task or model)")
     except ValueError as e:

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from atomicio import loads_json
 from store import Store, digest
 from study.spec.grid import Grid, Run
 from study.engine.nllrows import NLL_KEYS
@@ -28,7 +29,7 @@ def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = 
     what is missing: re-evaluates from the weights, or retrains when they are damaged (`why` says which)."""
     done, todo, failed = [], [], []
     why: dict[str, str] = {}
-    seen = store.summary()  # one pass over the store, not a few reads per run and point
+    seen = store.summary(histories=deep)  # one pass over the store, not a few reads per run and point
     for run in grid.runs:
         row = seen.run_row(run.run_id)
         status = row["status"] if row else None
@@ -96,7 +97,7 @@ def not_whole(store: Store, run: Run) -> str | None:
     if raw is None:
         return f"re-evaluate: {cpath} {store.unreadable.get(cpath, 'is missing')} (rewritten)"
     try:
-        cfg = json.loads(raw)
+        cfg = loads_json(raw)
     except ValueError as e:
         return f"re-evaluate: {cpath} is not JSON ({str(e)[:80]}) (rewritten)"
     want = json.loads(json.dumps(run.resolved(), sort_keys=True, default=str))

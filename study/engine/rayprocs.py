@@ -20,6 +20,7 @@ import re
 import signal
 import time
 
+from atomicio import loads_json
 from store import Store
 from store.lease import machine, proc_start
 
@@ -146,7 +147,7 @@ def end_left_over(store: Store, echo) -> int:
     driver holds the lease); says so through `echo`. Returns how many were ended."""
     raw = store.read_bytes(store.path(*RECORD)) if store.exists(store.path(*RECORD)) else None
     try:
-        info = json.loads(raw) if raw else {}
+        info = loads_json(raw) if raw else {}
     except ValueError:
         info = {}
     if not isinstance(info, dict) or not info.get("processes"):

@@ -108,6 +108,10 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
         weights = _load_good(trainer, store, store.weights_path(run_id), device, log) is not None
         if weights:
             log(f"final weights found (step {trainer.state.step}): evaluating only")
+            row, hist = store.run_row(run_id) or {}, store.read_file("history", f"{run_id}.parquet")
+            if hist is not None and digest.edited_histories({run_id: row.get("history_sha256")}, hist):
+                log(store.quarantine(store.path("history", f"{run_id}.parquet"), "edited: its rows are not those "
+                                     "its runs row recorded"))
             if store.read_file("history", f"{run_id}.parquet") is None:  # missing or damaged: the weights carry it
                 store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
                 log("history file was missing or unreadable: rewritten from the final weights")
@@ -142,8 +146,9 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
     and the final weights; with eval.at_checkpoints, score each checkpoint on validation examples."""
     run_id, device = run.run_id, trainer.device
     val_set = functools.cache(lambda: _healing(store, store.data_dir(), lambda: task.eval_set("val"), log))
+    owner = _owner(run)
     ckpt = next((p for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id))
-                 if _load_good(trainer, store, p, device, log) is not None), None)
+                 if _load_good(trainer, store, p, device, log, owner) is not None), None)
     if ckpt is not None:
         beat.update(checkpoint=trainer.state.step)
         log(f"resuming from checkpoint at step {trainer.state.step} (attempt {attempt})"
@@ -181,10 +186,7 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
                 row = {**tr.state.last, "seconds": tr.state.seconds, "attempt": attempt}
                 tr.state.history.append(row)
             monitor(row)
-        path = store.checkpoint_path(run_id)
-        if store.exists(path):  # the one before is kept until this one is whole: a fallback if it rots
-            store.fs.move(path, previous_checkpoint_path(store, run_id))
-        store.write_bytes(path, _to_bytes(tr.state_dict()))
+        save_checkpoint(store, run, tr.state_dict())
         store.write_rows("history", _history_rows(run_id, tr.state.history), f"{run_id}.parquet")
         beat.update(checkpoint=tr.state.step)
 
@@ -193,8 +195,9 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
         monitor(trainer.state.history[-1])
     store.write_rows("history", _history_rows(run_id, trainer.state.history), f"{run_id}.parquet")
     store.write_bytes(store.weights_path(run_id), _to_bytes(trainer.state_dict()))
-    store.delete(store.checkpoint_path(run_id))
-    store.delete(previous_checkpoint_path(store, run_id))
+    for p in (store.checkpoint_path(run_id), previous_checkpoint_path(store, run_id)):
+        for q in (p, p + DIGEST):
+            store.delete(q)
     log(f"trained {trainer.state.step} steps in {trainer.state.seconds:.1f}s")
 
 
@@ -213,11 +216,34 @@ def _set_aside_unrecorded(store: Store, run_id: str, log) -> None:
         log(store.quarantine(path, bad.removeprefix(f"{path}: ")))
 
 
-def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | None:
+DIGEST = ".sha256"  # beside a checkpoint, written after it: the SHA-256 of its bytes
+
+
+def save_checkpoint(store: Store, run: Run, state: dict) -> None:
+    """Write the trainer's `state` as the run's checkpoint, naming the run inside (_owner), then its digest
+    beside it; the one before is kept (with its digest) until this one is whole: a fallback if it rots."""
+    path, prev = store.checkpoint_path(run.run_id), previous_checkpoint_path(store, run.run_id)
+    if store.exists(path):
+        store.delete(prev + DIGEST)
+        for p in (path, path + DIGEST):
+            if store.exists(p):
+                store.fs.move(p, prev + p[len(path):])
+    data = _to_bytes({**state, **_owner(run)})
+    store.write_bytes(path, data)
+    store.write_text(path + DIGEST, digest.sha256(data))
+
+
+def _owner(run: Run) -> dict:
+    """What a checkpoint names inside: the run it is of, and the hash of that run's training config."""
+    return {"run_id": run.run_id, "config_sha256": digest.rows_sha256([run.training_config])}
+
+
+def _load_good(trainer: Trainer, store: Store, path: str, device, log, owner: dict | None = None) -> str | None:
     """Load the weights or checkpoint at `path` into `trainer`; `path` when it loaded. A file that does not
     load whole, or whose state is not this run's trainer's (names, shapes, optimizer groups, RNG), is set
     aside (Store.quarantine, said in the log) before anything of it is applied: the trainer is left as it
-    was (no copy of it is kept: checked first, then loaded)."""
+    was (no copy of it is kept: checked first, then loaded). A checkpoint (`owner` given) must also be this
+    run's (`owner`, named inside it) and hold the bytes its digest file recorded when it was written."""
     data = store.read_bytes(path)
     if data is None:
         if path not in store.unreadable:
@@ -226,7 +252,7 @@ def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | 
     else:
         try:
             sd = load_state(io.BytesIO(data), device, path)
-            why = _state_problem(trainer, sd)
+            why = _state_problem(trainer, sd) or (_not_its(store, path, data, sd, owner) if owner else None)
         except CheckpointError as e:
             why = str(e).removeprefix(f"{path}: ").splitlines()[0][:200]
         if why is None:
@@ -238,6 +264,18 @@ def _load_good(trainer: Trainer, store: Store, path: str, device, log) -> str | 
                                       f"next attempt starts without it") from None
             return path
     log(store.quarantine(path, why))
+    return None
+
+
+def _not_its(store: Store, path: str, data: bytes, sd: dict, owner: dict) -> str | None:
+    """Why the checkpoint `sd` (bytes `data`) is not the one this run wrote at `path`, or None."""
+    recorded = (store.read_bytes(path + DIGEST) or b"").decode(errors="replace").strip()
+    if recorded != digest.sha256(data):
+        return (f"its bytes are not those recorded in {path + DIGEST} when it was written "
+                f"({'no record' if not recorded else recorded[:16] + '...'}): edited, or copied from elsewhere")
+    for k, want in owner.items():
+        if sd.get(k) != want:
+            return f"a checkpoint of another run or configuration (its {k} is {str(sd.get(k))[:16]}, not {want[:16]})"
     return None
 
 

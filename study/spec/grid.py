@@ -34,7 +34,7 @@ from study.spec.points import canon_key, check_keys, count_points, deep_update, 
 from study.spec.search import Search, load_best
 from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig, GridError,
                                  Resources, aliases, cut, short, validate)
-from tasks import TASKS, TaskConfig, make_task
+from tasks import TASKS, TaskConfig, how_to_register, make_task
 
 
 def sampling_depth(value: int | str, L: int) -> int:
@@ -427,7 +427,7 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
 def _task_config(d: dict, key: str, err: Err) -> TaskConfig:
     name = d.get("name")
     if name not in TASKS:
-        err(f"{key}.name", f"unknown task {short(name)}; known tasks: {', '.join(sorted(TASKS))}")
+        err(f"{key}.name", f"unknown task {short(name)}; {how_to_register()}")
     return validate(TASKS[name][0], d, key, err)
 
 

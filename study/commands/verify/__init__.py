@@ -49,6 +49,7 @@ from study.commands.verify.leftovers import check_leftovers
 from study.commands.verify.read_index import check_index
 from study.commands.verify.runs import check_final_loss, check_runs
 from study.commands.verify.weights import check_weights
+from tasks import check_registered
 
 __all__ = ["PointError", "Verdict", "verify_study"]
 
@@ -64,6 +65,7 @@ def verify_study(store: Store, deep: bool = False, fraction: float = 1.0, points
     read_tables(c)
     chosen = chosen_points(c, fraction, points or []) if deep else []
     check_runs(c)
+    check_registered(r["task"] for r in c.runs.values())  # a plugin's task not registered: UnknownTask, exit 2
     check_grids(c)
     check_run_configs(c)
     check_weights(c)

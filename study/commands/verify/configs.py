@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from atomicio import loads_json
 from model.config import ModelConfig, TrainConfig
 from study.commands.verify.context import Context, Verdict, diff, equal, flat
 from study.spec.grid import EvalConfig, Resources, Run, config_hash
@@ -78,7 +79,7 @@ def _stored_config(c: Context, rid: str, row: dict, cpath: str) -> dict | None:
             v.problems.append(f"{cpath}: missing: run {rid} is done, its config must be stored")
         return None
     try:
-        file_cfg = json.loads(raw)
+        file_cfg = loads_json(raw)
         if not isinstance(file_cfg, dict):
             raise ValueError("not a JSON object")
         return file_cfg

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 import yaml
 
+from atomicio import parse_text
 from store import provenance
 from study.commands.verify.context import Context, Verdict
 from study.spec.grid import GridError, expand
@@ -76,7 +77,7 @@ def _check_log_kept(c: Context) -> None:
 
 def _expand(v: Verdict, raw: bytes, path: str):
     try:
-        grid = expand(yaml.safe_load(raw), path)
+        grid = expand(parse_text(yaml.safe_load, raw), path)
     except (GridError, yaml.YAMLError, ValueError, TypeError, AttributeError) as e:
         v.notes.append(f"{path} not expanded ({str(e).splitlines()[0][:160]}): the points it owes are taken "
                        f"from the runs' own configs")

@@ -6,6 +6,7 @@ import os
 
 import pyarrow.fs as pafs
 
+from atomicio import loads_json
 from study.commands.verify.context import Context
 
 
@@ -47,7 +48,7 @@ def check_leftovers(c: Context) -> None:
             continue  # said by the config checks
         raw = store.read_bytes(cpath)
         try:
-            cfg = json.loads(raw) if raw is not None else None
+            cfg = loads_json(raw) if raw is not None else None
         except ValueError as e:
             v.problems.append(f"{cpath}: not JSON ({str(e)[:80]}); `study run` rewrites it")
             continue
