@@ -112,15 +112,3 @@ def test_verify_names_a_missing_eval_point_and_missing_weights(copy):
 def test_verify_unknown_study_is_a_message(tmp_path):
     r = study("verify", "--study", "nope", "--results", str(tmp_path), timeout=120)
     assert r.returncode == 2 and "no study 'nope'" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_a_refused_run_leaves_a_study_that_is_owed_not_damaged(tmp_path):
-    """`study run` refused before anything trains (no Ray at --address) leaves its grid record: verify calls the
-    grid's runs owed, not yet run, with the command that finishes them, and exits 0 (issue 47)."""
-    (tmp_path / "g.yaml").write_text(tiny_grid("vfyr", retries=0))
-    res = str(tmp_path / "results")
-    r = study("run", str(tmp_path / "g.yaml"), "--results", res, "--address", "127.0.0.1:1", timeout=300)
-    assert r.returncode == 2 and "cannot reach the Ray cluster" in r.stdout + r.stderr, r.stdout + r.stderr
-    r = study("verify", "--study", "vfyr", "--results", res, timeout=300)
-    assert r.returncode == 0 and "PROBLEM" not in r.stdout and "OK: every check agrees" in r.stdout, r.stdout
-    assert "owed by a grid, not yet run: 2 run(s) of grid " in r.stdout and f"--results {res}` finishes them" in r.stdout

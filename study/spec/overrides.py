@@ -261,6 +261,8 @@ def _refuse_bad_value(section, path: list, value, bad) -> None:
     from pydantic import TypeAdapter, ValidationError
 
     field = section.model_fields.get(path[1]) if section is not None and len(path) == 2 else None
+    if isinstance(value, list):  # a list asks for a sweep: who sets the field (a couple, an axis) says more
+        return
     try:
         if field is not None:
             TypeAdapter(field.annotation).validate_python(value)
