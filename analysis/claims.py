@@ -116,16 +116,25 @@ def _num(x: float) -> str:
 def lines(table: pd.DataFrame) -> list[str]:
     """The terminal's claims table: differences and margins in the metric's own units, as stored and as the API
     gives them (a rate as a fraction: 0.02 is 2 points)."""
-    out = [f"{'claim':<40} {'margin':>7} {'seeds':>5} {'diff':>7} {'sequential 95%':>17} {'decision':<24} "
-           f"{'fixed-seed 95% says':<20}"]
+    import textwrap
+
+    out = [f"{'claim':<40} {'margin':>7} {'seeds':>5} {'diff':>7} {'sequential 95%':>17} decision"]  # < 100
     for r in table.itertuples(index=False):
         margin = "-" if r.margin is None or (isinstance(r.margin, float) and math.isnan(r.margin)) \
             else f"{r.margin:g}"
         seq = f"[{_num(r.seq_low)}, {_num(r.seq_high)}]"
-        fixed = f"{r.fixed_says} [{_num(r.fixed_low)}, {_num(r.fixed_high)}]"
-        out.append(f"{r.claim:<40} {margin:>7} {r.seeds:>5} {_num(r.difference):>7} {seq:>17} "
-                   f"{r.decision + (f' ({r.why})' if r.why else ''):<24} {fixed}")
+        out.append(f"{r.claim:<40} {margin:>7} {r.seeds:>5} {_num(r.difference):>7} {seq:>17} {r.decision}")
+        said = (f"{f'{r.why}; ' if r.why else ''}fixed-seed 95% says {r.fixed_says} "
+                f"[{_num(r.fixed_low)}, {_num(r.fixed_high)}]")
+        out += textwrap.wrap(said, 98, initial_indent="    ", subsequent_indent="      ")  # 100 once indented
     return out + ["(A - B and margins in the metric's units: a rate as a fraction, 0.02 = 2 points)"]
+
+
+def method_lines(table: pd.DataFrame) -> list[str]:
+    """The claims table's heading: its method, wrapped to 100 columns."""
+    import textwrap
+
+    return textwrap.wrap(f"claims ({table['method'].iloc[0] if len(table) else ''}):", 100, subsequent_indent="  ")
 
 
 def plan_lines(spec: dict, evals: pd.DataFrame | None, reps: int = 2000) -> list[str]:

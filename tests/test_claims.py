@@ -295,7 +295,8 @@ def test_a_grid_whose_models_did_not_learn_stops_at_its_first_look(tmp_path, mon
     assert ("claims: every model scored the same on every seed at each claim's point (did they learn?): nothing "
             "to decide, stopped at the first look") in said
     assert "claims: 6 runs, 25% of a fixed 8-seed design of the same models (24 runs)" in said
-    rows = [x for x in said if "constant: every seed of A scored 0, of B 0; stopped at 2 of 8 seeds" in x]
+    rows = [said[i - 1] + " " + x.strip() for i, x in enumerate(said)  # a claim's line, then why it stopped
+            if "constant: every seed of A scored 0, of B 0; stopped at 2 of 8 seeds" in x]
     assert len(rows) == 4, said
     # margins as stored and as the API gives them (0.05, not 5.0 points: issue 44)
     assert [x.split()[9] for x in rows if "matches_or_beats" in x] == ["0.05"], rows

@@ -153,14 +153,13 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
 
 def _print_claims(data) -> None:
     """The claims table (analysis/claims.py), when the study's grid declared claims."""
-    from analysis.claims import claims_table, lines, read_spec
+    from analysis.claims import claims_table, lines, method_lines, read_spec
 
     if read_spec(data.store) is None:
         return
     table = claims_table(data)
-    typer.echo(f"claims ({table['method'].iloc[0] if len(table) else ''}):")
-    for line in lines(table):
-        typer.echo("  " + line)
+    for line in method_lines(table) + ["  " + x for x in lines(table)]:
+        typer.echo(line)
 
 
 def _print_comparisons(data, opts, derived) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines
+from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines, method_lines
 from analysis.load import load_study
 from store import Store
 from study.engine.health import classify
@@ -88,7 +88,8 @@ def run_claims(grid: Grid, results: str, options: RunOptions = RunOptions()) -> 
     fixed = len(owed) * claims.seeds.max
     echo(f"claims: {sum(owed.values())} runs, {sum(owed.values()) / fixed:.0%} of a fixed {claims.seeds.max}-seed "
          f"design of the same models ({fixed} runs)")
-    echo("claims (" + table["method"].iloc[0] + "):")
+    for line in method_lines(table):
+        echo(line)
     for line in lines(table):
         echo("  " + line)
     return 0

@@ -130,10 +130,9 @@ def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
     try:
         sigterm_as_ctrl_c()  # after ray.init, whose own handler (and its C-level stack dump) it replaces
         _quiet_trial_tracebacks()
-        how = ("started a local Ray on 127.0.0.1" if address is None else f"joined {address}") if started else \
-            "the Ray already running (this study's earlier claims rounds)"
-        echo(f"ray: {how} "
-             f"in {time.time() - t0:.1f}s ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
+        how = (("started a local Ray on 127.0.0.1" if address is None else f"joined {address}")
+               + f" in {time.time() - t0:.1f}s") if started else "the Ray this driver holds for all its claims rounds"
+        echo(f"ray: {how} ({ray.cluster_resources().get('CPU', 0):g} CPUs, "
              f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
         yield None if refuse_unplaceable(ray, runs, grid.path, echo) else ray
     finally:
