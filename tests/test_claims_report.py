@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import full_row
+from tests.helpers import full_row, unwrapped
 
 GRID_CLAIMS = "claims:\n  - {pair: iso-param, T: [1], claim: beats}\n"
 DIFFS = [0.30, 0.32, 0.29, 0.31]  # A better than B by a large, steady gain on each of four seeds
@@ -79,7 +79,9 @@ def test_plan_reads_the_stores_seeds_as_its_pilot(claims_store):
     grid, results = claims_store
     r = CliRunner().invoke(app, ["plan", str(grid), "--results", results])
     assert r.exit_code == 0, r.output
-    line = next(x for x in r.output.splitlines() if "(1 x 2) beats (1 x 1) at T=1:" in x)
+    line = next(x for x in unwrapped(r.output.splitlines()) if "(1 x 2) beats (1 x 1) at T=1:" in x)
+    claims = r.output.split("\nclaims: ", 1)[1].splitlines()
+    assert max(map(len, claims)) <= 100, claims  # the claims lines fit 100 columns
     assert "pilot of 4 seeds: difference +0.305" in line and "expected seeds" in line, line
     assert "P(decided within 4)" in line
     none = CliRunner().invoke(app, ["plan", str(grid), "--results", str(grid.parent / "empty")])

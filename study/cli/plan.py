@@ -70,8 +70,10 @@ def _echo_claims_plan(g, results: str) -> None:
             evals = load_study(results, g.study).evals
         except (MissingData, OSError, ValueError):
             evals = None
+    from analysis.summary import fit
+
     for line in plan_lines(g.claims.spec(), evals):
-        typer.echo(line)
+        typer.echo("\n".join(fit(line)))  # 100 columns
 
 
 def _echo_resolved(g, json_out: bool) -> None:
