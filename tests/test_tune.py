@@ -420,7 +420,9 @@ def test_a_killed_tune_driver_resumes_with_nothing_lost_and_nothing_trained_twic
 def test_a_node_lost_during_tune_is_retried_on_the_survivor_without_spending_retries(tmp_path, two_nodes):
     """Two trials, one per node, held mid-training; the worker node is removed (as a preempted instance):
     its trial is retried on the surviving node from its checkpoint, though the grid allows no retries."""
-    from tests.helpers import faulty, study_cmd
+    import time
+
+    from tests.helpers import alive, faulty, study_cmd
 
     raw = search_grid("tloss", n_trials=2, max_concurrent=2, points=[{"lr": 3e-3}, {"lr": 1e-2}])
     raw.update(resources={"cpu": 1}, retries=0)  # a node loss must not need any
@@ -436,7 +438,12 @@ def test_a_node_lost_during_tune_is_retried_on_the_survivor_without_spending_ret
     try:
         beats = _checkpointed(drv, store, out, ids, at=10)
         (lost,) = [r for r in ids if beats[r]["node_id"] == worker.node_id]
+        lost_pid = beats[lost]["pid"]
         two_nodes.remove_node(worker, allow_graceful=False)
+        deadline = time.time() + 120  # its trial's process ends with the node before the hold lifts
+        while alive(lost_pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not alive(lost_pid)
         release.touch()  # the survivor goes on; the lost trial's retry (attempt 2) is not held
         assert drv.wait(timeout=600) == 0, out.read_text()
     finally:
