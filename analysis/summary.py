@@ -36,7 +36,13 @@ def comparison_lines(cmp: pd.DataFrame) -> list[str]:
 
 def _cell(r, mark: str) -> str:
     ci = "[not estimable]" if pd.isna(r.ci_low) else f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
-    return f"{r.value:.3f} {ci}{mark}"
+    return f"{r.value:.3f} {ci}{mark}" + (f" {r.learned}" if _split(r) else "")
+
+
+def _split(r) -> bool:
+    """Whether some seeds of row r (a rate) stayed at 0 of n while others learned: its cell says k/S."""
+    k, _, s = str(getattr(r, "learned", "")).partition("/")
+    return bool(s) and 0 < int(k) < int(s)
 
 
 def headline_lines(derived: Derived, split: str = "test") -> list[str]:
@@ -77,6 +83,8 @@ def headline_lines(derived: Derived, split: str = "test") -> list[str]:
         if len(rows) > MAX_MODELS:
             out.append(f"    ... and {len(rows) - MAX_MODELS} more models (study report lists every one)")
         out += [part for m, mark in marks.items() for part in fit(f"    interval{mark}: {m}")]
+        if any(_split(r) for r in d.itertuples(index=False)):
+            out.append("    k/S: k of the S seeds learned (scored above 0 of n); s.table() has its interval")
     return out
 
 

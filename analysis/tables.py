@@ -13,7 +13,7 @@ import pandas as pd
 
 import tasks
 from analysis.load import MODEL_KEYS, MissingData
-from stats import SEED_METHOD, seed_interval, wilson  # noqa: F401 (wilson: tests check the one copy)
+from stats import SEED_METHOD, learned_share, seed_interval, wilson  # noqa: F401 (wilson: tests check the one copy)
 
 # the split every figure and table reads unless told otherwise (never several at once)
 DEFAULT_SPLIT = "test"
@@ -102,9 +102,12 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     over the seed means otherwise (clipped to the metric's declared range); the evaluation's own interval
     with one seed; none (NaN, "not estimable: ...") when every seed scored the same value.
     ci_method: which of these (SEED_METHOD's text). The value always lies inside its interval.
+    learned ("k/S", rates only), learned_low / learned_high: how many seeds scored above 0 of n, and the 95%
+    interval of the share that learns (stats.learned_share).
     """
     if evals.empty:
-        return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[], ci_method=[])
+        return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[], ci_method=[], learned=[],
+                            learned_low=[], learned_high=[])
     keys = [c for c in MODEL_KEYS + POINT_KEYS if c in evals.columns]
     per_run = keys + ["run_id"]
     twice = evals[evals.duplicated(["run_id", *POINT_KEYS], keep=False)]
@@ -137,16 +140,20 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     order = np.argsort(ids, kind="stable")
     ends = np.cumsum(np.bincount(ids, minlength=len(g))).tolist()
     cols = [runs[c].take(order).tolist() for c in ("value", "n_examples", "ci_low", "ci_high")]
-    lo, hi, how = [], [], []
+    lo, hi, how, learned = [], [], [], []
     for i, (metric, task) in enumerate(zip(g["metric"], g["task"] if "task" in g else [None] * len(g))):
         start = ends[i - 1] if i else 0
         v, n, el, eh = (c[start:ends[i]] for c in cols)
-        a, b, m = seed_interval(v, kind.rate(metric, task), n, el, eh, bounds=kind.bounds(metric, task))
+        rate = kind.rate(metric, task)
+        a, b, m = seed_interval(v, rate, n, el, eh, bounds=kind.bounds(metric, task))
         lo.append(a)
         hi.append(b)
         how.append(SEED_METHOD[m])
+        k, q_lo, q_hi = learned_share(v) if rate else (None, math.nan, math.nan)
+        learned.append((f"{k}/{len(v)}" if rate else "", q_lo, q_hi))
     g["ci_method"] = how
     g["ci_low"], g["ci_high"] = lo, hi
+    g["learned"], g["learned_low"], g["learned_high"] = zip(*learned) if learned else ([], [], [])
     # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
     # rows written before that was recorded
     g["forward_passes"] = g["forward_passes"].fillna(g["T"] * g["L_s"])

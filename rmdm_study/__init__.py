@@ -129,7 +129,8 @@ class Study:
 
     def table(self, split: str = "test") -> pd.DataFrame:
         """Seeds aggregated: one row per model (`model`: its short name, as compare() names it), evaluation
-        point and metric of one split, with its 95% interval and the method (analysis.tables.aggregate)."""
+        point and metric of one split, with its 95% interval and the method (analysis.tables.aggregate); a rate's
+        `learned` says k of its S seeds scored above 0 (learned_low / learned_high: the share's 95% interval)."""
         if split not in self._table:
             from analysis.tables import aggregate
 

@@ -121,6 +121,11 @@ def logit_normal_mean(m: float, tau: float) -> float:
 #   the seeds are not, and covers 79-91% there; this one covers 93-97% (tests/test_inference.py).
 # - Other metrics ('t'): Student's t over the seed means, clipped to the metric's declared range.
 # - One seed ('one'): that evaluation's own interval over its examples (about that seed only).
+# - Rates whose seeds split ('split'): some seeds learned (scored above 0 of n), at least two of them and
+#   not all alike, and some did not. The mean is q r (q: the share that learned, r: the learned seeds' mean
+#   rate), and the interval is [q_lo r_lo, q_hi r_hi] from Clopper-Pearson's q and the 'logit' interval of the
+#   learned seeds, each at SPLIT_LEVEL (together >= 95%). With one learned seed, r has no seed spread to
+#   bound it (that seed's own interval covered 78% at 2 seeds near a floor): 'logit' over all the seeds.
 # - Every seed scored the same value ('agree'): no interval; the spread between seeds is what measures
 #   the seed-to-seed variation, and with none seen no width is honest (pooling the examples of the
 #   seeds, as before, gave [0, 0.046] to two seeds at 0/40 that would differ on a third seed).
@@ -129,9 +134,11 @@ SEED_METHOD = {
     "one": "1 seed: the evaluation's interval over its examples",
     "t": "t over seed means (n_seeds - 1 df)",
     "logit": "t over seed logit rates (n_seeds - 1 df), mapped to the mean rate",
+    "split": "some seeds at 0 of n: share that learned (Clopper-Pearson) x their rate (logit), 97.5% each",
     "agree": "not estimable: every seed scored the same value (no spread between seeds to measure)",
     "unstored": "not estimable: 1 seed, stored without its interval (not a rate: no count to rebuild it from)",
 }
+SPLIT_LEVEL = 0.975  # each factor of a 'split' interval: two 97.5% intervals hold together >= 95%
 DECLINED = frozenset({"agree", "unstored"})  # method keys whose interval is (nan, nan): no verdict may rest on them
 
 
@@ -140,7 +147,7 @@ def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int]
                   bounds: tuple[float, float] | None = None) -> tuple[float, float, str]:
     """(low, high, method key of SEED_METHOD) of the mean of `values` (one per seed).
 
-    rate: 0/1 scores per example (the 'logit' interval, inside [0, 1]); n_examples, eval_lows, eval_highs:
+    rate: 0/1 scores per example (the 'logit' or 'split' interval, inside [0, 1]); n_examples, eval_lows, eval_highs:
     each seed's evaluation size and its stored interval (used with one seed). bounds: the metric's declared
     range (a mean of values in [0, 1] is clipped to it; rates are always in [0, 1]). A key in DECLINED comes
     with (nan, nan). Otherwise the mean lies inside [low, high], exactly.
@@ -160,13 +167,18 @@ def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int]
     if max(values) - min(values) <= 1e-12:
         return (math.nan, math.nan, "agree")
     if rate and all(_num(n) and n > 0 for n in n_examples):
+        learned = [(v, n) for v, n in zip(values, n_examples) if v > 0]
+        if 2 <= len(learned) < s and max(learned)[0] - min(learned)[0] > 1e-12:
+            q_lo, q_hi = clopper_pearson(len(learned), s, SPLIT_LEVEL)
+            r_lo, r_hi = _logit_interval(*zip(*learned), level=SPLIT_LEVEL)
+            return (*_inside(q_lo * r_lo, q_hi * r_hi, m, bounds), "split")
         return (*_inside(*_logit_interval(values, n_examples), m, bounds), "logit")
     sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (s - 1))
     half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
     return (*_inside(m - half, m + half, m, bounds), "t")
 
 
-def _logit_interval(values: Sequence[float], n_examples: Sequence[int]) -> tuple[float, float]:
+def _logit_interval(values: Sequence[float], n_examples: Sequence[int], level: float = 0.95) -> tuple[float, float]:
     """The 'logit' interval of SEED_METHOD for two or more seeds' rates (values[i] of n_examples[i])."""
     s = len(values)
     y = []
@@ -175,10 +187,26 @@ def _logit_interval(values: Sequence[float], n_examples: Sequence[int]) -> tuple
         y.append(math.log((k + 0.5) / (n - k + 0.5)))
     c = math.fsum(y) / s
     sd = math.sqrt(math.fsum((v - c) ** 2 for v in y) / (s - 1))
-    half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
+    half = t_quantile(0.5 + level / 2, s - 1) * sd / math.sqrt(s)
     taus = (sd, sd * math.sqrt((s - 1) / chi2_quantile(LOGIT_TAU_P, s - 1)))
     # E expit(m + tau Z) rises with m; with tau it falls above 1/2 and rises below: both taus at each end
     return (min(logit_normal_mean(c - half, t) for t in taus), max(logit_normal_mean(c + half, t) for t in taus))
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a binomial share k/n: 5 of 5 is [0.478, 1] at 95%."""
+    from scipy.special import betaincinv
+
+    a = (1 - level) / 2
+    return (0.0 if k <= 0 else float(betaincinv(k, n - k + 1, a)),
+            1.0 if k >= n else float(betaincinv(k + 1, n - k, 1 - a)))
+
+
+def learned_share(values: Sequence[float]) -> tuple[int, float, float]:
+    """(k, low, high): k of the seeds (rates) learned, scoring above 0 of n (the floor), with the 95%
+    Clopper-Pearson interval of the share that learns: where all S learned, how many failures S seeds allow."""
+    k = sum(v > 0 for v in values)
+    return (k, *clopper_pearson(k, len(values)))
 
 
 def _inside(lo: float, hi: float, m: float, bounds: tuple[float, float] | None) -> tuple[float, float]:
