@@ -48,7 +48,9 @@ details{margin:.3rem 0}
 # how every interval of the report is computed (stats.seed_interval; the paired table says its own)
 INTERVALS = ("A model's value is the mean over its seeds; its 95% interval comes from the seed values alone "
              "(they carry seed-to-seed and test-set variation): for rates, Student's t over the seed logit rates "
-             "(n_seeds - 1 degrees of freedom) mapped to the mean rate; for other metrics, t over the seed means, "
+             "(n_seeds - 1 degrees of freedom) mapped to the mean rate, or, where some seeds stayed at 0 and two or "
+             "more learned, the share that learned (Clopper-Pearson) times their rate ('split'; k/S in the result "
+             "table, learned in s.table()); for other metrics, t over the seed means, "
              "clipped to the metric's range; with 1 seed, that evaluation's own interval over its examples (about "
              "that seed only). When every seed scored the same value no interval is given ('not estimable'). "
              "The ci_method column names which.")
