@@ -5,12 +5,14 @@ Not a test module; imported as `from tests.helpers import ...` (the repository r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = "tiny"  # the study of the stores tests/conftest.py trains once per session (tiny_run, tiny_study)
 
 
 def tiny_grid(study: str, *, steps: int = 20, n_test: int = 16, T: str = "[1, 2]", eval_extra: str = "",
@@ -27,6 +29,11 @@ def tiny_grid(study: str, *, steps: int = 20, n_test: int = 16, T: str = "[1, 2]
         lines.append(extra)
     lines += ["axes:", f"  {axes}"]
     return "\n".join(lines) + "\n"
+
+
+def copy_store(src, dst) -> None:
+    """A results directory copied to `dst` (which may exist), without the local Ray's session files."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ray"), dirs_exist_ok=True)
 
 
 def study_cmd(*args: str) -> list[str]:
