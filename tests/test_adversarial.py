@@ -381,6 +381,7 @@ def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid, other
     assert "Traceback" not in out and "WARNING" not in out, out
 
 
+@pytest.mark.slow  # 40 s of the Google client's retries; a remote store's errors also: test_s3.py
 def test_gs_store_without_network_is_bounded(tmp_path, grid):
     """A gs:// store that cannot be reached (no network or no credentials here) fails in one line
     within seconds, as s3:// does, instead of the Google client's 15 minutes of retries."""

@@ -132,6 +132,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)  # KiB on Lin
 """
 
 
+@pytest.mark.slow  # 30,000 puzzles sampled; chunking itself: test_chunks_give_the_outputs_and_rows_of_one_pass
 def test_peak_memory_does_not_grow_with_the_file(trained, tmp_path):
     """Peak RSS growth over a warm-up evaluation (one full chunk), for 2,000 and 20,000 puzzles, each in
     a fresh process: ten times the puzzles costs almost nothing more (whole-file reading held every
