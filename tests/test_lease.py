@@ -274,6 +274,7 @@ def test_second_driver_refused_then_waits_then_runs(tmp_path):
     assert "lease: free" in r.stdout and "released" in r.stdout, r.stdout
 
 
+@pytest.mark.slow  # a real driver; the release itself also: test_lease_refuses_releases_and_takes_over
 def test_sigterm_releases_the_lease(tmp_path):
     """SIGTERM (a scheduler stopping the job) ends the driver as Ctrl-C does: the lease is released."""
     from store import Store

@@ -320,6 +320,7 @@ if os.environ.get("RMDM_SPLIT_LOG"):
 '''
 
 
+@pytest.mark.slow  # a real tune; the test split refused also: test_study_tune_refuses_search_split_test_in_one_line
 def test_study_tune_never_reads_the_test_split(tmp_path):
     """A tiny copy of grids/tune_sudoku_lr.yaml (4x4, one group, ASHA on the objective, so trials
     are also scored mid-training) run by the real `study tune`: every eval_set call of the real
