@@ -55,6 +55,7 @@ def trials(results, study, group):
     return st.get_trials(deepcopy=False)
 
 
+@pytest.mark.slow  # three trials and a resumed search; a real search on Ray also: test_asha_stops_the_trial_...
 def test_search_resumes_without_repeats_and_feeds_a_sweep(tmp_path, ray_local, monkeypatch):
     results = str(tmp_path / "results")
     gpath = write(tmp_path / "tunetest.yaml", search_grid())
