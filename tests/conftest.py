@@ -33,6 +33,53 @@ def tiny_sudoku():
     return task
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """copy(dst) -> (results, run_id): a copy at `dst` of one tiny 4x4 run (4 steps, one eval point) trained
+    and evaluated once per session by the real trial code in this process (no Ray). Tests write to the
+    stores they are given (eval rows, damage), so each module or test takes its own copy, never this one."""
+    import yaml
+
+    from store import Store
+    from study.engine.options import TrialOptions
+    from study.engine.trial import execute
+    from study.spec.grid import expand
+    from tests.helpers import TINY, copy_store, tiny_grid
+
+    root = tmp_path_factory.mktemp("tiny-run")
+    raw = yaml.safe_load(tiny_grid(TINY, steps=4, n_test=8, T="[1]", retries=None, axes="seed: [0]"))
+    run = expand(raw, f"{TINY}.yaml").runs[0]
+    execute(run, Store(str(root), TINY), TrialOptions("test"))
+
+    def copy(dst) -> tuple[str, str]:
+        copy_store(root, dst)
+        return str(dst), run.run_id
+
+    return copy
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory):
+    """copy(dst) -> dst: a copy, at dst/results with its grid at dst/g.yaml, of a tiny 4x4 study (tiny_grid:
+    2 runs x 2 eval points, every sample kept) trained once per session by a real `study run` on a local Ray.
+    As with tiny_run, each module or test takes its own copy."""
+    import shutil
+
+    from tests.helpers import TINY, copy_store, study, tiny_grid
+
+    d = tmp_path_factory.mktemp("tiny-study")
+    (d / "g.yaml").write_text(tiny_grid(TINY, retries=0, eval_extra=", n_samples_kept: 16"))
+    r = study("run", str(d / "g.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def copy(dst):
+        copy_store(d / "results", dst / "results")
+        shutil.copy(d / "g.yaml", dst / "g.yaml")
+        return dst
+
+    return copy
+
+
 @pytest.fixture
 def faults():
     """inject(RMDM_FAULT_...=...): the faults of tests/faults/faultplug.py for this test, read by every run that

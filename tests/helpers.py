@@ -5,17 +5,20 @@ Not a test module; imported as `from tests.helpers import ...` (the repository r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = "tiny"  # the study of the stores tests/conftest.py trains once per session (tiny_run, tiny_study)
 
 
 def tiny_grid(study: str, *, steps: int = 20, n_test: int = 16, T: str = "[1, 2]", eval_extra: str = "",
-              retries: int | None = 1, axes: str = "L: [1, 2]", extra: str = "") -> str:
-    """A 4x4 Sudoku grid of d_model 16 that trains in seconds; `axes` is the body of `axes:`."""
+              retries: int | None = 1, axes: str | None = "L: [1, 2]", extra: str = "") -> str:
+    """A 4x4 Sudoku grid of d_model 16 that trains in seconds; `axes` is the body of `axes:` (None: no axes,
+    as where `extra` couples models instead)."""
     lines = [f"study: {study}",
              f"task: {{name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: {n_test}}}",
              "model: {d_model: 16, n_heads: 2}",
@@ -25,8 +28,14 @@ def tiny_grid(study: str, *, steps: int = 20, n_test: int = 16, T: str = "[1, 2]
         lines.append(f"retries: {retries}")
     if extra:
         lines.append(extra)
-    lines += ["axes:", f"  {axes}"]
+    if axes is not None:
+        lines += ["axes:", f"  {axes}"]
     return "\n".join(lines) + "\n"
+
+
+def copy_store(src, dst) -> None:
+    """A results directory copied to `dst` (which may exist), without the local Ray's session files."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ray"), dirs_exist_ok=True)
 
 
 def study_cmd(*args: str) -> list[str]:

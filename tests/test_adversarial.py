@@ -18,9 +18,7 @@ from typer.testing import CliRunner
 
 from store import Store
 from study.cli import app
-from study.spec.grid import expand
-from study.engine.trial import execute
-from study.engine.options import TrialOptions
+from tests.helpers import TINY
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\n"
 MODEL = "model: {d_model: 16, n_heads: 2}\n"
@@ -161,14 +159,8 @@ def test_bad_plan_options(grid, args, words):
     refused("plan", grid, *args, words=words)
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    g = {"study": "adv", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
-         "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
-         "eval": {"T": [1], "n_examples": 8}}
-    run = expand(g, "adv.yaml").runs[0]
-    execute(run, Store(str(root), "adv"), TrialOptions("test"))
-    return str(root), run.run_id
+def trained(tiny_run, tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("results"))  # conftest.py: this module's copy of the session's run
 
 
 @pytest.mark.parametrize("args, words", [
@@ -239,7 +231,7 @@ def test_one_puzzle_file_under_two_names_is_one_eval_point(trained, tmp_path):
     for p in (a, b):
         r = cli("eval", run_id, "--puzzles", str(p), "--results", root)
         assert r.exit_code == 0, r.output
-    evals = Store(root, "adv").read("evals", run_id)
+    evals = Store(root, TINY).read("evals", run_id)
     ext = evals[evals["split"].str.startswith("external:")]
     assert ext["eval_key"].nunique() == 1, ext[["eval_key", "split"]]
 
@@ -249,7 +241,7 @@ def test_weights_that_are_text_or_a_system_file_are_named(tmp_path, trained, dam
     root0, run_id = trained
     root = str(tmp_path / "r")
     shutil.copytree(root0, root)
-    w = os.path.join(root, "adv", "weights", f"{run_id}.pt")
+    w = os.path.join(root, TINY, "weights", f"{run_id}.pt")
     os.remove(w)
     if damage == "text":
         with open(w, "w") as f:
@@ -260,7 +252,7 @@ def test_weights_that_are_text_or_a_system_file_are_named(tmp_path, trained, dam
     src.write_text(QUIZ + "\n")
     line = refused("eval", run_id, "--puzzles", str(src), "--results", root, words=(f"{run_id}.pt",))
     assert "passwd" not in line or damage == "symlink"
-    r = cli("verify", "--results", root, "--study", "adv")
+    r = cli("verify", "--results", root, "--study", TINY)
     assert r.exit_code == 1 and f"{run_id}.pt" in r.output, r.output
 
 
@@ -276,7 +268,7 @@ def test_weights_linked_to_dev_zero_are_not_read(tmp_path, trained):
     root0, run_id = trained
     root = str(tmp_path / "r")
     shutil.copytree(root0, root)
-    w = os.path.join(root, "adv", "weights", f"{run_id}.pt")
+    w = os.path.join(root, TINY, "weights", f"{run_id}.pt")
     os.remove(w)
     os.symlink("/dev/zero", w)
     src = tmp_path / "p.txt"
@@ -300,14 +292,14 @@ def test_a_runs_row_with_a_bad_config_is_named_not_an_internal_error(tmp_path, t
     root0, run_id = trained
     root = str(tmp_path / "r")
     shutil.copytree(root0, root)
-    f = os.path.join(root, "adv", "runs", f"{run_id}.parquet")
+    f = os.path.join(root, TINY, "runs", f"{run_id}.parquet")
     t = pq.read_table(f)
     t = t.set_column(t.schema.get_field_index("config"), "config", pa.array([config] * len(t), pa.string()))
     pq.write_table(t, f)
-    r = cli("report", "--results", root, "--study", "adv", "--figure", "iso-param", "--out", str(tmp_path / "figs"))
+    r = cli("report", "--results", root, "--study", TINY, "--figure", "iso-param", "--out", str(tmp_path / "figs"))
     # the edited row (its row_sha256 fails) is left out and named: the study has no other run
     assert r.exit_code == 2 and f"{run_id}.parquet (edited" in r.output, r.output
-    r = cli("verify", "--results", root, "--study", "adv")
+    r = cli("verify", "--results", root, "--study", TINY)
     assert r.exit_code == 1 and run_id in r.output and "internal error" not in r.output, r.output
 
 # ---- signals -------------------------------------------------------------------------------
@@ -389,6 +381,7 @@ def test_address_auto_with_a_stale_cluster_file_is_bounded(tmp_path, grid, other
     assert "Traceback" not in out and "WARNING" not in out, out
 
 
+@pytest.mark.slow  # 40 s of the Google client's retries; a remote store's errors also: test_s3.py
 def test_gs_store_without_network_is_bounded(tmp_path, grid):
     """A gs:// store that cannot be reached (no network or no credentials here) fails in one line
     within seconds, as s3:// does, instead of the Google client's 15 minutes of retries."""

@@ -8,16 +8,11 @@ from typer.testing import CliRunner
 
 from study.cli import app
 from study.spec.grid import GridError, expand
+from tests.helpers import tiny_grid
 
-BASE = """study: cl
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 16}
-couple:
+BASE = tiny_grid("cl", retries=None, axes=None, extra="""couple:
   - [{K: 1, L: 2}, {K: 1, L: 1}, {K: 2, L: 1}]
-seeds: {min: 2, max: 4, batch: 1}
-"""
+seeds: {min: 2, max: 4, batch: 1}""")
 CLAIMS = """claims:
   - {pair: iso-param, T: [1, 2], claim: beats}
   - {pair: iso-flop, T: [2], claim: matches_or_beats, margin: 0.05}

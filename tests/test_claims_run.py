@@ -12,19 +12,13 @@ import pytest
 from analysis.claims import claims_table
 from analysis.load import load_study
 from store import Store
-from tests.helpers import ROOT, descendants, kill_driver, study, study_cmd
+from tests.helpers import ROOT, descendants, kill_driver, study, study_cmd, tiny_grid
 
-GRID = """study: clrun
-task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 16}
-model: {d_model: 16, n_heads: 2}
-train: {steps: 20, batch_size: 8, warmup: 2, checkpoint_every: 10, log_every: 5}
-eval: {T: [1, 2], L_s: [train], n_examples: 16}
-couple:
+GRID = tiny_grid("clrun", retries=None, axes=None, extra="""couple:
   - [{K: 1, L: 2}, {K: 1, L: 1}]
 seeds: {min: 2, max: 3, batch: 1}
 claims:
-  - {pair: iso-param, T: [1, 2], metric: cell_acc, claim: matches, margin: 0.5}
-"""
+  - {pair: iso-param, T: [1, 2], metric: cell_acc, claim: matches, margin: 0.5}""")
 # 20 steps teach no model to solve a puzzle (VPR 0 on every seed: a constant claim stops at its first look),
 # but cell accuracy differs from seed to seed: a matches claim with a wide margin is undecided at 2 seeds
 # (c_2 = 110) and within reach at 3, so the run takes a second round

@@ -10,9 +10,7 @@ from typer.testing import CliRunner
 
 from store import Store
 from study.cli import app
-from study.spec.grid import expand
-from study.engine.trial import execute
-from study.engine.options import TrialOptions
+from tests.helpers import TINY
 
 TASK = "task: {name: sudoku, n: 4, mask_rate: 0.4, n_train: 40, n_test: 8}\nmodel: {d_model: 16, n_heads: 2}\n"
 SOL = "1234341221434321"  # a valid 4x4 grid
@@ -109,14 +107,8 @@ def test_report_results_pointing_to_a_file(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    grid = {"study": "cli4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
-            "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
-            "eval": {"T": [1], "n_examples": 8}}
-    run = expand(grid, "cli4.yaml").runs[0]
-    execute(run, Store(str(root), "cli4"), TrialOptions("test"))
-    return str(root), run.run_id
+def trained(tiny_run, tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("results"))  # conftest.py: this module's copy of the session's run
 
 
 def test_report_out_unwritable(trained, tmp_path):
@@ -134,7 +126,7 @@ def test_report_unknown_split_names_the_allowed_ones(trained, tmp_path):
 
 
 def _external_evals(root: str, run_id: str) -> int:
-    evals = Store(root, "cli4").read("evals", run_id)
+    evals = Store(root, TINY).read("evals", run_id)
     return int(evals["split"].str.startswith("external:").sum())
 
 

@@ -35,6 +35,7 @@ def read_log(store: Store, run_id: str, kind: str = "log") -> str:
     return (store.read_bytes(store.path("logs", f"{run_id}.{kind}")) or b"").decode()
 
 
+@pytest.mark.slow  # five trials on Ray; retry from a checkpoint also: test_killed_trial_process_is_retried_and_finishes
 def test_diverging_run_is_retried_from_checkpoint_then_failed_others_finish(tmp_path, local_ray, faults):
     # the bad run's weights turn to NaN before step 2, after the checkpoint at step 2 (fault injection:
     # a huge lr overflows at a step that depends on the CPU's instruction set), so every retry fails

@@ -94,6 +94,7 @@ def test_a_small_study_keeps_one_panel(tmp_path, monkeypatch):
     assert len(panels) == 1 and panels[0][1] == 4  # (1 x 1), (1 x 2) at two lr: 4 lines, one panel
 
 
+@pytest.mark.slow  # two whole reports of 108 runs; workers also: test_imports.py's report with workers
 def test_figures_drawn_by_two_workers_are_the_report_one_process_writes(store, tmp_path):
     from study.cli import app
 

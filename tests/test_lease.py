@@ -214,6 +214,7 @@ def test_bad_lease_settings_are_one_line(tmp_path, monkeypatch):
 
 
 # ---- two real drivers ------------------------------------------------------------------------------
+@pytest.mark.slow  # three real drivers; the refusal is also held by test_lease_refuses_releases_and_takes_over
 def test_second_driver_refused_then_waits_then_runs(tmp_path):
     """Driver A holds the study (its runs held mid-training); B is refused within 10 s naming A; W
     (--wait) waits; status names A; once A ends (its held trials killed, retried, finished), W and then C
@@ -273,6 +274,7 @@ def test_second_driver_refused_then_waits_then_runs(tmp_path):
     assert "lease: free" in r.stdout and "released" in r.stdout, r.stdout
 
 
+@pytest.mark.slow  # a real driver; the release itself also: test_lease_refuses_releases_and_takes_over
 def test_sigterm_releases_the_lease(tmp_path):
     """SIGTERM (a scheduler stopping the job) ends the driver as Ctrl-C does: the lease is released."""
     from store import Store
@@ -301,6 +303,7 @@ def test_sigterm_releases_the_lease(tmp_path):
     assert h.info["pid"] == a.pid and h.info["state"] == "released", (h.info, (tmp_path / "a.out").read_text())
 
 
+@pytest.mark.slow  # a real driver; a lease lost once replaced: also the conditional-lease test below (S3)
 def test_driver_that_lost_its_lease_stops(tmp_path):
     """A driver that finds a newer generation of its lease (it was taken over while it stalled) stops its
     trials as Ctrl-C does, writes no `failed` rows and leaves the newer holder's lease alone."""
@@ -373,6 +376,7 @@ def _killed_holder_taken_over(gpath, grid, results, store, tmp_path, env_extra: 
     check_resumed(store, grid, [r.run_id for r in grid.runs], steps=30)
 
 
+@pytest.mark.slow  # real drivers; held in part by test_one_taker_of_a_dead_holders_lease_on_disk, test_resume.py
 def test_killed_holder_is_taken_over_and_no_run_trains_twice(tmp_path):
     from store import Store
     from study.spec.grid import load_grid

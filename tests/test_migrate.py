@@ -16,26 +16,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from store.format import VERSION
-from tests.helpers import study, tiny_grid
-
-STUDY = "mig"
-GRID = tiny_grid(STUDY, retries=0)
+from tests.helpers import TINY as STUDY
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
-    d = tmp_path_factory.mktemp("migrate")
-    (d / "g.yaml").write_text(GRID)
-    r = study("run", str(d / "g.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return d
+def fresh(tiny_study, tmp_path_factory):
+    """The session's tiny study (conftest.py), a real `study run`: its results and g.yaml."""
+    return tiny_study(tmp_path_factory.mktemp("migrate"))
 
 
 @pytest.fixture
-def old(fresh, tmp_path):
+def old(tiny_study, tmp_path):
     """The study as the code before the format version left it: everything but FORMAT."""
-    shutil.copytree(fresh / "results", tmp_path / "results", ignore=shutil.ignore_patterns(".ray"))
-    shutil.copy(fresh / "g.yaml", tmp_path / "g.yaml")
+    tiny_study(tmp_path)
     (tmp_path / "results" / STUDY / "FORMAT").unlink()
     return tmp_path
 

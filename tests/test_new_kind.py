@@ -15,9 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from study.engine.kinds import KINDS, Kind, register
-from tests.helpers import study, tiny_grid
-
-STUDY = "kind"
+from tests.helpers import TINY as STUDY
 
 
 # ---- the kind ----------------------------------------------------------------------------------
@@ -47,18 +45,15 @@ register(Best())
 
 # ---- the test ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """A real tiny study, then one `best` point of its first run written beside the grid's."""
+def results(tiny_study, tmp_path_factory):
+    """A real tiny study (conftest.py), then one `best` point of its first run written beside the grid's."""
     from store import Store
     from study.commands.puzzles import load_run_model
     from study.commands.verify.configs import run_of_config
     from study.engine.evaluate import write
     from tasks import make_task
 
-    d = tmp_path_factory.mktemp("kind")
-    (d / "g.yaml").write_text(tiny_grid(STUDY, retries=0, eval_extra=", n_samples_kept: 16"))
-    r = study("run", str(d / "g.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
+    d = tiny_study(tmp_path_factory.mktemp("kind"))
     store = Store(str(d / "results"), STUDY)
     rid = sorted(store.read("runs")["run_id"])[0]
     cfg, _, model = load_run_model(store, rid)

@@ -11,24 +11,17 @@ import numpy as np
 import pytest
 
 from store import Store
-from study.spec.grid import expand
 from study.commands.puzzles import EvalError, evaluate_puzzles
-from study.engine.trial import execute
-from study.engine.options import TrialOptions
 from tasks.sudoku import DIGITS, PuzzleFileError, generate_solutions
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRID = {"study": "stream4", "task": {"name": "sudoku", "n": 4, "mask_rate": 0.4, "n_train": 40, "n_test": 8},
-        "model": {"d_model": 16, "n_heads": 2}, "train": {"steps": 4, "batch_size": 4, "warmup": 1},
-        "eval": {"T": [2], "n_examples": 8}}
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    run = expand(GRID, "stream4.yaml").runs[0]
-    execute(run, Store(str(root), "stream4"), TrialOptions("test"))
-    return str(root), run.run_id, Store(str(root), "stream4")
+def trained(tiny_run, tmp_path_factory):
+    root, run_id = tiny_run(tmp_path_factory.mktemp("results"))  # conftest.py: this module's copy
+    return root, run_id, Store(root, TINY)
 
 
 def write_puzzles(path, count: int, seed: int = 0, csv: bool = False) -> None:
@@ -139,6 +132,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)  # KiB on Lin
 """
 
 
+@pytest.mark.slow  # 30,000 puzzles sampled; chunking itself: test_chunks_give_the_outputs_and_rows_of_one_pass
 def test_peak_memory_does_not_grow_with_the_file(trained, tmp_path):
     """Peak RSS growth over a warm-up evaluation (one full chunk), for 2,000 and 20,000 puzzles, each in
     a fresh process: ten times the puzzles costs almost nothing more (whole-file reading held every

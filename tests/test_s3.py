@@ -124,6 +124,7 @@ def test_task_data_cached_on_this_machine_reaches_a_store_that_lacks_it(s3_root)
         shutil.rmtree(store.data_dir(), ignore_errors=True)  # this test's cache, keyed by its server's port
 
 
+@pytest.mark.slow  # a killed and resumed sweep on moto; also in part: the tests above, test_resume.py
 def test_run_killed_resumed_status_and_report_on_s3(s3_root, s3_env, tmp_path):
     from store import Store
     from study.spec.grid import load_grid

@@ -16,22 +16,32 @@ from study.engine.health import classify
 from study.commands.status import counts, render, snapshot
 from study.engine.trial import execute
 from study.engine.options import TrialOptions
-from tests.helpers import study, tiny_grid
+from tests.helpers import copy_store, study, tiny_grid
 
 GRID = tiny_grid("dmg", n_test=8, retries=0, axes="seed: [0, 1, 2, 3]")
 TABLES = ("runs", "evals", "history", "samples")
 
 
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A finished 4-run study, trained and evaluated once by the real trial code (no Ray); never damaged."""
+    d = tmp_path_factory.mktemp("dmg")
+    (d / "dmg.yaml").write_text(GRID)
+    grid = load_grid(str(d / "dmg.yaml"))
+    store = Store(str(d / "results"), grid.study)
+    for run in grid.runs:
+        execute(run, store, TrialOptions("test"))
+    return d / "results"
+
+
 @pytest.fixture
-def trained(tmp_path):
-    """A finished 4-run study, trained and evaluated by the real trial code (no Ray)."""
+def trained(pristine, tmp_path):
+    """This test's own copy of the finished study, to damage."""
     gpath = tmp_path / "dmg.yaml"
     gpath.write_text(GRID)
     grid = load_grid(str(gpath))
-    store = Store(str(tmp_path / "results"), grid.study)
-    for run in grid.runs:
-        execute(run, store, TrialOptions("test"))
-    return gpath, grid, store
+    copy_store(pristine, tmp_path / "results")
+    return gpath, grid, Store(str(tmp_path / "results"), grid.study)
 
 
 def damage(store: Store, grid, how: str = "truncate") -> dict[str, str]:

@@ -55,6 +55,7 @@ def trials(results, study, group):
     return st.get_trials(deepcopy=False)
 
 
+@pytest.mark.slow  # three trials and a resumed search; a real search on Ray also: test_asha_stops_the_trial_...
 def test_search_resumes_without_repeats_and_feeds_a_sweep(tmp_path, ray_local, monkeypatch):
     results = str(tmp_path / "results")
     gpath = write(tmp_path / "tunetest.yaml", search_grid())
@@ -320,6 +321,7 @@ if os.environ.get("RMDM_SPLIT_LOG"):
 '''
 
 
+@pytest.mark.slow  # a real tune; the test split refused also: test_study_tune_refuses_search_split_test_in_one_line
 def test_study_tune_never_reads_the_test_split(tmp_path):
     """A tiny copy of grids/tune_sudoku_lr.yaml (4x4, one group, ASHA on the objective, so trials
     are also scored mid-training) run by the real `study tune`: every eval_set call of the real

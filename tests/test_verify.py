@@ -6,42 +6,33 @@ then `study verify` on copies of its store)
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import study, tiny_grid
-
-GRID = tiny_grid("vfy", retries=0, eval_extra=", n_samples_kept: 16")
+from tests.helpers import TINY, study
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
-    """A tiny study trained and evaluated by a real `study run` (2 runs x 2 eval points)."""
-    d = tmp_path_factory.mktemp("verify")
-    (d / "vfy.yaml").write_text(GRID)
-    r = study("run", str(d / "vfy.yaml"), "--results", str(d / "results"), "--num-cpus", "2", timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return d / "results"
+def fresh(tiny_study, tmp_path_factory):
+    """A tiny study trained and evaluated by a real `study run` (2 runs x 2 eval points; conftest.py)."""
+    return tiny_study(tmp_path_factory.mktemp("verify")) / "results"
 
 
 @pytest.fixture
-def copy(fresh, tmp_path):
+def copy(tiny_study, tmp_path):
     """A private copy of the fresh store, to damage."""
-    dst = tmp_path / "results"
-    shutil.copytree(fresh, dst, ignore=shutil.ignore_patterns(".ray"))
-    return dst
+    return tiny_study(tmp_path) / "results"
 
 
 def verify(results) -> subprocess.CompletedProcess:
-    return study("verify", "--study", "vfy", "--results", str(results), timeout=300)
+    return study("verify", "--study", TINY, "--results", str(results), timeout=300)
 
 
 def a_file(results, table: str) -> str:
-    for dirpath, _, names in sorted(os.walk(results / "vfy" / table)):
+    for dirpath, _, names in sorted(os.walk(results / TINY / table)):
         for n in sorted(names):
             if n.endswith(".parquet"):
                 return os.path.join(dirpath, n)
@@ -101,8 +92,8 @@ def test_verify_names_a_missing_eval_point_and_missing_weights(copy):
     path = a_file(copy, "evals")
     run_id = path.split(os.sep)[-2]
     os.remove(path)
-    os.remove(copy / "vfy" / "samples" / run_id / os.path.basename(path))
-    os.remove(copy / "vfy" / "weights" / f"{run_id}.pt")
+    os.remove(copy / TINY / "samples" / run_id / os.path.basename(path))
+    os.remove(copy / TINY / "weights" / f"{run_id}.pt")
     r = verify(copy)
     assert r.returncode == 1, r.stdout
     assert f"run {run_id} is done but eval point {os.path.basename(path)[:-8]}" in r.stdout
