@@ -8,13 +8,13 @@ from typing import Optional
 
 import typer
 
-from study.cli.base import RESULTS, Command, app, fail
-from study.cli.checks import grid_or_exit, links_out_or_exit, results_or_exit, study_or_exit, writable_file_or_exit
+from study.cli.base import RESULTS, STUDY, Command, app, fail
+from study.cli.checks import grid_or_exit, links_out_or_exit, results_or_exit, study_or_exit
 
 
 @app.command(cls=Command)
 def verify(
-    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    study: Optional[str] = STUDY,
     results: str = RESULTS,
     deep: bool = typer.Option(False, "--deep", help="also evaluate eval points again from the stored weights "
                               "(the stored seed, the run's precision) and require the same outputs and scores"),
@@ -28,8 +28,7 @@ def verify(
     from study.commands.verify import PointError, verify_study
 
     if (point or fraction != 1.0) and not deep:
-        typer.echo("error: --fraction and --point choose what --deep evaluates again: add --deep", err=True)
-        raise typer.Exit(2)
+        fail("--fraction and --point choose what --deep evaluates again: add --deep")
     study = study_or_exit(study, results)
     links_out_or_exit(results, study, code=1)
     store = Store(results, study)
@@ -60,7 +59,7 @@ def backfill(
 
 @app.command(cls=Command)
 def predict(
-    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    study: Optional[str] = STUDY,
     results: str = RESULTS,
     hold_out: list[str] = typer.Option([], "--hold-out", help="RUN_ID (its model, every seed), 'largest' (the "
                                        "largest parameter count) or 'widest' (the largest width): left out of the "
@@ -92,7 +91,6 @@ def predict(
 
     if law not in (*LAWS, "two-step"):
         fail(f"--law {law}: one of {', '.join((*LAWS, 'two-step'))}")
-
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
     if any(t < 1 for t in T):
@@ -102,6 +100,7 @@ def predict(
     results_or_exit(results)
     study = study_or_exit(study, results)
     grid = grid_or_exit(target, data=False) if target is not None else None
+    hold_out = hold_out or ([] if (target or budget) else ["largest"])
     try:
         data = load_study(results, study)
         if design is not None:
@@ -113,10 +112,8 @@ def predict(
             from study.commands.predict_two_step import predict_two_step
 
             trained = trained_study(results, grid.study) if grid is not None and grid.study != study else None
-            return predict_two_step(data, hold_out or ([] if (target or budget) else ["largest"]), grid, T or None,
-                                    boot, typer.echo, plot, trained, budget)
-        run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
-                    typer.echo, results, law, plot)
+            return predict_two_step(data, hold_out, grid, T or None, boot, typer.echo, plot, trained, budget)
+        run_predict(data, hold_out, grid, budget, T or None, boot, typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:
         fail(str(e))
 
@@ -147,14 +144,11 @@ def eval_cmd(
     results_or_exit(results)
     if os.path.isdir(puzzles):
         fail(f"--puzzles {puzzles}: is a directory; give a puzzle file")
-    if out is not None:
-        writable_file_or_exit(out, "--out")  # before any row is written to the store
     try:
         s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out,
                              n_samples_kept=keep)
     except (EvalError, InputFileError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        fail(str(e))
     typer.echo(f"run {run_id} (study {s['study']}) on {s['n']} puzzles of {puzzles}, T={s['T']} L_s={s['L_s']}:")
     for m, (v, lo, hi) in s["metrics"].items():
         typer.echo(f"  {m:<9} {v:.4f}  [{lo:.4f}, {hi:.4f}]")
@@ -196,6 +190,5 @@ def text8_download(
     try:
         path = download_text8(dest, sha256=sha256)
     except (Text8Error, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        fail(str(e), 1)
     typer.echo(path)
