@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 from array import array
 

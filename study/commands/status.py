@@ -110,10 +110,7 @@ def eta_seconds(statuses: list[RunStatus], now: float | None = None) -> float | 
 
 
 def counts(statuses: list[RunStatus]) -> dict[str, int]:
-    c = {k: 0 for k in STATES}
-    for s in statuses:
-        c[s.state] += 1
-    return c
+    return {k: sum(s.state == k for s in statuses) for k in STATES}
 
 
 def render(grid: Grid, store: Store, statuses: list[RunStatus], now: float | None = None) -> str:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
-from study.spec.sections import BadKey, Err, canonical, refuse, short, validate
+from study.spec.sections import Err, canon_key, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
 LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
@@ -114,12 +114,7 @@ def _pairs(kind: str, runs: list) -> list[tuple]:
 def _named(fields: dict, runs: list, key: str, err: Err):
     if not isinstance(fields, dict) or not fields:
         err(key, "must be a mapping of model fields, e.g. {K: 1, L: 2}")
-    want = {}
-    for k, v in fields.items():
-        try:
-            want[canonical(k)] = v
-        except BadKey as e:
-            err(f"{key}.{e.key}", e.msg)
+    want = {canon_key(k, key + ".", err): v for k, v in fields.items()}
     hits = [r for r in runs if all(_field(r, k) == v for k, v in want.items())]
     if len(hits) != 1:
         what = "no model" if not hits else f"{len(hits)} models"

@@ -232,3 +232,11 @@ def canonical(key: Any) -> str:
         raise BadKey(key, "evaluation points are listed in the `eval` section (T, L_s, sampler), not as axes: "
                           "they do not define new runs")
     return key
+
+
+def canon_key(key: Any, where: str, err: Err) -> str:
+    """canonical(key), a BadKey raised through `err` at `where` + the key."""
+    try:
+        return canonical(key)
+    except BadKey as e:
+        err(where + e.key, e.msg)
