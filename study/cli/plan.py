@@ -10,6 +10,8 @@ import typer
 from study.cli.base import Command, app, fail
 from study.cli.checks import OVERRIDES, grid_or_exit
 
+WIDTH = 100  # a terminal's columns: every line of the plan fits them (as analysis.summary.WIDTH)
+
 
 @app.command(cls=Command)
 def plan(
@@ -122,11 +124,16 @@ def _plan_totals(g, rows: list[dict], how: str | None) -> dict:
 def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
     """`study plan`'s table: the search groups (a search grid), a line per run, then the totals; every line
     fits 100 columns (analysis.summary.fit: each column as wide as its widest cell, what is past 100 wrapped)."""
-    from analysis.summary import WIDTH, fit
+    import textwrap
+
+    from store.paths import human_bytes
     from study.spec import cost
 
-    def echo(text: str, indent: int = 6) -> None:
-        typer.echo("\n".join(part for line in text.split("\n") for part in fit(line, indent)))
+    def echo(text: str, indent: int = 6) -> None:  # as analysis.summary.fit wraps (not imported here: it brings
+        # the analysis tables in, a quarter of a second of `study plan`)
+        for line in text.split("\n"):
+            lead = " " * (len(line) - len(line.lstrip(" ")) + indent)
+            typer.echo("\n".join(textwrap.wrap(line, WIDTH, subsequent_indent=lead, break_on_hyphens=False) or [line]))
 
     if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
         from study.engine.tune import describe_search
@@ -137,7 +144,7 @@ def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
     heads = ("run_id", "task", "K", "L_t", "d", "params", "FLOPs/fwd", "train FLOPs", "eval FLOPs", "step mem", "time")
     cells = [(row["run_id"], row["task"], f"{row['K']}", f"{row['L_t']}", f"{row['d_model']}", f"{row['n_params']:,}",
               f"{row['flops_per_forward']:.3g}", f"{row['train_flops']:.3g}", f"{row['eval_flops']:.3g}",
-              cost.human_bytes(row["memory_bytes"]), cost.human_seconds(row["seconds"])) for row in rows]
+              human_bytes(row["memory_bytes"]), cost.human_seconds(row["seconds"])) for row in rows]
     widths = [max(len(c) for c in col) for col in zip(heads, *cells)]
 
     def line(cols) -> str:  # run_id and task to the left, the numbers to the right
@@ -160,5 +167,5 @@ def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
     else:
         echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
     if totals["memory_run_id"] is not None:
-        echo(f"peak memory of a training step: {cost.human_bytes(totals['memory_bytes_max'])} "
+        echo(f"peak memory of a training step: {human_bytes(totals['memory_bytes_max'])} "
              f"({totals['memory_how']}; run {totals['memory_run_id']})")

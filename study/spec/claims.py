@@ -93,22 +93,17 @@ class Claims:
 
 
 def _identity(run, drop: set[str]) -> str:
-    flat = {}
-    for sec, d in run.training_config.items():
-        for k, v in d.items():
-            flat[f"{sec}.{k}"] = v
+    flat = {f"{sec}.{k}": v for sec, d in run.training_config.items() for k, v in d.items()}
     return json.dumps({k: v for k, v in flat.items() if k not in drop and k != "train.seed"}, sort_keys=True,
                       default=str)
 
 
 def _pairs(kind: str, runs: list) -> list[tuple]:
-    if kind == "iso-param":
-        core = lambda r: _identity(r, LOOP_ONLY | {"model.L"})  # noqa: E731
-        ok = lambda a, b: a.model.L > 1 and b.model.L == 1 and a.model.K == b.model.K  # noqa: E731
-    else:
-        core = lambda r: _identity(r, LOOP_ONLY | {"model.L", "model.K"})  # noqa: E731
-        ok = lambda a, b: a.model.L > 1 and b.model.L == 1 and a.model.K * a.model.L == b.model.K  # noqa: E731
-    return [(a, b) for a in runs for b in runs if ok(a, b) and core(a) == core(b)]
+    """(looped A, one-loop B) of one recipe: B has A's K blocks (iso-param) or as many as A runs, K x L (iso-flop)."""
+    flop = kind == "iso-flop"
+    drop = LOOP_ONLY | {"model.L"} | ({"model.K"} if flop else set())
+    return [(a, b) for a in runs for b in runs if a.model.L > 1 and b.model.L == 1
+            and a.model.K * (a.model.L if flop else 1) == b.model.K and _identity(a, drop) == _identity(b, drop)]
 
 
 def _named(fields: dict, runs: list, key: str, err: Err):

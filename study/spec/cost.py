@@ -318,16 +318,6 @@ def with_time(row: dict, train_rate: float | None, eval_rate: float | None) -> d
     return {**row, "train_seconds": ts, "eval_seconds": es, "seconds": ts + es}
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def human_seconds(s: float | None) -> str:
     if s is None:
         return "-"

@@ -117,7 +117,6 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     from study.spec.sections import SECTIONS, TOP_KEYS, aliases
 
     short_keys = aliases()
-
     raw = copy.deepcopy(raw)
     claims: list[tuple] = []
     seen: dict[str, str] = {}
@@ -131,6 +130,9 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
         keys = set()
         # an axis key is one (possibly dotted) name: axes.model.L is the axis `model.L`
         ax = _axes_at(path)
+        section_field = len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path)
+        axis = (_key_for(raw["axes"], ".".join(path)) if section_field and ov.op != "del"
+                and isinstance(raw.get("axes"), dict) else None)
         if ax is not None:
             head, name = path[:ax], ".".join(str(p) for p in path[ax:])
             container = _walk(raw, head, bad, create=ov.op != "del")
@@ -142,18 +144,10 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
             keys |= {_dotted(target), field}
             _change(container, existing if existing is not None else name, existing is not None, ov, target,
                     source, bad)
+        elif axis is not None:  # a field the grid varies: the axis would win over the section value
+            raw["axes"][axis] = ov.value if isinstance(ov.value, list) else [ov.value]
+            keys |= {f"axes.{axis}", ".".join(path), _dotted(path)}
         else:
-            if (len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path)
-                    and isinstance(raw.get("axes"), dict) and ov.op != "del"):
-                field = ".".join(path)
-                axis = _key_for(raw["axes"], field)
-                if axis is not None:  # a field the grid varies: the axis would win over the section value
-                    value = ov.value if isinstance(ov.value, list) else [ov.value]
-                    raw["axes"][axis] = value
-                    keys |= {f"axes.{axis}", field, _dotted(path)}
-                    claims.append((ov, keys))
-                    _once(seen, keys, ov, bad)
-                    continue
             container = _walk(raw, path[:-1], bad, create=ov.op != "del")
             last = path[-1]
             if isinstance(container, dict):
@@ -170,7 +164,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
             if len(sec) >= 2 and sec[0] in SECTIONS and all(isinstance(p, str) for p in sec):
                 keys.add(".".join(sec))  # a group's sections are validated merged, as `train.x`
             _change(container, last, present, ov, path, source, bad)
-            if ov.op != "del" and len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path):
+            if ov.op != "del" and section_field:
                 _refuse_bad_value(SECTIONS[path[0]], path, ov.value, bad)  # named first, before who shadows it
                 _refuse_shadowed(raw, ".".join(path), bad)
         claims.append((ov, keys))
@@ -336,7 +330,7 @@ def study_name(raw: Any, texts: Sequence[str]) -> Any:
     the full checks follow."""
     name = raw.get("study") if isinstance(raw, dict) else None
     for t in texts:
-        if t.startswith("~study") and t[1:] == "study":
+        if t == "~study":
             name = None
         else:
             key, eq, v = t.lstrip("+").partition("=")
