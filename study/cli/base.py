@@ -59,6 +59,9 @@ class _Commands(TyperGroup):
         except BrokenPipeError:
             _pipe_closed()
         except Exception as e:
+            lease = sys.modules.get("store.lease")  # loaded wherever LeaseHeld was raised (nothing imported here)
+            if lease is not None and isinstance(e, lease.LeaseHeld):  # another driver holds the study: one line
+                fail(str(e))
             if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
                 raise
             if isinstance(e, MemoryError) or "failed to map segment" in str(e):  # a library's too (ImportError)

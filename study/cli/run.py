@@ -53,16 +53,12 @@ def run(
         check_address(address)
     except ValueError as e:
         fail(str(e))
-    from store.lease import LeaseHeld
-
     try:
         go = run_grid
         if g.claims is not None:  # seeds on demand until each claim is decided (study/engine/claims.py)
             from study.engine.claims import run_claims as go
         code = go(g, results, RunOptions(address=address, num_cpus=num_cpus, retry_failed=retry_failed, wait=wait,
                                          progress_every_s=progress_every, log=tuple(sinks), echo=typer.echo))
-    except LeaseHeld as e:
-        fail(str(e))
     except KeyboardInterrupt:  # before the sweep (Ray's start: what it started is ended) or a second Ctrl-C
         interrupted("run")
     raise typer.Exit(code)
@@ -118,15 +114,12 @@ def prune(
     that GRID does not ask for, done runs that no grid of the study asks for); with --apply, move their
     files aside. Done runs that a grid of the study asks for are never touched."""
     from store import OutsideStore
-    from store.lease import LeaseHeld
     from study.commands.prune import prune as run_prune
 
     g = grid_or_exit(grid, data=False, overrides=overrides)
     results_or_exit(results)
     try:
         code = run_prune(g, results, apply, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
     except OutsideStore as e:
         fail(e.strerror or str(e))
     raise typer.Exit(code)
@@ -144,7 +137,6 @@ def tune(
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     refuse_if_leased(grid, results, wait, overrides)
-    from store.lease import LeaseHeld
     from study.engine.options import RunOptions
     from study.engine.tune import TuneError, tune_grid
 
@@ -155,7 +147,7 @@ def tune(
     try:
         code = tune_grid(g, results, RunOptions(address=address, num_cpus=num_cpus, wait=wait, log=tuple(sinks),
                                                 echo=typer.echo))
-    except (TuneError, LeaseHeld) as e:
+    except TuneError as e:
         fail(str(e))
     except KeyboardInterrupt:
         interrupted("tune")

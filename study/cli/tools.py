@@ -47,14 +47,10 @@ def backfill(
 ):
     """Score the continuous quantities (ELBO, reference NLL: eval keys nll-test, nll-val) of done runs stored
     without them, from their final weights, under the study's lease; checkpoints are gone, so only the final."""
-    from store.lease import LeaseHeld
     from study.commands.backfill import backfill as run_backfill
 
     links_out_or_exit(results, study)
-    try:
-        run_backfill(results, study, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
+    run_backfill(results, study, echo=typer.echo)
 
 
 @app.command(cls=Command)
@@ -163,14 +159,11 @@ def migrate(
 ):
     """Rewrite a study's store to the current format version (lossless, idempotent; holds the lease)."""
     from store import OutsideStore
-    from store.lease import LeaseHeld
     from study.commands.migrate import migrate_study
 
     results_or_exit(results)
     try:
         changes = migrate_study(results, study, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
     except OutsideStore as e:
         fail(e.strerror or str(e))
     for line in changes:
