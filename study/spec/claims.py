@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
-from study.spec.sections import Err, canon_key, refuse, short, validate
+from study.spec.sections import Err, canon_key, field_of, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
 LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
@@ -110,17 +110,12 @@ def _named(fields: dict, runs: list, key: str, err: Err):
     if not isinstance(fields, dict) or not fields:
         err(key, "must be a mapping of model fields, e.g. {K: 1, L: 2}")
     want = {canon_key(k, key + ".", err): v for k, v in fields.items()}
-    hits = [r for r in runs if all(_field(r, k) == v for k, v in want.items())]
+    hits = [r for r in runs if all(field_of(r, k) == v for k, v in want.items())]
     if len(hits) != 1:
         what = "no model" if not hits else f"{len(hits)} models"
         err(key, f"{short(fields)} names {what} of the grid (models: "
                  f"{', '.join(sorted({_label(r) for r in runs}))}); name exactly one")
     return hits[0]
-
-
-def _field(run, key: str):
-    sec, fld = key.split(".", 1)
-    return getattr(getattr(run, sec), fld, None)
 
 
 def _label(run) -> str:

@@ -383,15 +383,13 @@ def _check_search_point(search: Search, sections: dict, point: dict, study: str,
 
 def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
     """The constraints on the resolved run: a key no axis sets takes its base (or default) value."""
-    sections = {"task": run.task, "model": run.model, "train": run.train, "eval": run.eval,
-                "resources": run.resources}
     for i, c in enumerate(spec.get("constraints", [])):
         cw = f"{where}constraints[{i}]"
         values = {}
         for k in c["product"]:
             ck = canon_key(k, cw + ".product.", err)
             sec, fld = ck.split(".", 1)
-            v = sections[sec]
+            v = getattr(run, sec)
             for part in fld.split("."):
                 if part not in type(v).model_fields:
                     err(f"{cw}.product", f"{k}: no such field; {sec} has: {', '.join(sorted(type(v).model_fields))}")

@@ -19,8 +19,8 @@ from pydantic import Field, field_validator, model_validator
 
 from model.config import ModelConfig, Strict, TrainConfig
 from study.spec.gridfile import grid_file_text, safe_yaml
-from study.spec.sections import (TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canon_key, canonical, refuse,
-                                 short)
+from study.spec.sections import (TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canon_key, canonical, field_of,
+                                 refuse, short)
 
 BEST_KIND = "rmdm-study/best-values"
 LOSS_METRICS = ("final_loss", "val_loss")
@@ -280,17 +280,12 @@ class BestValues:
                 err(where + ".group", f"no search group {group!r} in {self.file}; groups: "
                                       f"{', '.join(sorted(self.groups))} (or auto)")
             return group, dict(self.groups[group]["best"])
-        hits = [g for g, d in self.groups.items() if all(_run_value(run, k) == v for k, v in d["point"].items())]
+        hits = [g for g, d in self.groups.items() if all(field_of(run, k) == v for k, v in d["point"].items())]
         if len(hits) != 1:
-            have = {k: _run_value(run, k) for d in self.groups.values() for k in d["point"]}
+            have = {k: field_of(run, k) for d in self.groups.values() for k in d["point"]}
             err(where + ".group", f"auto: {len(hits)} search groups of {self.file} match a run with {have} "
                                   f"(need exactly one; groups: {', '.join(sorted(self.groups))})")
         return hits[0], dict(self.groups[hits[0]]["best"])
-
-
-def _run_value(run, key: str):
-    sec, fld = key.split(".", 1)
-    return getattr(getattr(run, sec), fld)
 
 
 def load_best(spec: Any, where: str, err: Err) -> tuple[BestValues, str]:

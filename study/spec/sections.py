@@ -233,3 +233,9 @@ def canon_key(key: Any, where: str, err: Err) -> str:
         return canonical(key)
     except BadKey as e:
         err(where + e.key, e.msg)
+
+
+def field_of(run, key: str):
+    """The value of 'section.field' `key` in a resolved run (study/spec/grid.py Run); None for no such field."""
+    sec, fld = key.split(".", 1)
+    return getattr(getattr(run, sec), fld, None)
