@@ -187,7 +187,6 @@ def test_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
         raise RuntimeError("something broke")
 
     monkeypatch.setattr(study.spec.grid, "load_grid", boom)
-    monkeypatch.setattr("study.cli.load_grid", boom)
     r = cli("plan", "x.yaml")
     assert r.exit_code == 1 and "internal error (RuntimeError: something broke)" in r.output
     r = CliRunner().invoke(app, ["--debug", "plan", "x.yaml"])

@@ -9,10 +9,9 @@ from __future__ import annotations
 import sys
 
 from study.cli.base import app
-from study.cli.checks import load_grid
 from study.cli import plan, run, report, tools  # noqa: F401 -- each registers its commands on `app`, in this order
 
-__all__ = ["app", "load_grid", "main"]
+__all__ = ["app", "main"]
 
 
 def main() -> None:

@@ -59,6 +59,9 @@ class _Commands(TyperGroup):
         except BrokenPipeError:
             _pipe_closed()
         except Exception as e:
+            lease = sys.modules.get("store.lease")  # loaded wherever LeaseHeld was raised (nothing imported here)
+            if lease is not None and isinstance(e, lease.LeaseHeld):  # another driver holds the study: one line
+                fail(str(e))
             if ctx.params.get("debug") or os.environ.get("RMDM_DEBUG"):
                 raise
             if isinstance(e, MemoryError) or "failed to map segment" in str(e):  # a library's too (ImportError)
@@ -68,8 +71,7 @@ class _Commands(TyperGroup):
             from store.format import FormatMismatch
 
             if isinstance(e, FormatMismatch):  # the one line naming the versions and `study migrate`
-                typer.echo(f"error: {e}", err=True)
-                raise typer.Exit(2) from None
+                fail(str(e))
             if getattr(e, "stdout", False):
                 _stdout_failed(e)
                 raise typer.Exit(1) from None
@@ -122,12 +124,16 @@ def _pipe_closed():
     """The reader of stdout went away (`study status GRID | head -1`): not a mistake of the user's, so nothing
     is printed; what is still buffered goes to /dev/null (no second error at exit) and the exit status is the
     one a shell tool ended by SIGPIPE has, 141."""
+    _stdout_to_devnull()
+    raise typer.Exit(141)
+
+
+def _stdout_to_devnull():
+    """What is still buffered for stdout goes nowhere: no second error at exit."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-    raise typer.Exit(141)
 
 
 class _Stdout:
@@ -156,10 +162,7 @@ class _Stdout:
 
 def _stdout_failed(e: OSError):
     """Writing to stdout failed (`> /dev/full`): one line naming stdout, not the store's disk; exit 1."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-    except (OSError, ValueError):
-        pass
+    _stdout_to_devnull()
     typer.echo(f"error: cannot write the output to stdout: {e.strerror or e}", err=True)
 
 
@@ -184,6 +187,7 @@ def _one_line(e: BaseException, limit: int = 500) -> str:
 
 app = typer.Typer(cls=_Commands, help=HELP, rich_markup_mode=None)
 RESULTS = typer.Option("results", "--results", help="results store: a path or a pyarrow-supported URI")
+STUDY = typer.Option(None, "--study", help="study name (default: the most recently written)")
 
 
 def _version(value: bool) -> None:

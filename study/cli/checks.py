@@ -14,7 +14,8 @@ def grid_or_exit(path: str, data: bool = True, overrides: Optional[list[str]] = 
     """The expanded grid, after command-line `overrides` (study/spec/overrides.py); with `data` (plan, run, tune),
     also the check that each task can make the examples the grid asks of it (study.spec.grid.check_data).
     Exit 2 with one line otherwise."""
-    from study.spec.grid import GridError, check_data
+    from study.spec.grid import GridError, check_data, load_grid  # here, not at the top: `study run` on a study
+    # another driver holds is refused before study.spec.grid brings torch in (refuse_if_leased)
 
     try:
         g = load_grid(path, overrides or ())
@@ -25,14 +26,6 @@ def grid_or_exit(path: str, data: bool = True, overrides: Optional[list[str]] = 
         from study.spec.overrides import attribute
 
         fail(attribute(str(e), path, overrides or ()))
-
-
-def load_grid(path: str, overrides=()):
-    """study.spec.grid.load_grid, imported on first use, not at the top: `study run` on a study another driver
-    holds is refused before study.spec.grid brings torch in (seconds on a loaded machine; refuse_if_leased)."""
-    from study.spec.grid import load_grid as load
-
-    return load(path, overrides)
 
 
 # Hydra-style `key=value` after the grid (study/spec/overrides.py), on plan, run, status and tune
@@ -193,27 +186,13 @@ def writable_dir_or_exit(path: str, option: str) -> None:
         fail(f"{option} {path}: is a file, not a directory")
     except OSError as e:
         fail(f"{option} {path}: cannot create the directory ({e.strerror or e})")
-    _probe(path, option, path)
-
-
-def writable_file_or_exit(path: str, option: str) -> None:
-    """`path` can be written (its directory exists and takes files; `path` is no directory)."""
-    if os.path.isdir(path):
-        fail(f"{option} {path}: is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        fail(f"{option} {path}: no such directory {parent}")
-    _probe(parent, option, path)
-
-
-def _probe(directory: str, option: str, shown: str) -> None:
     import tempfile
 
     try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".study-write-probe-"):
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".study-write-probe-"):
             pass
     except OSError as e:
-        fail(f"{option} {shown}: cannot write there ({e.strerror or e})")
+        fail(f"{option} {path}: cannot write there ({e.strerror or e})")
 
 
 LOG_HELP = ("also log every trial through Ray Tune's logger callbacks: mlflow[=URI] (default URI "

@@ -10,6 +10,8 @@ import typer
 from study.cli.base import Command, app, fail
 from study.cli.checks import OVERRIDES, grid_or_exit
 
+WIDTH = 100  # a terminal's columns: every line of the plan fits them (as analysis.summary.WIDTH)
+
 
 @app.command(cls=Command)
 def plan(
@@ -120,33 +122,50 @@ def _plan_totals(g, rows: list[dict], how: str | None) -> dict:
 
 
 def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
-    """`study plan`'s table: the search groups (a search grid), a line per run, then the totals."""
+    """`study plan`'s table: the search groups (a search grid), a line per run, then the totals; every line
+    fits 100 columns (analysis.summary.fit: each column as wide as its widest cell, what is past 100 wrapped)."""
+    import textwrap
+
+    from store.paths import human_bytes
     from study.spec import cost
+
+    def echo(text: str, indent: int = 6) -> None:  # as analysis.summary.fit wraps (not imported here: it brings
+        # the analysis tables in, a quarter of a second of `study plan`)
+        for line in text.split("\n"):
+            lead = " " * (len(line) - len(line.lstrip(" ")) + indent)
+            typer.echo("\n".join(textwrap.wrap(line, WIDTH, subsequent_indent=lead, break_on_hyphens=False) or [line]))
 
     if g.search is not None:  # a search grid: its runs are the base configurations of the search groups
         from study.engine.tune import describe_search
 
         for line in describe_search(g):
-            typer.echo(line)
-    typer.echo(f"study {g.study}: {len(rows)} runs from {grid}")
-    typer.echo(f"{'run_id':<13} {'task':<8} {'K':>3} {'L_t':>4} {'d':>5} {'params':>11} {'FLOPs/fwd':>11} "
-               f"{'train FLOPs':>11} {'eval FLOPs':>11} {'step mem':>10} {'time':>9}  eval points")
-    for row in rows:
-        Ts = sorted({p["T"] for p in row["eval_points"]})
-        Ls = sorted({p["L_s"] for p in row["eval_points"]})
-        typer.echo(f"{row['run_id']:<13} {row['task']:<8} {row['K']:>3} {row['L_t']:>4} {row['d_model']:>5} "
-                   f"{row['n_params']:>11,} {row['flops_per_forward']:>11.3g} {row['train_flops']:>11.3g} "
-                   f"{row['eval_flops']:>11.3g} {cost.human_bytes(row['memory_bytes']):>10} "
-                   f"{cost.human_seconds(row['seconds']):>9}  T={Ts} L_s={Ls}")
+            echo(line)
+    echo(f"study {g.study}: {len(rows)} runs from {grid}")
+    heads = ("run_id", "task", "K", "L_t", "d", "params", "FLOPs/fwd", "train FLOPs", "eval FLOPs", "step mem", "time")
+    cells = [(row["run_id"], row["task"], f"{row['K']}", f"{row['L_t']}", f"{row['d_model']}", f"{row['n_params']:,}",
+              f"{row['flops_per_forward']:.3g}", f"{row['train_flops']:.3g}", f"{row['eval_flops']:.3g}",
+              human_bytes(row["memory_bytes"]), cost.human_seconds(row["seconds"])) for row in rows]
+    widths = [max(len(c) for c in col) for col in zip(heads, *cells)]
+
+    def line(cols) -> str:  # run_id and task to the left, the numbers to the right
+        return " ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+
+    points = [f"T={sorted({p['T'] for p in row['eval_points']})} L_s={sorted({p['L_s'] for p in row['eval_points']})}"
+              for row in rows]
+    # the eval points beside each run when every one fits there, else on a line of their own below it
+    sep = "  " if len(line(heads)) + 2 + max(map(len, points), default=0) <= WIDTH else "\n" + " " * (widths[0] + 1)
+    echo(line(heads) + sep + "eval points", widths[0] + 1)
+    for row, cols, pts in zip(rows, cells, points):
+        echo(line(cols) + sep + pts, widths[0] + 1)
         for k, src in row["tuned"].items():  # values taken from a search's best.yaml (`defaults_from`)
-            typer.echo(f"{'':<13} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
-    typer.echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
-               f"(at most: T x L_s forward passes per example)")
+            echo(f"{'':<{widths[0]}} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
+    echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
+         f"(at most: T x L_s forward passes per example)")
     if totals["seconds"] is not None:
-        typer.echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, "
-                   f"at {totals['rate']}")
+        echo(f"time: {cost.human_seconds(totals['seconds'])} on one device, runs one after another, "
+             f"at {totals['rate']}")
     else:
-        typer.echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
+        echo("time: give --flops-per-s, --mfu with --device/--peak-flops, or --measure for an estimate")
     if totals["memory_run_id"] is not None:
-        typer.echo(f"peak memory of a training step: {cost.human_bytes(totals['memory_bytes_max'])} "
-                   f"({totals['memory_how']}; run {totals['memory_run_id']})")
+        echo(f"peak memory of a training step: {human_bytes(totals['memory_bytes_max'])} "
+             f"({totals['memory_how']}; run {totals['memory_run_id']})")

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from analysis.catalog import figure_names
-from study.cli.base import RESULTS, Command, app, fail
+from study.cli.base import RESULTS, STUDY, Command, app, fail
 from study.cli.checks import links_out_or_exit, results_or_exit, study_or_exit, writable_dir_or_exit
 
 
@@ -15,7 +15,7 @@ from study.cli.checks import links_out_or_exit, results_or_exit, study_or_exit, 
 def report(
     figure: str = typer.Option("iso-param", "--figure", help=", ".join(figure_names()) + ", or 'all' (every "
                                "figure the data supports, report.html/.md and the verdicts)"),
-    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    study: Optional[str] = STUDY,
     results: str = RESULTS,
     out: Optional[str] = typer.Option(None, "--out", help="output directory (default: the study's figures/)"),
     fmt: str = typer.Option("svg", "--format", help="second format beside PNG: svg or pdf"),
@@ -90,20 +90,14 @@ def _report_options_or_exit(figure: str, fmt: str, pareto_x: str, split: str, th
         from analysis.figures import FIGURES  # in the report's order
 
         if figure != "all":
-            typer.echo(f"error: unknown figure {figure!r}; known: {', '.join(FIGURES)}, all", err=True)
-            raise typer.Exit(2)
+            fail(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}, all")
         names = list(FIGURES)
-    if fmt not in FORMATS:
-        typer.echo(f"error: unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}", err=True)
-        raise typer.Exit(2)
-    if pareto_x not in ("T", "forward_passes"):
-        typer.echo(f"error: unknown --pareto-x {pareto_x!r}; allowed: T, forward_passes", err=True)
-        raise typer.Exit(2)
     from tasks.base import SPLITS
 
-    if split not in SPLITS:
-        typer.echo(f"error: unknown --split {split!r}; allowed: {', '.join(SPLITS)}", err=True)
-        raise typer.Exit(2)
+    for option, value, allowed in (("--format", fmt, FORMATS), ("--pareto-x", pareto_x, ("T", "forward_passes")),
+                                   ("--split", split, SPLITS)):
+        if value not in allowed:
+            fail(f"unknown {option} {value!r}; allowed: {', '.join(allowed)}")
     if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
         fail(f"--threshold {threshold}: a success rate in (0, 1] is meant (VPR or RTR)")
     return names
@@ -137,8 +131,7 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
     for c in compare:
         a, sep, b = c.partition(":")
         if not sep or not a or not b:
-            typer.echo(f"error: --compare {c!r}: expected RUN_A:RUN_B (two run ids)", err=True)
-            raise typer.Exit(2)
+            fail(f"--compare {c!r}: expected RUN_A:RUN_B (two run ids)")
         named.append((a, b))
     if named:
         from analysis.compare import study_pairs
@@ -146,8 +139,7 @@ def _compare_pairs_or_exit(data, compare: list[str]) -> list[tuple[str, str]]:
         try:
             study_pairs(data, named)  # unknown runs or runs of two tasks: refused before drawing
         except MissingData as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
+            fail(str(e))
     return named
 
 
@@ -171,8 +163,7 @@ def _print_comparisons(data, opts, derived) -> None:
     try:
         c = derived.comparisons(list(opts.compare), opts.split)  # the report's table: computed once for both
     except MissingData as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        fail(str(e))
     if c.empty:
         return
     typer.echo("\n".join(fit(f"paired comparisons ({opts.split} split; verdict: {VERDICT_RULE}):", 2)))

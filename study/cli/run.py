@@ -9,8 +9,14 @@ import typer
 
 from study.cli.base import RESULTS, Command, app, fail
 from study.cli.checks import (LOG_HELP, OVERRIDES, grid_or_exit, links_out_or_exit, log_or_exit, override_note,
-                              refuse_if_leased, results_or_exit, store_found_or_exit,
-                              store_of_run_or_exit)
+                              refuse_if_leased, results_or_exit, store_found_or_exit, store_of_run_or_exit)
+
+# the options `run` and `tune` share
+ADDRESS = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT")
+NUM_CPUS = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray")
+WAIT = typer.Option(False, "--wait", help="if another driver is running this study, wait until it ends (default: "
+                    "refuse, naming it)")
+LOG = typer.Option([], "--log", help=LOG_HELP)
 
 
 @app.command(cls=Command)
@@ -19,14 +25,13 @@ def run(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
-    address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
+    address: Optional[str] = ADDRESS,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run again the runs recorded as failed"),
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
+    num_cpus: Optional[int] = NUM_CPUS,
     progress_every: float = typer.Option(30.0, "--progress-every",
                                          help="seconds between progress lines when not on a terminal"),
-    wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
-                              "ends (default: refuse, naming it)"),
-    log: list[str] = typer.Option([], "--log", help=LOG_HELP),
+    wait: bool = WAIT,
+    log: list[str] = LOG,
 ):
     """Run GRID (or resume it): every run not yet complete in the store, one Ray Tune trial each.
     One driver per study: a second one is refused (exit 2) unless --wait."""
@@ -40,26 +45,20 @@ def run(
     sinks = log_or_exit(log, results)  # --log: known, its package installed, an MLflow server reachable
     g = grid_or_exit(grid, overrides=overrides)
     if g.search is not None:
-        typer.echo(f"error: {grid} has a `search:` section: run it with `study tune`", err=True)
-        raise typer.Exit(2)
+        fail(f"{grid} has a `search:` section: run it with `study tune`")
     store_of_run_or_exit(results, g.study, grid, ctx.get_parameter_source("results").name != "DEFAULT")
     results_or_exit(results, create=True)
     override_note(results, g)
     try:
         check_address(address)
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    from store.lease import LeaseHeld
-
+        fail(str(e))
     try:
         go = run_grid
         if g.claims is not None:  # seeds on demand until each claim is decided (study/engine/claims.py)
             from study.engine.claims import run_claims as go
         code = go(g, results, RunOptions(address=address, num_cpus=num_cpus, retry_failed=retry_failed, wait=wait,
                                          progress_every_s=progress_every, log=tuple(sinks), echo=typer.echo))
-    except LeaseHeld as e:
-        fail(str(e))
     except KeyboardInterrupt:  # before the sweep (Ray's start: what it started is ended) or a second Ctrl-C
         interrupted("run")
     raise typer.Exit(code)
@@ -115,15 +114,12 @@ def prune(
     that GRID does not ask for, done runs that no grid of the study asks for); with --apply, move their
     files aside. Done runs that a grid of the study asks for are never touched."""
     from store import OutsideStore
-    from store.lease import LeaseHeld
     from study.commands.prune import prune as run_prune
 
     g = grid_or_exit(grid, data=False, overrides=overrides)
     results_or_exit(results)
     try:
         code = run_prune(g, results, apply, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
     except OutsideStore as e:
         fail(e.strerror or str(e))
     raise typer.Exit(code)
@@ -134,15 +130,13 @@ def tune(
     grid: str,
     overrides: Optional[list[str]] = OVERRIDES,
     results: str = RESULTS,
-    address: Optional[str] = typer.Option(None, "--address", help="join a Ray cluster: auto, HOST:PORT, ray://HOST:PORT"),
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded local Ray"),
-    wait: bool = typer.Option(False, "--wait", help="if another driver is running this study, wait until it "
-                              "ends (default: refuse, naming it)"),
-    log: list[str] = typer.Option([], "--log", help=LOG_HELP),
+    address: Optional[str] = ADDRESS,
+    num_cpus: Optional[int] = NUM_CPUS,
+    wait: bool = WAIT,
+    log: list[str] = LOG,
 ):
     """Optuna search of GRID's `search:` section through Ray Tune (resumable); writes best.yaml for sweeps."""
     refuse_if_leased(grid, results, wait, overrides)
-    from store.lease import LeaseHeld
     from study.engine.options import RunOptions
     from study.engine.tune import TuneError, tune_grid
 
@@ -153,9 +147,8 @@ def tune(
     try:
         code = tune_grid(g, results, RunOptions(address=address, num_cpus=num_cpus, wait=wait, log=tuple(sinks),
                                                 echo=typer.echo))
-    except (TuneError, LeaseHeld) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+    except TuneError as e:
+        fail(str(e))
     except KeyboardInterrupt:
         interrupted("tune")
     raise typer.Exit(code)

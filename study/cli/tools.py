@@ -8,13 +8,13 @@ from typing import Optional
 
 import typer
 
-from study.cli.base import RESULTS, Command, app, fail
-from study.cli.checks import grid_or_exit, links_out_or_exit, results_or_exit, study_or_exit, writable_file_or_exit
+from study.cli.base import RESULTS, STUDY, Command, app, fail
+from study.cli.checks import grid_or_exit, links_out_or_exit, results_or_exit, study_or_exit
 
 
 @app.command(cls=Command)
 def verify(
-    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    study: Optional[str] = STUDY,
     results: str = RESULTS,
     deep: bool = typer.Option(False, "--deep", help="also evaluate eval points again from the stored weights "
                               "(the stored seed, the run's precision) and require the same outputs and scores"),
@@ -28,8 +28,7 @@ def verify(
     from study.commands.verify import PointError, verify_study
 
     if (point or fraction != 1.0) and not deep:
-        typer.echo("error: --fraction and --point choose what --deep evaluates again: add --deep", err=True)
-        raise typer.Exit(2)
+        fail("--fraction and --point choose what --deep evaluates again: add --deep")
     study = study_or_exit(study, results)
     links_out_or_exit(results, study, code=1)
     store = Store(results, study)
@@ -48,19 +47,15 @@ def backfill(
 ):
     """Score the continuous quantities (ELBO, reference NLL: eval keys nll-test, nll-val) of done runs stored
     without them, from their final weights, under the study's lease; checkpoints are gone, so only the final."""
-    from store.lease import LeaseHeld
     from study.commands.backfill import backfill as run_backfill
 
     links_out_or_exit(results, study)
-    try:
-        run_backfill(results, study, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
+    run_backfill(results, study, echo=typer.echo)
 
 
 @app.command(cls=Command)
 def predict(
-    study: Optional[str] = typer.Option(None, "--study", help="study name (default: the most recently written)"),
+    study: Optional[str] = STUDY,
     results: str = RESULTS,
     hold_out: list[str] = typer.Option([], "--hold-out", help="RUN_ID (its model, every seed), 'largest' (the "
                                        "largest parameter count) or 'widest' (the largest width): left out of the "
@@ -92,7 +87,6 @@ def predict(
 
     if law not in (*LAWS, "two-step"):
         fail(f"--law {law}: one of {', '.join((*LAWS, 'two-step'))}")
-
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         fail(f"--budget {budget}: a number of training FLOPs > 0 is meant")
     if any(t < 1 for t in T):
@@ -102,6 +96,7 @@ def predict(
     results_or_exit(results)
     study = study_or_exit(study, results)
     grid = grid_or_exit(target, data=False) if target is not None else None
+    hold_out = hold_out or ([] if (target or budget) else ["largest"])
     try:
         data = load_study(results, study)
         if design is not None:
@@ -113,10 +108,8 @@ def predict(
             from study.commands.predict_two_step import predict_two_step
 
             trained = trained_study(results, grid.study) if grid is not None and grid.study != study else None
-            return predict_two_step(data, hold_out or ([] if (target or budget) else ["largest"]), grid, T or None,
-                                    boot, typer.echo, plot, trained, budget)
-        run_predict(data, hold_out or ([] if (target or budget) else ["largest"]), grid, budget, T or None, boot,
-                    typer.echo, results, law, plot)
+            return predict_two_step(data, hold_out, grid, T or None, boot, typer.echo, plot, trained, budget)
+        run_predict(data, hold_out, grid, budget, T or None, boot, typer.echo, results, law, plot)
     except (LadderError, MissingData) as e:
         fail(str(e))
 
@@ -147,14 +140,11 @@ def eval_cmd(
     results_or_exit(results)
     if os.path.isdir(puzzles):
         fail(f"--puzzles {puzzles}: is a directory; give a puzzle file")
-    if out is not None:
-        writable_file_or_exit(out, "--out")  # before any row is written to the store
     try:
         s = evaluate_puzzles(run_id, puzzles, results=results, study=study, T=T, L_s=L_s, out=out,
                              n_samples_kept=keep)
     except (EvalError, InputFileError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        fail(str(e))
     typer.echo(f"run {run_id} (study {s['study']}) on {s['n']} puzzles of {puzzles}, T={s['T']} L_s={s['L_s']}:")
     for m, (v, lo, hi) in s["metrics"].items():
         typer.echo(f"  {m:<9} {v:.4f}  [{lo:.4f}, {hi:.4f}]")
@@ -169,14 +159,11 @@ def migrate(
 ):
     """Rewrite a study's store to the current format version (lossless, idempotent; holds the lease)."""
     from store import OutsideStore
-    from store.lease import LeaseHeld
     from study.commands.migrate import migrate_study
 
     results_or_exit(results)
     try:
         changes = migrate_study(results, study, echo=typer.echo)
-    except LeaseHeld as e:
-        fail(str(e))
     except OutsideStore as e:
         fail(e.strerror or str(e))
     for line in changes:
@@ -196,6 +183,5 @@ def text8_download(
     try:
         path = download_text8(dest, sha256=sha256)
     except (Text8Error, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        fail(str(e), 1)
     typer.echo(path)

@@ -1,24 +1,12 @@
-"""`study migrate`: bring a study's store to the current format version (store/format.py), losslessly.
+"""`study migrate`: bring a study's store to the current format version (store/format.py), losslessly
+(docs/guide/store.md, "Format version and `study migrate`").
 
 It holds the study's lease throughout (never beside a `study run` / `study tune` driver), writes every file
 atomically (Store.write_bytes), says each change in one line, and stamps FORMAT last: a migration killed
 half-way leaves a store still refused, and running it again finishes it (a second run changes nothing).
-
-From version 0 (no FORMAT) or 1 to 2:
-- runs rows: a done run's `weights_sha256` / `history_sha256` filled from its files where null, and every
-  rewritten row's `row_sha256` (store/digest.py); a file that is not there stays null: nothing to record;
-- grids/log.jsonl: a study run before grids were recorded gets its grid.yaml adopted as the first entry
-  (store/provenance.py);
-- evals rows of a sampling point: `forward_passes_mean` filled from the samples' per-example `passes` where
-  null; where the samples hold no per-example cost it stays null, the one way the store says "unknown";
-- evals rows: `kind` (study/engine/kinds) filled where null, from what the key and the run's task say (the one
-  place that reads it from a key: nll-<split>, ext-..., a likelihood point's <key>-gen, else the task's eval_mode);
-- evals rows of a likelihood point (text8): a `ppl` row (exp of the point's nll, derived by the analysis,
-  never stored since) dropped;
-- task data cached by an older generation of a task's files (Task.upgrade_data: Sudoku's older generators),
-  adopted under today's name for every run's config: the readers read today's only;
-- temp files under earlier versions' names (`<name>.tmp-<pid>[.npz]`, `<name>.<8 hex>.part`) left by writes
-  that never finished, untouched for store.TEMP_AGE_S: removed (the readers know only today's name).
+Each step below fills what an older store left null where the store holds what it is derived from (a value
+that cannot be derived stays null, the one way the store says "unknown"), or renames what an older version
+named otherwise: after it, the readers read the current format only.
 """
 from __future__ import annotations
 
@@ -112,7 +100,8 @@ def _drop_ppl(store: Store) -> list[str]:
 
 
 def _kinds(store: Store) -> list[str]:
-    """Each evals file's `kind`, where null: what its key and its run's task say it is."""
+    """Each evals file's `kind`, where null: what its key and its run's task say it is (the one place that reads
+    it from a key); and each interval inside its metric's declared bounds, as rows are written today."""
     from study.engine.nllrows import NLL_KEYS
     from study.engine.rows import clipped
     from tasks import TASKS, is_likelihood

@@ -15,6 +15,7 @@ saves analysis.ladder.ladder_figure.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Callable
 
@@ -88,24 +89,28 @@ def candidate_widths(ladder_widths, heads: int) -> list[int]:
     return sorted({int(w) for w in ladder_widths} | wider)
 
 
-def ladder_candidates(law: Ladder, base) -> pd.DataFrame:
-    """The ladder's (K, L) shapes (every K with every L it trained) at its widths and wider ones, priced
-    with the ladder's training recipe (`base`: one ladder run)."""
-    lad = law.models[law.models["role"] == "ladder"]
-    Ks, Ls = sorted(set(lad["K"])), sorted(set(lad["L"]))
-    widths = candidate_widths(lad["d_model"], base.model.n_heads)
+def priced(base, shapes, widths, steps=(None,)) -> pd.DataFrame:
+    """A budget's candidates: run `base` (its training recipe) at each (K, L) shape, width and step count (None:
+    the base's, the row labelled by its model alone), priced with study/spec/cost.py's cost model."""
     rows = []
-    for K in Ks:
-        for L in Ls:
-            for d in widths:
-                r = dataclasses.replace(base, model=base.model.model_copy(update={"K": K, "L": L, "d_model": d}))
-                rows.append(model_row(r))
+    for (K, L), d, s in itertools.product(shapes, widths, steps):
+        r = dataclasses.replace(base, model=base.model.model_copy(update={"K": K, "L": L, "d_model": d}))
+        if s is None:
+            rows.append(model_row(r))
+        else:
+            r = dataclasses.replace(r, train=base.train.model_copy(update={"steps": s}))
+            rows.append({**model_row(r, f"({K} x {L}) d={d} s={s}"), "steps": s})
     return pd.DataFrame(rows)
+
+
+def ladder_ids(law: Ladder) -> list[str]:
+    """The run ids of the ladder's models (every seed), in the law's order."""
+    return [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
 
 
 def ladder_flops(law: Ladder, runs_by_id: dict) -> tuple[float, int, int]:
     """(training FLOPs of the ladder's runs, runs priced, runs in the ladder) from the study's grid."""
-    ids = [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
+    ids = ladder_ids(law)
     priced = [runs_by_id[r].train_flops() for r in ids if r in runs_by_id]
     return float(sum(priced)), len(priced), len(ids)
 
@@ -277,12 +282,14 @@ def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | No
         if models is not None:
             budget(law, models, flops, Ts, f"the models of {target_grid.path}", echo)
         else:
-            ids = [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
-            base = next((runs_by_id[r] for r in ids if r in runs_by_id), None)
+            base = next((runs_by_id[r] for r in ladder_ids(law) if r in runs_by_id), None)
             if base is None:
                 raise LadderError("--budget needs candidates: the study's grid.yaml does not give its ladder's runs "
                                   "(absent, or no longer expands); give them with --target GRID")
-            budget(law, ladder_candidates(law, base), flops, Ts,
+            lad = law.models[law.models["role"] == "ladder"]  # every K with every L it trained
+            cands = priced(base, list(itertools.product(sorted(set(lad["K"])), sorted(set(lad["L"])))),
+                           candidate_widths(lad["d_model"], base.model.n_heads))
+            budget(law, cands, flops, Ts,
                    "the ladder's (K x L) shapes at its widths and up to 4x its widest, its training recipe", echo)
     if plot:
         fig = ladder_figure(law, targets=models, measured=measured, Ts=Ts)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 from array import array
 
@@ -102,16 +101,12 @@ def evaluate_puzzles(run_id: str, puzzles: str, results: str = "results", study:
                      device: str | None = None, chunk: int = CHUNK) -> dict:
     """Solve the examples (Sudoku puzzles) of `puzzles` with run `run_id`; write evals + samples rows (and `out`).
 
-    The file is read, sampled and scored `chunk` puzzles at a time (a multiple of the sampler's batch of
-    256: the outputs are those of sampling the whole file at once), so the file's text is never held
-    whole: each puzzle's scores and passes are kept as a number each (the evals rows are
-    study.engine.rows.column_rows of them), `out` is written as the chunks come (to a temp file renamed
-    at the end). The samples table holds a row per puzzle (its scores and cost: `study verify` derives the
-    evals rows from them), with the text of the first `n_samples_kept` puzzles (None: of all of them).
-    Nothing is written to the store until every puzzle is scored; `out` is checked before any work.
-
-    T defaults to the largest T of the run's grid, L_s to its training depth. Returns a summary:
-    eval_key, n, metrics {name: (value, ci_low, ci_high)}, out."""
+    The file is read, sampled and scored `chunk` puzzles at a time (the outputs are those of sampling the whole
+    file at once), so its text is never held whole: each puzzle's scores and passes are kept as a number each,
+    `out` is written as the chunks come (to a temp file renamed at the end). The samples table holds a row per
+    puzzle (its scores and cost: `study verify` derives the evals rows from them), with the text of the first
+    `n_samples_kept` (None: all). Nothing is written to the store until every puzzle is scored; `out` is
+    checked before any work. Returns a summary: eval_key, n, T, L_s, metrics {name: (value, low, high)}, out."""
     if chunk < 1 or chunk % BATCH:
         raise ValueError(f"chunk must be a positive multiple of {BATCH} (got {chunk})")
     dest = _open_out(out) if out else None

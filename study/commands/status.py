@@ -7,7 +7,6 @@ line live from Ray Tune's trial events.
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 from dataclasses import dataclass
@@ -82,21 +81,11 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
 
 
 def _maybe_alive(hb: dict) -> bool:
-    """False only when the heartbeat's process ran on this host and is gone (a killed trial)."""
-    if hb.get("node") != socket.gethostname() or not hb.get("pid"):
-        return True
-    pid = int(hb["pid"])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed process nobody reaped yet is a zombie: not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """False only when the heartbeat's process ran on this host and is gone (a killed trial; a killed process
+    nobody reaped yet, a zombie, too)."""
+    from store.lease import proc_start
+
+    return hb.get("node") != socket.gethostname() or not hb.get("pid") or proc_start(int(hb["pid"])) is not None
 
 
 def eta_seconds(statuses: list[RunStatus], now: float | None = None) -> float | None:
@@ -110,10 +99,7 @@ def eta_seconds(statuses: list[RunStatus], now: float | None = None) -> float | 
 
 
 def counts(statuses: list[RunStatus]) -> dict[str, int]:
-    c = {k: 0 for k in STATES}
-    for s in statuses:
-        c[s.state] += 1
-    return c
+    return {k: sum(s.state == k for s in statuses) for k in STATES}
 
 
 def render(grid: Grid, store: Store, statuses: list[RunStatus], now: float | None = None) -> str:

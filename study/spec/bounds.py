@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from typing import Any
 
 from model.config import ModelConfig, TrainConfig
@@ -52,7 +53,7 @@ def check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: E
                 err(key, f"must be a finite number (got {v})")
             if isinstance(v, int) and abs(v) >= 1 << 63:
                 err(key, f"must fit a 64-bit integer, |value| < 2^63 (got {short(v)})")
-            cap = BOUNDS.get(_unindexed(key))
+            cap = BOUNDS.get(re.sub(r"\[\d+\]", "", key))  # eval.T[2]: eval.T's bound
             if cap is not None and isinstance(v, (int, float)) and v > cap:
                 err(key, f"{short(v)} is beyond the bound {cap:,} (study/spec/bounds.py BOUNDS: more than any "
                          f"study here can train or evaluate)")
@@ -84,12 +85,6 @@ def _numbers(d: Any, key: str):
             yield from _numbers(v, f"{key}[{i}]")
     elif isinstance(d, (int, float)) and not isinstance(d, bool):
         yield key, d
-
-
-def _unindexed(key: str) -> str:
-    import re
-
-    return re.sub(r"\[\d+\]", "", key)
 
 
 @functools.lru_cache(maxsize=256)

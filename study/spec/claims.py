@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
-from study.spec.sections import BadKey, Err, canonical, refuse, short, validate
+from study.spec.sections import Err, canon_key, field_of, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
 LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
@@ -93,44 +93,29 @@ class Claims:
 
 
 def _identity(run, drop: set[str]) -> str:
-    flat = {}
-    for sec, d in run.training_config.items():
-        for k, v in d.items():
-            flat[f"{sec}.{k}"] = v
+    flat = {f"{sec}.{k}": v for sec, d in run.training_config.items() for k, v in d.items()}
     return json.dumps({k: v for k, v in flat.items() if k not in drop and k != "train.seed"}, sort_keys=True,
                       default=str)
 
 
 def _pairs(kind: str, runs: list) -> list[tuple]:
-    if kind == "iso-param":
-        core = lambda r: _identity(r, LOOP_ONLY | {"model.L"})  # noqa: E731
-        ok = lambda a, b: a.model.L > 1 and b.model.L == 1 and a.model.K == b.model.K  # noqa: E731
-    else:
-        core = lambda r: _identity(r, LOOP_ONLY | {"model.L", "model.K"})  # noqa: E731
-        ok = lambda a, b: a.model.L > 1 and b.model.L == 1 and a.model.K * a.model.L == b.model.K  # noqa: E731
-    return [(a, b) for a in runs for b in runs if ok(a, b) and core(a) == core(b)]
+    """(looped A, one-loop B) of one recipe: B has A's K blocks (iso-param) or as many as A runs, K x L (iso-flop)."""
+    flop = kind == "iso-flop"
+    drop = LOOP_ONLY | {"model.L"} | ({"model.K"} if flop else set())
+    return [(a, b) for a in runs for b in runs if a.model.L > 1 and b.model.L == 1
+            and a.model.K * (a.model.L if flop else 1) == b.model.K and _identity(a, drop) == _identity(b, drop)]
 
 
 def _named(fields: dict, runs: list, key: str, err: Err):
     if not isinstance(fields, dict) or not fields:
         err(key, "must be a mapping of model fields, e.g. {K: 1, L: 2}")
-    want = {}
-    for k, v in fields.items():
-        try:
-            want[canonical(k)] = v
-        except BadKey as e:
-            err(f"{key}.{e.key}", e.msg)
-    hits = [r for r in runs if all(_field(r, k) == v for k, v in want.items())]
+    want = {canon_key(k, key + ".", err): v for k, v in fields.items()}
+    hits = [r for r in runs if all(field_of(r, k) == v for k, v in want.items())]
     if len(hits) != 1:
         what = "no model" if not hits else f"{len(hits)} models"
         err(key, f"{short(fields)} names {what} of the grid (models: "
                  f"{', '.join(sorted({_label(r) for r in runs}))}); name exactly one")
     return hits[0]
-
-
-def _field(run, key: str):
-    sec, fld = key.split(".", 1)
-    return getattr(getattr(run, sec), fld, None)
 
 
 def _label(run) -> str:

@@ -153,45 +153,23 @@ def cache_path() -> str:
     return os.path.join(os.path.dirname(paths_cache()), "throughput.json")
 
 
-def _read_cache(path: str) -> dict:
-    from atomicio import read_versioned_json
-
-    shapes = read_versioned_json(path, CACHE_VERSION).get("shapes")
-    return shapes if isinstance(shapes, dict) else {}
-
-
-def _write_cache(path: str, shapes: dict) -> None:
-    from atomicio import write_text
-
-    write_text(path, json.dumps({"version": CACHE_VERSION, "shapes": shapes}, indent=1, sort_keys=True))
-
-
-def _device_type(run: Run) -> str:
-    import torch
-
-    return "cuda" if run.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
-
-
-def _machine(device: str, threads: int) -> str:
+def shape_of(run: Run) -> dict:
+    """Everything a training step's speed and memory depend on (what the child process rebuilds)."""
     import torch
 
     from model.precision import machine_key
 
-    return machine_key(torch.device(device)) + (f"|{threads} trial threads" if device == "cpu" else "")
-
-
-def shape_of(run: Run) -> dict:
-    """Everything a training step's speed and memory depend on (what the child process rebuilds)."""
     f = facts(run)
-    device = _device_type(run)
+    device = "cuda" if run.resources.gpu > 0 and torch.cuda.is_available() else "cpu"
     threads = max(1, int(run.resources.cpu))
+    machine = machine_key(torch.device(device)) + (f"|{threads} trial threads" if device == "cpu" else "")
     pt_n = max((eval_examples(run, p.n_examples) for p in run.eval_points()), default=1)
     train = run.train.model_dump(include={"batch_size", "loss", "loss_weights", "truncate_k", "precision", "grad_clip"})
     from model.precision import MEASURE_MIN_FLOPS  # here: `study plan` without --measure needs no torch
 
     # whether the trainer measures the fastest attention/precision path or takes the rule (model.precision)
     paths_measured = run.train_flops() >= MEASURE_MIN_FLOPS
-    return {"v": CACHE_VERSION, "machine": _machine(device, threads), "device": device, "threads": threads,
+    return {"v": CACHE_VERSION, "machine": machine, "device": device, "threads": threads,
             "task": {"name": run.task.name, "json": run.task.model_dump_json()},
             "model": run.model.model_dump(), "train": train, "seq_len": f["seq_len"], "vocab": f["vocab"],
             "eval_batch": min(pt_n, 256), "paths_measured": paths_measured}  # eval_batch: sample_all's
@@ -200,8 +178,11 @@ def shape_of(run: Run) -> dict:
 def measure(runs: list[Run], echo: Callable[[str], None] = lambda s: None, refresh: bool = False) -> dict[str, dict]:
     """run_id -> {"train", "eval" (FLOP/s), "memory" (bytes), "memory_how", "cached"}; one child process
     per distinct shape not yet in the cache (or every shape with `refresh`)."""
+    from atomicio import read_versioned_json, write_text
+
     path = cache_path()
-    cache = _read_cache(path)
+    cache = read_versioned_json(path, CACHE_VERSION).get("shapes")
+    cache = cache if isinstance(cache, dict) else {}
     by_key: dict[str, dict] = {}
     out = {}
     for r in runs:
@@ -215,7 +196,7 @@ def measure(runs: list[Run], echo: Callable[[str], None] = lambda s: None, refre
                      f"({shape['device']}, {shape['threads']} threads) ...")
                 got = _measure_child(shape)
                 cache[key] = {**got, "shape": shape}
-                _write_cache(path, cache)
+                write_text(path, json.dumps({"version": CACHE_VERSION, "shapes": cache}, indent=1, sort_keys=True))
                 by_key[key] = {**cache[key], "cached": False}
         out[r.run_id] = by_key[key]
     return out
@@ -335,16 +316,6 @@ def with_time(row: dict, train_rate: float | None, eval_rate: float | None) -> d
         return {**row, "train_seconds": None, "eval_seconds": None, "seconds": None}
     ts, es = row["train_flops"] / train_rate, row["eval_flops"] / eval_rate
     return {**row, "train_seconds": ts, "eval_seconds": es, "seconds": ts + es}
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def human_seconds(s: float | None) -> str:

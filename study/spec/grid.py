@@ -29,11 +29,11 @@ from model.schedules import loss_weights_problem
 from store import NAME_RULE, is_safe_name
 # BOUNDS and MAX_STEP_BYTES: also read from here (study.spec.grid.BOUNDS), as before bounds.py held them
 from study.spec.bounds import BOUNDS, MAX_RUNS_ENV, MAX_STEP_BYTES, check_bounds, max_runs  # noqa: F401
-from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep
-from study.spec.points import canon_key, check_keys, count_points, deep_update, mapping, points, satisfies
+from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep, yaml_problem
+from study.spec.points import check_keys, count_points, deep_update, mapping, points, satisfies
 from study.spec.search import Search, load_best
 from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig, GridError,
-                                 Resources, aliases, cut, short, validate)
+                                 Resources, aliases, canon_key, cut, short, validate)
 from tasks import TASKS, TaskConfig, how_to_register, make_task
 
 
@@ -56,14 +56,9 @@ def single_loop(train: TrainConfig) -> TrainConfig:
 def inert_train_fields(train: TrainConfig) -> set[str]:
     """Fields that cannot change the trained weights under this loss and schedule, so two runs
     differing only in them are one run (and one id): nothing is trained twice."""
-    inert = set()
-    if train.loss != "truncated":
-        inert.add("truncate_k")
-    if train.loss != "weighted":
-        inert.add("loss_weights")
-    if train.schedule == "fixed":
-        inert.add("min_depth")
-    return inert
+    inert = {"truncate_k": train.loss != "truncated", "loss_weights": train.loss != "weighted",
+             "min_depth": train.schedule == "fixed"}
+    return {k for k, yes in inert.items() if yes}
 
 
 @dataclass(frozen=True)
@@ -199,9 +194,7 @@ class SearchGroup:
 def search_group_name(grid_group: str | None, point: dict, study: str) -> str:
     """Name of a search group: the grid group's name and the values of its point, e.g. 'K1_L3'."""
     short_names = {v: k for k, v in aliases().items()}
-    parts = [grid_group] if grid_group is not None else []
-    for k, v in point.items():
-        parts.append(f"{short_names.get(k, k)}{v}")
+    parts = ([grid_group] if grid_group is not None else []) + [f"{short_names.get(k, k)}{v}" for k, v in point.items()]
     return "_".join(str(p) for p in parts) or study
 
 
@@ -218,52 +211,37 @@ class Grid:
     claims: typing.Any = None  # the `claims:` and `seeds:` sections (study/spec/claims.py Claims), when present
 
 
-def _yaml_error(path: str, e: yaml.YAMLError) -> str:
-    """One line: file:line:column, what YAML expected and what it found."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
-    what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
-    return f"{where}: not valid YAML: {' '.join(what.split())}"
-
-
 def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
-    """Read, validate and expand a grid file, after command-line `overrides` (study/spec/overrides.py).
-    Raises GridError naming file (or override) and key."""
-    text = grid_file_text(path)
+    """Read, validate and expand a grid file, after command-line `overrides` (study/spec/overrides.py: applied
+    to the file's mapping, then the same checks as a file). Raises GridError naming file (or override) and key."""
+    from study.spec.overrides import OverrideError, apply, attribute, parse, show
+
     try:
-        raw = safe_yaml(text)
+        raw = safe_yaml(grid_file_text(path))
     except RecursionError:
         raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
                         f"{MAX_GRID_DEPTH})") from None
     except yaml.YAMLError as e:
-        raise GridError(cut(_yaml_error(path, e))) from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        raise GridError(cut(f"{where}: not valid YAML: {yaml_problem(e)}")) from None
     if too_deep(raw, MAX_GRID_DEPTH):
         raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
                         f"a few")
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
-    if overrides:  # applied to the file's mapping, then the same checks as a file (study/spec/overrides.py)
-        return _expand_with(raw, path, overrides)
-    return expand(raw, path)
-
-
-def _expand_with(raw: dict, path: str, texts: typing.Sequence[str]) -> Grid:
-    """The Grid of `raw` (grid file `path`'s mapping) after override strings `texts`, validated as a
-    file is; GridError in one line naming the override a key error comes from."""
-    from study.spec.overrides import OverrideError, apply, attribute, parse, show
-
+    if not overrides:
+        return expand(raw, path)
     try:
-        new, claims = apply(raw, parse(texts), path)
+        raw, claims = apply(raw, parse(overrides), path)
     except OverrideError as e:
         raise GridError(str(e)) from None
-    if not isinstance(new, dict):
-        raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
-    if too_deep(new, MAX_GRID_DEPTH):
+    if too_deep(raw, MAX_GRID_DEPTH):
         raise GridError(f"{path} with overrides: nested deeper than {MAX_GRID_DEPTH} levels")
     try:
-        grid = expand(new, path)
+        grid = expand(raw, path)
     except GridError as e:
-        raise GridError(attribute(str(e), path, texts, claims)) from None
+        raise GridError(attribute(str(e), path, overrides, claims)) from None
     for ov, keys in claims:  # best values of a search (defaults_from) win over the sections
         fields = {k for k in keys if "." in k and not k.startswith(("axes.", "groups"))}
         for run_id, src in grid.tuned.items():
@@ -272,7 +250,7 @@ def _expand_with(raw: dict, path: str, texts: typing.Sequence[str]) -> Grid:
                 k = sorted(hit)[0]
                 raise GridError(f"override {show(ov.text)}: {k} is taken from {src[k].get('file')} by defaults_from "
                                 f"for run {run_id} (and wins there): remove defaults_from (~defaults_from) to set it")
-    grid.overrides = list(texts)
+    grid.overrides = list(overrides)
     return grid
 
 
@@ -405,15 +383,13 @@ def _check_search_point(search: Search, sections: dict, point: dict, study: str,
 
 def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
     """The constraints on the resolved run: a key no axis sets takes its base (or default) value."""
-    sections = {"task": run.task, "model": run.model, "train": run.train, "eval": run.eval,
-                "resources": run.resources}
     for i, c in enumerate(spec.get("constraints", [])):
         cw = f"{where}constraints[{i}]"
         values = {}
         for k in c["product"]:
             ck = canon_key(k, cw + ".product.", err)
             sec, fld = ck.split(".", 1)
-            v = sections[sec]
+            v = getattr(run, sec)
             for part in fld.split("."):
                 if part not in type(v).model_fields:
                     err(f"{cw}.product", f"{k}: no such field; {sec} has: {', '.join(sorted(type(v).model_fields))}")
@@ -422,13 +398,6 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
         if not satisfies(values, c, cw, err):
             return False
     return True
-
-
-def _task_config(d: dict, key: str, err: Err) -> TaskConfig:
-    name = d.get("name")
-    if name not in TASKS:
-        err(f"{key}.name", f"unknown task {short(name)}; {how_to_register()}")
-    return validate(TASKS[name][0], d, key, err)
 
 
 def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: Err) -> Run:
@@ -440,7 +409,9 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
         for p in parts[:-1]:
             cur = cur.setdefault(p, {})
         cur[parts[-1]] = v
-    task = _task_config(s["task"], "task", err)
+    if s["task"].get("name") not in TASKS:
+        err("task.name", f"unknown task {short(s['task'].get('name'))}; {how_to_register()}")
+    task = validate(TASKS[s["task"]["name"]][0], s["task"], "task", err)
     model = validate(ModelConfig, s["model"], "model", err)
     train = validate(TrainConfig, s["train"], "train", err)
     ev = validate(EvalConfig, s["eval"], "eval", err)

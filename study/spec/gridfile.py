@@ -2,7 +2,6 @@
 parsed with a safe loader that also refuses a key given twice; nothing in it is ever evaluated."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import yaml
@@ -88,3 +87,9 @@ def safe_yaml(text: str):
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """What YAML expected and what it found, in one line."""
+    what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+    return " ".join(what.split())

@@ -1,28 +1,13 @@
-"""Command-line overrides of a grid, Hydra-style: `study run g.yaml train.steps=10 axes.L=[1,2] ~eval.adaptive`.
+"""Command-line overrides of a grid, Hydra-style: `study run g.yaml train.steps=10 axes.L=[1,2] ~eval.adaptive`
+(docs/guide/grids.md, "Overrides"): `KEY=VALUE` sets a dotted key (a short name such as `L` is its field,
+study/spec/sections.py aliases()), the value read as YAML; `+KEY=VALUE` adds a key the file lacks; `~KEY`
+deletes one the file sets. A field the grid varies as a top-level axis is set through that axis (`L=3` is
+`[3]`); one that a group, a `couple` or `include` point or `defaults_from` sets again is refused.
 
-    KEY=VALUE    set KEY (a dotted path: `train.steps`, `task.mask_rate`, `groups.0.train.lr` or
-                 `groups[0].train.lr`; a short name such as `L` or `steps` is its field, see
-                 study/spec/sections.py aliases(), a task's own among them) to VALUE, read as YAML
-                 (`yaml.safe_load`: `[1, 2]`, `3e-4`, `true`,
-                 `null`, `{a: 1}`); whether the file sets KEY or not: the schema decides what is allowed
-    +KEY=VALUE   the same, and KEY must not be in the file yet (a key the file lacks, added)
-    ~KEY         delete KEY, which the file must set (e.g. `~groups.1.train.steps`)
-
-`axes.K=[a,b]` sets axis K (replacing the file's axis for the same field however it is spelt,
-`L` or `model.L`). A field the grid varies as a top-level axis is set through that axis:
-`model.L=[1,2]` or `L=[1,2]` replace it, `L=3` makes it `[3]` (else the axis would silently win
-over the section value). A field set again by a group, a `couple` or `include` point or
-`defaults_from` (which win over the top-level sections) is refused: override that place instead.
-
-Overrides are applied in order to the file's mapping, then validated and expanded exactly as a
-file (study/spec/grid.py load_grid, expand): an unknown key or a bad value is the file's own one-line error,
-naming the override as its source. The grid a study stores (grid.yaml and grids/<sha>.yaml, see
-store/provenance.py) is the grid after the overrides with the overrides themselves in a comment
-header (grid_text), so `study report` shows them. Run ids are hashes of resolved training
-configs: an override that changes training gives new runs; an eval-only one (`eval.T=[1,2,4]`)
-keeps the ids.
-
-Nothing here imports torch, nor study/spec/grid.py (which applies overrides in `load_grid`).
+Overrides are applied in order to the file's mapping, then validated and expanded exactly as a file
+(study/spec/grid.py load_grid): an error is the file's own one line, naming the override as its source. The
+grid a study stores is the grid after the overrides, with them in a comment header (grid_text).
+Nothing here imports torch, nor study/spec/grid.py.
 """
 from __future__ import annotations
 
@@ -80,15 +65,14 @@ def _parse_one(text: str) -> Override:
     if not eq:
         bad("expected KEY=VALUE, +KEY=VALUE or ~KEY (e.g. train.steps=10, axes.L=[1,2])")
     path = _path(key, bad)
-    from study.spec.gridfile import MAX_GRID_DEPTH, safe_yaml, too_deep
+    from study.spec.gridfile import MAX_GRID_DEPTH, safe_yaml, too_deep, yaml_problem
 
     try:
         value = safe_yaml(vtext)
     except RecursionError:
         bad(f"the value nests more than {MAX_GRID_DEPTH} levels")
     except yaml.YAMLError as e:
-        what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
-        bad(f"the value is not valid YAML: {' '.join(what.split())}")
+        bad(f"the value is not valid YAML: {yaml_problem(e)}")
     if too_deep(value, MAX_GRID_DEPTH):
         bad(f"the value nests more than {MAX_GRID_DEPTH} levels")
     return Override(text, op, path, value)
@@ -133,7 +117,6 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
     from study.spec.sections import SECTIONS, TOP_KEYS, aliases
 
     short_keys = aliases()
-
     raw = copy.deepcopy(raw)
     claims: list[tuple] = []
     seen: dict[str, str] = {}
@@ -147,29 +130,24 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
         keys = set()
         # an axis key is one (possibly dotted) name: axes.model.L is the axis `model.L`
         ax = _axes_at(path)
+        section_field = len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path)
+        axis = (_key_for(raw["axes"], ".".join(path)) if section_field and ov.op != "del"
+                and isinstance(raw.get("axes"), dict) else None)
         if ax is not None:
             head, name = path[:ax], ".".join(str(p) for p in path[ax:])
             container = _walk(raw, head, bad, create=ov.op != "del")
             if not isinstance(container, dict):
                 bad(f"{_dotted(head)} is not a mapping in {source}")
             field = _canon(name)
-            existing = next((k for k in container if isinstance(k, str) and _canon(k) == field), None)
+            existing = _key_for(container, field)
             target = head + [existing if existing is not None else name]
             keys |= {_dotted(target), field}
             _change(container, existing if existing is not None else name, existing is not None, ov, target,
                     source, bad)
+        elif axis is not None:  # a field the grid varies: the axis would win over the section value
+            raw["axes"][axis] = ov.value if isinstance(ov.value, list) else [ov.value]
+            keys |= {f"axes.{axis}", ".".join(path), _dotted(path)}
         else:
-            if (len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path)
-                    and isinstance(raw.get("axes"), dict) and ov.op != "del"):
-                field = ".".join(path)
-                axis = next((k for k in raw["axes"] if isinstance(k, str) and _canon(k) == field), None)
-                if axis is not None:  # a field the grid varies: the axis would win over the section value
-                    value = ov.value if isinstance(ov.value, list) else [ov.value]
-                    raw["axes"][axis] = value
-                    keys |= {f"axes.{axis}", field, _dotted(path)}
-                    claims.append((ov, keys))
-                    _once(seen, keys, ov, bad)
-                    continue
             container = _walk(raw, path[:-1], bad, create=ov.op != "del")
             last = path[-1]
             if isinstance(container, dict):
@@ -186,7 +164,7 @@ def apply(raw: dict, overrides: Sequence[Override], source: str = "the grid file
             if len(sec) >= 2 and sec[0] in SECTIONS and all(isinstance(p, str) for p in sec):
                 keys.add(".".join(sec))  # a group's sections are validated merged, as `train.x`
             _change(container, last, present, ov, path, source, bad)
-            if ov.op != "del" and len(path) >= 2 and path[0] in SECTIONS and all(isinstance(p, str) for p in path):
+            if ov.op != "del" and section_field:
                 _refuse_bad_value(SECTIONS[path[0]], path, ov.value, bad)  # named first, before who shadows it
                 _refuse_shadowed(raw, ".".join(path), bad)
         claims.append((ov, keys))
@@ -216,6 +194,11 @@ def _canon(key: str) -> str:
     from study.spec.sections import aliases
 
     return aliases().get(key, key)
+
+
+def _key_for(mapping: dict, field: str):
+    """The key of `mapping` that names `field` however it is spelt (`L` or `model.L`), or None."""
+    return next((k for k in mapping if isinstance(k, str) and _canon(k) == field), None)
 
 
 def _walk(raw: dict, head: list, bad, create: bool):
@@ -276,7 +259,7 @@ def _refuse_shadowed(raw: dict, field: str, bad) -> None:
     def point_sets(points, where):
         for i, fam in enumerate(points if isinstance(points, list) else []):
             for j, p in enumerate(fam if isinstance(fam, list) else [fam]):
-                if isinstance(p, dict) and any(isinstance(k, str) and _canon(k) == field for k in p):
+                if isinstance(p, dict) and _key_for(p, field) is not None:
                     return f"{where}[{i}]" + (f"[{j}]" if isinstance(fam, list) else "")
         return None
 
@@ -293,12 +276,10 @@ def _refuse_shadowed(raw: dict, field: str, bad) -> None:
             if cur is not _MISSING:
                 bad(f"{where}{field} sets it again for that group (and wins there): override "
                     f"groups.{where[7:-2]}.{field} instead")
-            axes = spec.get("axes")
-            if isinstance(axes, dict):
-                axis = next((k for k in axes if isinstance(k, str) and _canon(k) == field), None)
-                if axis is not None:
-                    bad(f"{where}axes.{axis} varies it in that group (and wins there): override "
-                        f"groups.{where[7:-2]}.axes.{axis}=[...] instead")
+            axis = _key_for(spec["axes"], field) if isinstance(spec.get("axes"), dict) else None
+            if axis is not None:
+                bad(f"{where}axes.{axis} varies it in that group (and wins there): override "
+                    f"groups.{where[7:-2]}.axes.{axis}=[...] instead")
         for kind in ("couple", "include"):
             hit = point_sets(spec.get(kind), f"{where}{kind}")
             if hit:
@@ -349,7 +330,7 @@ def study_name(raw: Any, texts: Sequence[str]) -> Any:
     the full checks follow."""
     name = raw.get("study") if isinstance(raw, dict) else None
     for t in texts:
-        if t.startswith("~study") and t[1:] == "study":
+        if t == "~study":
             name = None
         else:
             key, eq, v = t.lstrip("+").partition("=")

@@ -8,7 +8,7 @@ import itertools
 import math
 from typing import Any
 
-from study.spec.sections import BadKey, Err, canonical, short
+from study.spec.sections import Err, canon_key, short
 
 
 def mapping(v: Any, key: str, err: Err) -> dict:
@@ -31,13 +31,6 @@ def deep_update(dst: dict, src: dict) -> None:
             deep_update(dst[k], v)
         else:
             dst[k] = v
-
-
-def canon_key(key: Any, where: str, err: Err) -> str:
-    try:
-        return canonical(key)
-    except BadKey as e:
-        err(where + e.key, e.msg)
 
 
 def point_of(d: Any, where: str, err: Err) -> dict:

@@ -1,45 +1,11 @@
-"""The `search:` section of a grid and the best-values files that feed sweeps (no Ray here).
+"""The `search:` section of a grid and the best-values files that feed sweeps (no Ray here); the section's
+keys and an example: docs/guide/grids.md, "Search grids".
 
-A search grid is a sweep grid plus a `search:` section. Its base sections, axes and groups
-expand as usual, but every expanded point is a *search group*: one Optuna study of its own
-(for example one per (K, L), so each architecture gets its own learning rate). The
-distributions below are sampled on top of each group's configuration::
-
-    search:
-      n_trials: 8                                  # per group
-      metric: {name: vpr, T: 5}                    # a task metric at one eval point (L_s: train,
-                                                   #   sampler: confidence by default), or
-                                                   #   final_loss / val_loss
-      mode: max                                    # max | min
-      params:
-        lr: {dist: loguniform, low: 1.0e-4, high: 1.0e-2}
-        train.warmup: {dist: int, low: 0, high: 100, step: 10}
-        model.dropout: {dist: uniform, low: 0.0, high: 0.2}
-        train.schedule: {dist: choice, values: [fixed, reverse]}
-      pruning: {scheduler: asha, metric: loss, grace_period: 50, reduction_factor: 2}
-      max_concurrent: 2                            # trials of one group in flight at once
-      resources: {cpu: 1, gpu: 0.25}               # per trial (default: the grid's `resources`)
-      seed: 0
-      points: [{lr: 3.0e-3}]                       # tried first (warm start), optional
-      split: val                                   # what trials are scored on: val, the only one allowed
-
-Trials are scored -- the objective, ASHA's intermediate scores, val_loss -- on the task's
-validation split, drawn from the training distribution and disjoint from the test split
-that sweeps report: selecting on test would make the reported numbers optimistic. Every
-eval row a trial writes says `split: val`. `split: test` is refused, and so is a best-values
-file that records another split than val, or none (files from before tuning read val were
-selected on test).
-
-`study tune` writes `<results>/<study>/best.yaml` (format below); a sweep grid takes the
-winners by reference, at the top level or per group::
-
-    defaults_from: {file: results/tune_sudoku_lr/best.yaml, group: auto}   # or group: K1_L3
-
-`group: auto` gives every run the best values of the one search group whose point (for
-example model.K = 1, model.L = 3) matches the run. Best values override the grid's
-`model` / `train` sections; a key that is also an axis of the sweep is an error. The file
-path must be relative (resolved against the working directory, like `--results`), without
-'..', and end in .yaml or .yml.
+A search grid is a sweep grid plus a `search:` section: every expanded point is a *search group*, one Optuna
+study of its own, and the distributions below are sampled on top of its configuration. Trials are scored on
+the task's validation split, never on test (a search selects on what it reads): `split: test` is refused,
+and so is a best-values file that records another split, or none. `study tune` writes
+`<results>/<study>/best.yaml` (BestValues); a sweep takes its winners with `defaults_from: {file, group}`.
 """
 from __future__ import annotations
 
@@ -53,7 +19,8 @@ from pydantic import Field, field_validator, model_validator
 
 from model.config import ModelConfig, Strict, TrainConfig
 from study.spec.gridfile import grid_file_text, safe_yaml
-from study.spec.sections import TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canonical, refuse, short
+from study.spec.sections import (TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canon_key, canonical, field_of,
+                                 refuse, short)
 
 BEST_KIND = "rmdm-study/best-values"
 LOSS_METRICS = ("final_loss", "val_loss")
@@ -171,16 +138,12 @@ class Dist(Strict):
             raise refuse("a log-scale int cannot have a step", at="step")
         return self
 
-    @property
-    def kind(self) -> str:
-        """The distribution's name as `study plan` shows it: a log-scale int is `intlog`."""
-        return "intlog" if self.dist == "int" and self.log else self.dist
-
     def describe(self) -> str:
+        """The distribution as `study plan` shows it (a log-scale int is `intlog`)."""
         if self.dist == "choice":
             return f"choice{list(self.values)}"
         s = f", step={self.step:g}" if self.step else ""
-        return f"{self.kind}({self.low:g}, {self.high:g}{s})"
+        return f"{'intlog' if self.dist == 'int' and self.log else self.dist}({self.low:g}, {self.high:g}{s})"
 
     def probes(self) -> list:
         """Values that must all give a valid configuration (checked before anything runs)."""
@@ -317,17 +280,12 @@ class BestValues:
                 err(where + ".group", f"no search group {group!r} in {self.file}; groups: "
                                       f"{', '.join(sorted(self.groups))} (or auto)")
             return group, dict(self.groups[group]["best"])
-        hits = [g for g, d in self.groups.items() if all(_run_value(run, k) == v for k, v in d["point"].items())]
+        hits = [g for g, d in self.groups.items() if all(field_of(run, k) == v for k, v in d["point"].items())]
         if len(hits) != 1:
-            have = {k: _run_value(run, k) for d in self.groups.values() for k in d["point"]}
+            have = {k: field_of(run, k) for d in self.groups.values() for k in d["point"]}
             err(where + ".group", f"auto: {len(hits)} search groups of {self.file} match a run with {have} "
                                   f"(need exactly one; groups: {', '.join(sorted(self.groups))})")
         return hits[0], dict(self.groups[hits[0]]["best"])
-
-
-def _run_value(run, key: str):
-    sec, fld = key.split(".", 1)
-    return getattr(getattr(run, sec), fld)
 
 
 def load_best(spec: Any, where: str, err: Err) -> tuple[BestValues, str]:
@@ -365,10 +323,7 @@ def load_best(spec: Any, where: str, err: Err) -> tuple[BestValues, str]:
             continue  # a group whose every trial failed has no best values
         best = {}
         for k, v in d["best"].items():
-            try:
-                ck = canonical(k)
-            except BadKey as e:
-                err(f"{where}.file({path}).groups.{g}.best.{e.key}", e.msg)
+            ck = canon_key(k, f"{where}.file({path}).groups.{g}.best.", err)
             if ck.split(".")[0] not in ("model", "train"):
                 err(f"{where}.file", f"{path}: group {g!r}: best values are model/train fields (got {k!r})")
             best[ck] = v

@@ -30,13 +30,6 @@ class Adaptive(Strict):
     threshold: float = Field(gt=0, le=1, description="confidence (max softmax probability) every masked "
                                                      "position must reach")
 
-    @field_validator("max_loops", "threshold", mode="before")
-    @classmethod
-    def _no_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("a number is meant here, not a boolean")
-        return v
-
     @field_validator("max_loops")
     @classmethod
     def _cap(cls, v: int | str) -> int | str:
@@ -152,12 +145,16 @@ def _bool_for_number(cls: type[BaseModel], d: dict, key: str, err: Err) -> None:
             err(f"{key}.{name}", f"a number is meant here, not a boolean (got {short(v)})")
         if name in subs and isinstance(v, dict):
             _bool_for_number(subs[name], v, f"{key}.{name}", err)
+        for i, x in enumerate(v if name in subs and isinstance(v, list) else ()):  # eval.adaptive.0.threshold
+            if isinstance(x, dict):
+                _bool_for_number(subs[name], x, f"{key}.{name}.{i}", err)
 
 
 @functools.lru_cache(maxsize=None)
 def _bool_fields(cls: type[BaseModel]) -> tuple[frozenset, dict]:
     """(fields that take no boolean, {field: nested model class}) of a config class."""
-    no_bool = frozenset(k for k, f in cls.model_fields.items() if not _takes_bool(f.annotation))
+    no_bool = frozenset(k for k, f in cls.model_fields.items()
+                        if not any(t in (bool, Any, object) for t in _leaves(f.annotation)))
     subs = {k: t for k, f in cls.model_fields.items() if (t := _model_type(f.annotation)) is not None}
     return no_bool, subs
 
@@ -167,10 +164,6 @@ def _leaves(ann: Any) -> list:
     if typing.get_origin(ann) is Literal:
         return [type(a) for a in args]
     return [x for a in args for x in _leaves(a)] if args else [ann]
-
-
-def _takes_bool(ann: Any) -> bool:
-    return any(t in (bool, Any, object) for t in _leaves(ann))
 
 
 def _model_type(ann: Any):
@@ -232,3 +225,17 @@ def canonical(key: Any) -> str:
         raise BadKey(key, "evaluation points are listed in the `eval` section (T, L_s, sampler), not as axes: "
                           "they do not define new runs")
     return key
+
+
+def canon_key(key: Any, where: str, err: Err) -> str:
+    """canonical(key), a BadKey raised through `err` at `where` + the key."""
+    try:
+        return canonical(key)
+    except BadKey as e:
+        err(where + e.key, e.msg)
+
+
+def field_of(run, key: str):
+    """The value of 'section.field' `key` in a resolved run (study/spec/grid.py Run); None for no such field."""
+    sec, fld = key.split(".", 1)
+    return getattr(getattr(run, sec), fld, None)
