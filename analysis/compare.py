@@ -12,8 +12,8 @@ import pandas as pd
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, SHAPE_FIELDS, aggregate,
-                             differing, iso_flop_pairs, model_fields, models, primary_metric, select)
+from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, loop_free, model_fields, models,
+                             primary_metric, select, single_pass)
 from stats import ONE_SEED, PAIR_METHOD, VERDICT_RULE, needs_examples, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
@@ -36,21 +36,13 @@ def one_seed_scope(a: dict, b: dict, how: str, used: int) -> tuple[str | None, s
     return f"{side}'s seed {next(iter(one))}", f"(one seed of {side}; not a claim about the recipe)"
 
 
-def _core(key: str) -> str:
-    return json.dumps({f: v for f, v in model_fields(key).items()
-                       if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
-
-
 def iso_param_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     """Each recursive (K x L), L > 1, with its single-pass (K x 1) partner: the same K and every other
     training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS)."""
     m = models(runs)
-    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1]
-    partners: dict[tuple, list] = {}
-    for s in single.itertuples(index=False):
-        partners.setdefault((s.K, _core(s.model_key)), []).append(s)
+    partners = single_pass(m)
     rows = [{"task_variant": r.task_variant, "key_a": r.model_key, "key_b": s.model_key}
-            for r in rec.itertuples(index=False) for s in partners.get((r.K, _core(r.model_key)), [])]
+            for r in m[m["L_t"] > 1].itertuples(index=False) for s in partners.get((r.K, loop_free(r.model_key)), [])]
     return pd.DataFrame(rows, columns=["task_variant", "key_a", "key_b"])
 
 
@@ -79,7 +71,7 @@ def study_pairs(data: StudyData, named: list[tuple[str, str]] = ()) -> pd.DataFr
 
 class _Scores:
     """Per-example scores of one evaluation of one run, read from its samples file on first use; None
-    where the file does not hold every evaluated example (stores written before that was kept)."""
+    where the file (or a score) is missing or does not hold every evaluated example."""
 
     def __init__(self, data: StudyData):
         self.data, self.cache = data, {}
@@ -99,7 +91,7 @@ class _Scores:
         if store is None:
             return None
         t = store.read_file("samples", run_id, f"{eval_key}.parquet")
-        if t is None or "scores" not in t.column_names:
+        if t is None:
             return None
         d = t.select(["example", "scores"]).to_pandas()
         d = d[d["scores"].notna()].drop_duplicates("example").sort_values("example")

@@ -182,7 +182,7 @@ def _kept(data: StudyData, run_id: str, cache: dict) -> int | None:
     where the runs row does not say; parsed once per cache, for every run."""
     if KEPT not in cache:
         kept = cache[KEPT] = {}
-        for rid, cfg in zip(data.runs["run_id"], data.runs["config"] if "config" in data.runs else []):
+        for rid, cfg in zip(data.runs["run_id"], data.runs["config"]):
             try:
                 kept[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
             except (TypeError, ValueError, KeyError):
