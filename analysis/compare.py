@@ -5,12 +5,10 @@ at every T both were evaluated at, each sampled at its own training depth (L_s =
 """
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pandas as pd
 
 import tasks
+from analysis.effective import example_scores
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, loop_free, model_fields, models,
                              primary_metric, select, single_pass)
@@ -69,37 +67,6 @@ def study_pairs(data: StudyData, named: list[tuple[str, str]] = ()) -> pd.DataFr
     return pd.concat([ip[cols], fl[cols], pd.DataFrame(rows, columns=cols)], ignore_index=True)
 
 
-class _Scores:
-    """Per-example scores of one evaluation of one run, read from its samples file on first use; None
-    where the file (or a score) is missing or does not hold every evaluated example."""
-
-    def __init__(self, data: StudyData):
-        self.data, self.cache = data, {}
-
-    def get(self, run_id: str, eval_key: str, metric: str, n: int) -> np.ndarray | None:
-        k = (run_id, eval_key)
-        if k not in self.cache:
-            self.cache[k] = self._read(run_id, eval_key, n)
-        rows = self.cache[k]
-        if rows is None:
-            return None
-        vals = [r.get(metric) for r in rows]
-        return None if any(v is None for v in vals) else np.asarray(vals, dtype=float)
-
-    def _read(self, run_id: str, eval_key: str, n: int) -> list[dict] | None:
-        store = self.data.store
-        if store is None:
-            return None
-        t = store.read_file("samples", run_id, f"{eval_key}.parquet")
-        if t is None:
-            return None
-        d = t.select(["example", "scores"]).to_pandas()
-        d = d[d["scores"].notna()].drop_duplicates("example").sort_values("example")
-        if len(d) != n or d["example"].tolist() != list(range(n)):
-            return None
-        return [json.loads(s) for s in d["scores"]]
-
-
 class _Points:
     """(sampler, {T: aggregated row}) of each model sampled at its training depth (L_s = L_t) on one split,
     in its task variant's primary metric and the sampler analysis.tables.select picks (confidence, else the
@@ -154,10 +121,11 @@ class _SeedRows:
         col = self.cols[name]
         return [col[i] for i in pos]
 
-    def scores(self, scores: _Scores, pos: list[int], metric: str) -> dict:
-        """{seed: per-example scores} of the rows at `pos` (the last row of a seed seen twice wins)."""
+    def scores(self, data: StudyData, cache: dict, pos: list[int], metric: str) -> dict:
+        """{seed: per-example scores, None where the samples do not keep every example} of the rows at `pos`
+        (the last row of a seed seen twice wins)."""
         cols = (self.column(c, pos) for c in ("seed", "run_id", "eval_key", "n_examples"))
-        return {sd: scores.get(r, e, metric, int(n)) for sd, r, e, n in zip(*cols)}
+        return {sd: example_scores(data, r, e, metric, int(n), cache) for sd, r, e, n in zip(*cols)}
 
 
 def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT,
@@ -176,7 +144,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
         for k, extra in names.items():
             f = model_fields(k)
             label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
-    scores = _Scores(data)
+    cache: dict = {}  # the samples read (analysis.effective.example_scores)
     metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
                  for v, g in agg.groupby("task_variant", sort=False)}
     points = _Points(agg, metric_of, split)
@@ -203,7 +171,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             b_vals = dict(zip(seed_rows.column("seed", eb), seed_rows.column("value", eb)))
             a_sc = b_sc = None
             if same_n and needs_examples(a_vals, b_vals):  # per-example scores only where they are used
-                a_sc, b_sc = (seed_rows.scores(scores, e, metric) for e in (ea, eb))
+                a_sc, b_sc = (seed_rows.scores(data, cache, e, metric) for e in (ea, eb))
             diff, lo, hi, how, used = paired_difference(
                 a_vals, b_vals, tasks.is_rate(metric, ra.get("task")), a_sc, b_sc,
                 (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))
