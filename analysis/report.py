@@ -111,8 +111,9 @@ def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, 
         "steps).", lambda: derived.crossings(opts.threshold, opts.pareto_x, opts.split)[
             ["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
              "crossing", "T", "L_s", "value", "best", "pareto"]])
+    pairs = derived.pairs().drop(columns=["key_recursive", "key_single"])
     add("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per denoising "
-        "step, param_ratio times the parameters.", lambda: derived.pairs().drop(columns=["key_recursive", "key_single"]),
+        "step, param_ratio times the parameters.", lambda: pairs,
         "no (K x L), L > 1, with a (KL x 1) partner of the same task and width")
     add("Paired comparisons and verdicts", EXPLANATION, lambda: derived.comparisons(list(opts.compare), opts.split),
         NO_PAIRS)
@@ -328,20 +329,17 @@ def _left_out(data: StudyData) -> list:
     sup, ev_left, nd = data.superseded, data.left_out_evals, data.not_done
     out = []
     if nd is not None and not nd.empty:
-        out += [Heading(2, "Left out"), Paragraph(("Runs that did not finish (status other than done): none of "
-                                                   "their rows is analysed.",)), Table(nd)]
+        out += [Paragraph(("Runs that did not finish (status other than done): none of their rows is analysed.",)),
+                Table(nd)]
     if sup is not None and not sup.empty:
-        out += [Heading(2, "Left out")] if not out else []
         out += [Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
                 Table(sup.assign(created_at=sup["created_at"].astype(str)))]
     if ev_left is not None and not ev_left.empty:
-        if not out:
-            out.append(Heading(2, "Left out"))
         out += [Paragraph(("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, "
                            "metric); of rows with equal n_examples the newest is kept, of different sizes the "
                            "largest. kept names the eval_key analysed instead.",)),
                 Table(ev_left.assign(created_at=ev_left["created_at"].astype(str)))]
-    return out
+    return [Heading(2, "Left out"), *out] if out else []
 
 
 def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
@@ -356,13 +354,8 @@ def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
         caption = FIGURES[name].caption
         out += [Image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
         others = [os.path.relpath(p, out_dir) for p in res if not p.endswith(".png")]
-        if others:
-            spans = ["Files: "]
-            for i, o in enumerate(others):
-                if i:
-                    spans.append(", ")
-                spans.append(Mono(o))
-            out.append(Paragraph(tuple(spans)))
+        if others:  # "Files: " then each path, comma-separated
+            out.append(Paragraph(("Files: ", *(x for i, o in enumerate(others) for x in [", "][:i] + [Mono(o)]))))
     return out
 
 

@@ -303,27 +303,29 @@ def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_
 
 def _likelihood_unit(task: str, metric: str) -> str:
     """The table's column of a likelihood task's metric, from the task's own declaration (Metric.likelihood):
-    'nll' for the bound in nats (likelihood 1.0), 'bpc' in bits (ln 2), whatever the task names them."""
+    'nll' for the bound in nats (likelihood 1.0), 'bpc' in bits (ln 2), whatever the task names them; any
+    other metric keeps its name (and is not the table's)."""
     m = tasks.TASKS[task][1].metric_of(metric)
     if m is not None and m.likelihood is not None:
         return "nll" if m.likelihood == 1.0 else "bpc" if math.isclose(m.likelihood, math.log(2)) else metric
-    return {"bits_per_char": "bpc", "perplexity": "ppl"}.get(metric, metric)
+    return metric
 
 
 def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth: the rows of the
     tasks evaluated by their likelihood (Task.eval_mode 'likelihood', tasks.is_likelihood).
 
-    Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
-    ppl = exp(nll)): the three are one number in three units. A task's metrics are read by their declared
-    unit (Metric.likelihood), not their names: a likelihood task of its own may name them as it likes.
+    The three are one number in three units: the nll row (every likelihood task stores it), the bpc row
+    where the task stores one (else nll / ln 2), and ppl = exp(nll), never stored. A task's metrics are read
+    by their declared unit (Metric.likelihood), not their names: a likelihood task of its own may name them
+    as it likes.
     """
     d = agg[agg["task"].map(tasks.is_likelihood).astype(bool)]
     d = d.assign(metric=[_likelihood_unit(t, m) for t, m in zip(d["task"], d["metric"])])
     if d.empty or not d["metric"].isin(["nll", "bpc"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
     d = select(d, split=split)
-    d = d[d["metric"].isin(["nll", "bpc", "ppl"])]
+    d = d[d["metric"].isin(["nll", "bpc"])]
     if d.empty:
         raise MissingData(f"text8 table: no text8 nll / bpc evaluations on split {split!r}")
     keys = ["task_variant", "model_key", "K", "L_t", "schedule", "loss", "d_model", "L_s"]
@@ -333,12 +335,9 @@ def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     seeds = d.groupby(keys)["n_seeds"].max()
     params = d.groupby(keys)["n_params"].first()
     out = wide.reset_index()
-    if "nll" not in out:
-        out["nll"] = out["bpc"] * math.log(2)
     if "bpc" not in out:
         out["bpc"] = out["nll"] / math.log(2)
-    if "ppl" not in out:
-        out["ppl"] = np.exp(out["nll"])
+    out["ppl"] = np.exp(out["nll"])
     out["n_params"] = params.to_numpy()
     out["seeds"] = seeds.to_numpy()
     names = differing(out["model_key"])

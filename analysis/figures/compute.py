@@ -8,9 +8,8 @@ import pandas as pd
 import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, MAX_MODELS, facet_title, facets, grid, legend,
-                               line, model_label, model_names, palette, panel_width,
-                               rate_ylim, seed_note, theme, tight, x_axis, ylabel)
+from analysis.plotting import (MAX_MODELS, Drawing, Options, facet_title, facets, grid, legend, line, metric_axes,
+                               model_label, model_names, palette, panel_width, seed_note, theme, tight)
 
 ORDER = 40
 COST = 7
@@ -61,9 +60,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
             line(ax, g, "forward_passes_mean", None, colors[key], marker=mk, ls=":")
         if tasks.metric(metric).threshold is not None:
             ax.axhline(tasks.metric(metric).threshold, color="0.5", lw=1, ls=":")
-        x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         facet_title(ax, variant, extra)
         # one entry per model (its color) and one per sampling depth (its marker), not one per line
         row_of = first.set_index("model_key", drop=False)
