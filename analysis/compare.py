@@ -5,15 +5,13 @@ at every T both were evaluated at, each sampled at its own training depth (L_s =
 """
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pandas as pd
 
 import tasks
+from analysis.effective import example_scores
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, SHAPE_FIELDS, aggregate,
-                             differing, iso_flop_pairs, model_fields, models, primary_metric, select)
+from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, loop_free, model_fields, models,
+                             primary_metric, select, single_pass)
 from stats import ONE_SEED, PAIR_METHOD, VERDICT_RULE, needs_examples, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
@@ -36,21 +34,13 @@ def one_seed_scope(a: dict, b: dict, how: str, used: int) -> tuple[str | None, s
     return f"{side}'s seed {next(iter(one))}", f"(one seed of {side}; not a claim about the recipe)"
 
 
-def _core(key: str) -> str:
-    return json.dumps({f: v for f, v in model_fields(key).items()
-                       if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
-
-
 def iso_param_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     """Each recursive (K x L), L > 1, with its single-pass (K x 1) partner: the same K and every other
     training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS)."""
     m = models(runs)
-    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1]
-    partners: dict[tuple, list] = {}
-    for s in single.itertuples(index=False):
-        partners.setdefault((s.K, _core(s.model_key)), []).append(s)
+    partners = single_pass(m)
     rows = [{"task_variant": r.task_variant, "key_a": r.model_key, "key_b": s.model_key}
-            for r in rec.itertuples(index=False) for s in partners.get((r.K, _core(r.model_key)), [])]
+            for r in m[m["L_t"] > 1].itertuples(index=False) for s in partners.get((r.K, loop_free(r.model_key)), [])]
     return pd.DataFrame(rows, columns=["task_variant", "key_a", "key_b"])
 
 
@@ -75,37 +65,6 @@ def study_pairs(data: StudyData, named: list[tuple[str, str]] = ()) -> pd.DataFr
         rows.append({"comparison": "named", "task_variant": variant_of[a], "key_a": key_of[a], "key_b": key_of[b]})
     cols = ["comparison", "task_variant", "key_a", "key_b"]
     return pd.concat([ip[cols], fl[cols], pd.DataFrame(rows, columns=cols)], ignore_index=True)
-
-
-class _Scores:
-    """Per-example scores of one evaluation of one run, read from its samples file on first use; None
-    where the file does not hold every evaluated example (stores written before that was kept)."""
-
-    def __init__(self, data: StudyData):
-        self.data, self.cache = data, {}
-
-    def get(self, run_id: str, eval_key: str, metric: str, n: int) -> np.ndarray | None:
-        k = (run_id, eval_key)
-        if k not in self.cache:
-            self.cache[k] = self._read(run_id, eval_key, n)
-        rows = self.cache[k]
-        if rows is None:
-            return None
-        vals = [r.get(metric) for r in rows]
-        return None if any(v is None for v in vals) else np.asarray(vals, dtype=float)
-
-    def _read(self, run_id: str, eval_key: str, n: int) -> list[dict] | None:
-        store = self.data.store
-        if store is None:
-            return None
-        t = store.read_file("samples", run_id, f"{eval_key}.parquet")
-        if t is None or "scores" not in t.column_names:
-            return None
-        d = t.select(["example", "scores"]).to_pandas()
-        d = d[d["scores"].notna()].drop_duplicates("example").sort_values("example")
-        if len(d) != n or d["example"].tolist() != list(range(n)):
-            return None
-        return [json.loads(s) for s in d["scores"]]
 
 
 class _Points:
@@ -162,10 +121,11 @@ class _SeedRows:
         col = self.cols[name]
         return [col[i] for i in pos]
 
-    def scores(self, scores: _Scores, pos: list[int], metric: str) -> dict:
-        """{seed: per-example scores} of the rows at `pos` (the last row of a seed seen twice wins)."""
+    def scores(self, data: StudyData, cache: dict, pos: list[int], metric: str) -> dict:
+        """{seed: per-example scores, None where the samples do not keep every example} of the rows at `pos`
+        (the last row of a seed seen twice wins)."""
         cols = (self.column(c, pos) for c in ("seed", "run_id", "eval_key", "n_examples"))
-        return {sd: scores.get(r, e, metric, int(n)) for sd, r, e, n in zip(*cols)}
+        return {sd: example_scores(data, r, e, metric, int(n), cache) for sd, r, e, n in zip(*cols)}
 
 
 def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT,
@@ -184,7 +144,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
         for k, extra in names.items():
             f = model_fields(k)
             label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
-    scores = _Scores(data)
+    cache: dict = {}  # the samples read (analysis.effective.example_scores)
     metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
                  for v, g in agg.groupby("task_variant", sort=False)}
     points = _Points(agg, metric_of, split)
@@ -211,7 +171,7 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
             b_vals = dict(zip(seed_rows.column("seed", eb), seed_rows.column("value", eb)))
             a_sc = b_sc = None
             if same_n and needs_examples(a_vals, b_vals):  # per-example scores only where they are used
-                a_sc, b_sc = (seed_rows.scores(scores, e, metric) for e in (ea, eb))
+                a_sc, b_sc = (seed_rows.scores(data, cache, e, metric) for e in (ea, eb))
             diff, lo, hi, how, used = paired_difference(
                 a_vals, b_vals, tasks.is_rate(metric, ra.get("task")), a_sc, b_sc,
                 (float(ra["ci_low"]), float(ra["ci_high"])), (float(rb["ci_low"]), float(rb["ci_high"])))

@@ -30,36 +30,36 @@ class Computed:
     effective: dict[str, Effective | MissingData] = field(default_factory=dict)  # split ->
     comparisons: dict[tuple, pd.DataFrame | MissingData] = field(default_factory=dict)  # (named, split) ->
 
+    TABLES = ("crossings", "effective", "comparisons")  # the memo tables above, keyed by their options
+
     def since(self, before: Computed) -> Computed:
         """What this holds that `before` (an earlier copy of it) did not; the aggregated table is never
         sent back: whoever sent `before` has it."""
         return Computed(pairs=self.pairs if before.pairs is None else None,
-                        crossings={k: v for k, v in self.crossings.items() if k not in before.crossings},
-                        effective={k: v for k, v in self.effective.items() if k not in before.effective},
-                        comparisons={k: v for k, v in self.comparisons.items() if k not in before.comparisons})
+                        **{t: {k: v for k, v in getattr(self, t).items() if k not in getattr(before, t)}
+                           for t in self.TABLES})
 
     def copy(self) -> Computed:
-        return Computed(self.aggregated, self.pairs, dict(self.crossings), dict(self.effective),
-                        dict(self.comparisons))
+        return Computed(self.aggregated, self.pairs, **{t: dict(getattr(self, t)) for t in self.TABLES})
 
     def update(self, other: Computed) -> None:
         """Take from `other` what this lacks."""
-        if self.aggregated is None:
-            self.aggregated = other.aggregated
-        if self.pairs is None:
-            self.pairs = other.pairs
-        for k, v in other.crossings.items():
-            self.crossings.setdefault(k, v)
-        for k, v in other.effective.items():
-            self.effective.setdefault(k, v)
-        for k, v in other.comparisons.items():
-            self.comparisons.setdefault(k, v)
+        self.aggregated = self.aggregated if self.aggregated is not None else other.aggregated
+        self.pairs = self.pairs if self.pairs is not None else other.pairs
+        for t in self.TABLES:
+            getattr(self, t).update({k: v for k, v in getattr(other, t).items() if k not in getattr(self, t)})
 
 
-def _answer(got):
-    if isinstance(got, MissingData):
-        raise got
-    return got
+def _memo(table: dict, key, compute):
+    """table[key], computed by compute() on first use; a MissingData is kept too, and raised each time."""
+    if key not in table:
+        try:
+            table[key] = compute()
+        except MissingData as e:
+            table[key] = e
+    if isinstance(table[key], MissingData):
+        raise table[key]
+    return table[key]
 
 
 class Derived:
@@ -105,13 +105,7 @@ class Derived:
     def crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
         """Threshold crossings of every model of every task variant with a rate metric (threshold None:
         each metric's default)."""
-        key = (threshold, x, split)
-        if key not in self.computed.crossings:
-            try:
-                self.computed.crossings[key] = self._crossings(threshold, x, split)
-            except MissingData as e:
-                self.computed.crossings[key] = e
-        return _answer(self.computed.crossings[key])
+        return _memo(self.computed.crossings, (threshold, x, split), lambda: self._crossings(threshold, x, split))
 
     def _crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
         frames = []
@@ -132,20 +126,10 @@ class Derived:
 
     def effective(self, split: str = DEFAULT_SPLIT) -> Effective:
         """analysis.effective.effective_params of the study on `split` (the figure and the report's tables)."""
-        if split not in self.computed.effective:
-            try:
-                self.computed.effective[split] = effective_params(self.data, split)
-            except MissingData as e:
-                self.computed.effective[split] = e
-        return _answer(self.computed.effective[split])
+        return _memo(self.computed.effective, split, lambda: effective_params(self.data, split))
 
     def comparisons(self, named: list[tuple[str, str]] = (), split: str = DEFAULT_SPLIT) -> pd.DataFrame:
         """analysis.compare.compare of the study: every iso-parameter and iso-FLOP pair, then the pairs of
         runs a user named (the terminal's lines and the report's table, computed once)."""
-        key = (tuple(tuple(p) for p in named), split)
-        if key not in self.computed.comparisons:
-            try:
-                self.computed.comparisons[key] = compare(self.data, list(named), split, agg=self.aggregated())
-            except MissingData as e:
-                self.computed.comparisons[key] = e
-        return _answer(self.computed.comparisons[key])
+        return _memo(self.computed.comparisons, (tuple(tuple(p) for p in named), split),
+                     lambda: compare(self.data, list(named), split, agg=self.aggregated()))

@@ -155,23 +155,11 @@ def example_scores(data: StudyData, run_id: str, eval_key: str, metric: str, n: 
     s = s[s["eval_key"] == eval_key]
     if len(s) != n or set(s["example"]) != set(range(n)):
         return None
-    s = s.sort_values("example")
-    primary = []  # looked up once, only when a row lacks the metric in its scores
-
-    def score(scores, fallback) -> float:
-        if isinstance(scores, str) and scores:
-            got = json.loads(scores).get(metric)
-            if got is not None:
-                return float(got)
-        if not primary:
-            primary.append(_primary_of(data, run_id))
-        return float(fallback) if metric == primary[0] else float("nan")
-
-    out = np.array([score(a, b) for a, b in zip(s["scores"], s["score"])], dtype=float)
-    return None if np.isnan(out).any() else out
+    got = [json.loads(x).get(metric) if isinstance(x, str) else None for x in s.sort_values("example")["scores"]]
+    return None if any(v is None for v in got) else np.array(got, dtype=float)
 
 
-SAMPLE_COLS = ["run_id", "eval_key", "example", "score", "scores"]
+SAMPLE_COLS = ["run_id", "eval_key", "example", "scores"]
 
 
 KEPT = ("n_samples_kept",)  # the key of a score cache's run_id -> eval.n_samples_kept (a tuple: never a run id)
@@ -182,7 +170,7 @@ def _kept(data: StudyData, run_id: str, cache: dict) -> int | None:
     where the runs row does not say; parsed once per cache, for every run."""
     if KEPT not in cache:
         kept = cache[KEPT] = {}
-        for rid, cfg in zip(data.runs["run_id"], data.runs["config"] if "config" in data.runs else []):
+        for rid, cfg in zip(data.runs["run_id"], data.runs["config"]):
             try:
                 kept[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
             except (TypeError, ValueError, KeyError):
@@ -217,26 +205,15 @@ def prefetch_scores(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
 
 
 def _samples_of(store, run_id: str, eval_key: str, cache: dict) -> pd.DataFrame:
-    """The samples rows of one evaluation (SAMPLE_COLS): its own file samples/<run_id>/<eval_key>.parquet
-    (one read per point used, not every point of the run); the run's whole samples when that file is
-    absent (another layout) or its name is not a store name."""
+    """The samples rows of one evaluation (SAMPLE_COLS), from its file samples/<run_id>/<eval_key>.parquet
+    (one read per point used, not every point of the run); none where that is missing or no store name."""
     if (run_id, eval_key) not in cache:
         t = None
         if is_safe_name(run_id) and is_safe_name(f"{eval_key}.parquet"):
             t = store.read_file("samples", run_id, f"{eval_key}.parquet")
-        if t is not None:
-            t = t.filter(pc.equal(t["run_id"], run_id)).select(SAMPLE_COLS).to_pandas()
-        else:
-            if run_id not in cache:
-                cache[run_id] = store.read("samples", filter_run=run_id)[SAMPLE_COLS]
-            t = cache[run_id]
-        cache[(run_id, eval_key)] = t
+        cache[(run_id, eval_key)] = pd.DataFrame(columns=SAMPLE_COLS) if t is None else \
+            t.filter(pc.equal(t["run_id"], run_id)).select(SAMPLE_COLS).to_pandas()
     return cache[(run_id, eval_key)]
-
-
-def _primary_of(data: StudyData, run_id: str) -> str | None:
-    task = data.runs.loc[data.runs["run_id"] == run_id, "task"]
-    return tasks.TASKS[task.iloc[0]][1].primary_metric if len(task) and task.iloc[0] in tasks.TASKS else None
 
 
 def resample_run(row: dict, scores: np.ndarray | None, metric: str, rng: np.random.Generator, B: int) -> np.ndarray:

@@ -106,7 +106,7 @@ def load_study(results: str, study: str | None = None) -> StudyData:
         store.unreadable.setdefault(store.path("runs", f"{rid}.parquet"), "missing, but its evaluations are "
                                     "there: a run still evaluating, or its row deleted")
     evals = evals.merge(runs[cols], on="run_id", how="inner")
-    likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER if "sampler" in evals else evals.index != evals.index
+    likelihoods = evals["sampler"] == CONTINUOUS_SAMPLER
     sampled = evals[~likelihoods] if likelihoods.any() else evals  # (no copy of 40,000 rows when none is)
     continuous, (evals, left_evals) = evals[likelihoods], dedupe_evals(sampled)
     history = with_run_columns(hist.to_pandas(), runs)
@@ -136,7 +136,7 @@ def drop_not_done(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     out = pd.DataFrame({"run_id": left["run_id"], "task_variant": left["task_variant"],
                         "model": [f"({k} x {l})" for k, l in zip(left["K"], left["L_t"])], "seed": left["seed"],
                         "status": left["status"].fillna("unknown"),
-                        "error": left["error"] if "error" in left else None}, columns=NOT_DONE_COLUMNS)
+                        "error": left["error"]}, columns=NOT_DONE_COLUMNS)
     return runs.loc[done].reset_index(drop=True), out.sort_values("run_id").reset_index(drop=True)
 
 

@@ -193,6 +193,13 @@ def flush_bands(fig) -> None:
         ax.autoscale_view()
 
 
+def metric_axes(ax, metric: str, xs, xlabel: str = "denoising steps T") -> None:
+    """A panel of `metric` against xs: the x axis (x_axis), a rate's 0..1 (rate_ylim) and the y label."""
+    x_axis(ax, xs, xlabel)
+    rate_ylim(ax, metric)
+    ax.set_ylabel(ylabel(metric))
+
+
 def x_axis(ax, values, label: str, max_ticks: int = 9) -> None:
     values = sorted({int(round(v)) for v in values})
     log = len(values) > 1 and values[-1] / max(values[0], 1) >= 4
@@ -347,9 +354,7 @@ def ablation(data: StudyData, derived: Derived, opts: Options, axis: str, file: 
         colors = palette([k for k, _ in lines])
         for key, gl in lines:
             line(ax, gl, "T", names[key] or model_label(gl.iloc[0], names), colors[key])
-        x_axis(ax, g["T"], "denoising steps T")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, g["T"])
         ax.set_title(f"{variant}, {shape_label(K, L)}, {other} {oth}\nL_s = L_t = {L}", fontsize=10)
         legend(ax, len(lines), title=what)
     fig.suptitle(f"{data.name}: {what} ablation{seed_note(panels[0][3])}")

@@ -87,33 +87,38 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+NO_PAIRS = "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"
+
+
 def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, str, pd.DataFrame | str]]:
     """(title, explanation, table or the reason it is missing) for every table of the report."""
     out: list[tuple[str, str, pd.DataFrame | str]] = []
+
+    def add(title: str, note: str, make, empty: str | None = None) -> None:
+        """The table make() returns; why it is missing (MissingData), or `empty` when it has no row."""
+        try:
+            t = make()
+        except MissingData as e:
+            out.append((title, "", str(e)))
+        else:
+            out.append((title, note, empty if empty is not None and t.empty else t))
+
     out.append(("Parameter counts", "Every model of the study: parameters (of the K shared layers plus embeddings "
                 "and head), FLOPs of one forward pass (K*L layers), seeds and run status. A model is its whole "
                 "training configuration but the seed; differs names the other fields that tell models of one "
                 "task apart.", param_table(data.runs)))
-    try:
-        c = derived.crossings(opts.threshold, opts.pareto_x, opts.split)
-        c = c[["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
-               "crossing", "T", "L_s", "value", "best", "pareto"]]
-        x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes (steps run x L_s)"
-        out.append(("Threshold crossings", f"Smallest {x} at which each model's seed-mean metric reaches the "
-                    "threshold (— : never reached; best is the best value seen); pareto marks the non-dominated "
-                    "models (fewest parameters and steps).", c))
-    except MissingData as e:
-        out.append(("Threshold crossings", "", str(e)))
+    x = "T (at L_s = L_t)" if opts.pareto_x == "T" else "forward passes (steps run x L_s)"
+    add("Threshold crossings", f"Smallest {x} at which each model's seed-mean metric reaches the threshold (— : "
+        "never reached; best is the best value seen); pareto marks the non-dominated models (fewest parameters and "
+        "steps).", lambda: derived.crossings(opts.threshold, opts.pareto_x, opts.split)[
+            ["task_variant", "model", "K", "L_t", "schedule", "loss", "d_model", "metric", "threshold", "n_params",
+             "crossing", "T", "L_s", "value", "best", "pareto"]])
     pairs = derived.pairs().drop(columns=["key_recursive", "key_single"])
-    out.append(("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per "
-                "denoising step, param_ratio times the parameters.",
-                pairs if len(pairs) else "no (K x L), L > 1, with a (KL x 1) partner of the same task and width"))
-    try:
-        cmp = derived.comparisons(list(opts.compare), opts.split)
-        out.append(("Paired comparisons and verdicts", EXPLANATION,
-                    cmp if len(cmp) else "no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)"))
-    except MissingData as e:
-        out.append(("Paired comparisons and verdicts", "", str(e)))
+    add("Iso-FLOP pairs", "Each recursive (K x L) with its single-pass (KL x 1) partner: equal FLOPs per denoising "
+        "step, param_ratio times the parameters.", lambda: pairs,
+        "no (K x L), L > 1, with a (KL x 1) partner of the same task and width")
+    add("Paired comparisons and verdicts", EXPLANATION, lambda: derived.comparisons(list(opts.compare), opts.split),
+        NO_PAIRS)
     if read_spec(data.store) is not None:  # a study whose grid declared claims (analysis/claims.py)
         out.append(("Claims", CLAIMS_EXPLANATION, claims_table(data)))
     try:
@@ -130,18 +135,11 @@ def tables(data: StudyData, opts: Options, derived: Derived) -> list[tuple[str, 
                     "2^beta; beta_low, beta_high: 95% bootstrap interval.", beta))
     except MissingData as e:
         out.append(("Effective parameters", "", str(e)))
-    try:
-        out.append(("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
-                    text8_table(derived.aggregated(), split=opts.split)))
-    except MissingData as e:
-        out.append(("Text8", "", str(e)))
-    try:
-        imp = importances_table(load_searches(data.dir))
-        out.append(("Tuning: parameter importances", "PED-ANOVA importances of the Optuna search's parameters "
-                    "(Optuna's PedAnovaImportanceEvaluator, asked for by name; the method column says so).",
-                    imp if len(imp) else "no search with two trials and a varied parameter"))
-    except MissingData as e:
-        out.append(("Tuning: parameter importances", "", str(e)))
+    add("Text8", "NLL bound (nats per character), bits per character and perplexity (lower is better).",
+        lambda: text8_table(derived.aggregated(), split=opts.split))
+    add("Tuning: parameter importances", "PED-ANOVA importances of the Optuna search's parameters (Optuna's "
+        "PedAnovaImportanceEvaluator, asked for by name; the method column says so).",
+        lambda: importances_table(load_searches(data.dir)), "no search with two trials and a varied parameter")
     return out
 
 
@@ -315,7 +313,7 @@ def _headline(opts: Options, derived: Derived) -> list:
     except MissingData as e:
         return out + [Missing(str(e), lead="Not available:")]
     if cmp.empty:
-        return out + [Missing("no iso-parameter or iso-FLOP pair evaluated at a common T (and no --compare)")]
+        return out + [Missing(NO_PAIRS)]
     ok = cmp[cmp["matched_seeds"] >= HEADLINE_SEEDS]
     few = cmp[cmp["matched_seeds"] < HEADLINE_SEEDS]
     missing = (f"{len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds (the same "
@@ -333,20 +331,17 @@ def _left_out(data: StudyData) -> list:
     sup, ev_left, nd = data.superseded, data.left_out_evals, data.not_done
     out = []
     if nd is not None and not nd.empty:
-        out += [Heading(2, "Left out"), Paragraph(("Runs that did not finish (status other than done): none of "
-                                                   "their rows is analysed.",)), Table(nd)]
+        out += [Paragraph(("Runs that did not finish (status other than done): none of their rows is analysed.",)),
+                Table(nd)]
     if sup is not None and not sup.empty:
-        out += [Heading(2, "Left out")] if not out else []
         out += [Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
                 Table(sup.assign(created_at=sup["created_at"].astype(str)))]
     if ev_left is not None and not ev_left.empty:
-        if not out:
-            out.append(Heading(2, "Left out"))
         out += [Paragraph(("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, "
                            "metric); of rows with equal n_examples the newest is kept, of different sizes the "
                            "largest. kept names the eval_key analysed instead.",)),
                 Table(ev_left.assign(created_at=ev_left["created_at"].astype(str)))]
-    return out
+    return [Heading(2, "Left out"), *out] if out else []
 
 
 def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
@@ -361,13 +356,8 @@ def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
         caption = FIGURES[name].caption
         out += [Image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
         others = [os.path.relpath(p, out_dir) for p in res if not p.endswith(".png")]
-        if others:
-            spans = ["Files: "]
-            for i, o in enumerate(others):
-                if i:
-                    spans.append(", ")
-                spans.append(Mono(o))
-            out.append(Paragraph(tuple(spans)))
+        if others:  # "Files: " then each path, comma-separated
+            out.append(Paragraph(("Files: ", *(x for i, o in enumerate(others) for x in [", "][:i] + [Mono(o)]))))
     return out
 
 
@@ -386,8 +376,8 @@ def _grids(data: StudyData) -> list:
     else:
         out.append(Missing("No grid.yaml in the study directory."))
     # every grid the study ran (store/provenance.py), oldest first; runs name theirs in runs.grid
-    ran = grids_run(data.store) if getattr(data, "store", None) is not None else []
-    by_grid = data.runs["grid"].value_counts().to_dict() if "grid" in data.runs else {}
+    ran = grids_run(data.store) if data.store is not None else []
+    by_grid = data.runs["grid"].value_counts().to_dict()
     out.append(Heading(3, f"Grids run ({len(ran)})"))
     if not ran:
         out.append(Missing("No grid record (grids/log.jsonl): no grid of the study was run."))

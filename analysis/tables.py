@@ -116,23 +116,21 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"run {r['run_id']} has {int((twice['run_id'] == r['run_id']).sum())} evals rows at one "
                          f"point (T={r['T']}, L_s={r['L_s']}, {r['sampler']}, {r['split']}, {r['metric']}); "
                          "keep one per point first (analysis.load.dedupe_evals, as load_study does)")
-    # forward passes per example, mean over examples (adaptive depth: what it spent); older rows lack it
-    fpm = {"forward_passes_mean": ("forward_passes_mean", "mean")} if "forward_passes_mean" in evals else {}
     # one value per run and point first (rows are unique per run and point: this only collapses the keys)
-    runs = evals.groupby(per_run, as_index=False, dropna=False).agg(**fpm,
+    runs = evals.groupby(per_run, as_index=False, dropna=False).agg(
         value=("value", "mean"), n_examples=("n_examples", "max"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
-        forward_passes=("forward_passes", "mean"))
+        forward_passes=("forward_passes", "mean"), forward_passes_mean=("forward_passes_mean", "mean"))
     kind = _MetricKinds()
     rate = [kind.rate(m, t) for m, t in zip(runs["metric"], runs["task"] if "task" in runs else [None] * len(runs))]
     runs["k"] = np.where(np.array(rate, dtype=bool), (runs["value"] * runs["n_examples"]).round(), np.nan)
-    g = runs.groupby(keys, as_index=False, dropna=False).agg(**fpm,
+    g = runs.groupby(keys, as_index=False, dropna=False).agg(
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
         seed_max=("value", "max"), n_examples=("n_examples", "sum"), k=("k", "sum"), ci_low=("ci_low", "mean"),
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
-        forward_passes=("forward_passes", "mean"))
+        forward_passes=("forward_passes", "mean"), forward_passes_mean=("forward_passes_mean", "mean"))
     g["seed_sd"] = g["seed_sd"].fillna(0.0)
     # the per-seed values and evaluation intervals of each aggregated row, in the groupby's order, cut from
     # one stable sort of the runs by group (a DataFrame per group costs a second at 1,000 runs)
@@ -154,10 +152,9 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     g["ci_method"] = how
     g["ci_low"], g["ci_high"] = lo, hi
     g["learned"], g["learned_low"], g["learned_high"] = zip(*learned) if learned else ([], [], [])
-    # block passes per example as stored (the sampler stops early once nothing is masked); T * L_s for
-    # rows written before that was recorded
-    g["forward_passes"] = g["forward_passes"].fillna(g["T"] * g["L_s"])
-    g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"]) if fpm else g["forward_passes"]
+    # forward passes per example as stored (the sampler stops early once nothing is masked); a null mean
+    # (adaptive depth: what it spent) is unknown, samples without a per-example cost: the most any example ran
+    g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"])
     return g
 
 
@@ -254,6 +251,21 @@ def models(runs: pd.DataFrame) -> pd.DataFrame:
         flops_per_forward=("flops_per_forward", "first"), seeds=("seed", "nunique"))
 
 
+def loop_free(key: str) -> str:
+    """A model's training fields but its shape and those that only shape the loop (LOOP_ONLY_FIELDS): what
+    a recursive model and its single-pass partner share."""
+    return json.dumps({f: v for f, v in model_fields(key).items()
+                       if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
+
+
+def single_pass(m: pd.DataFrame) -> dict[tuple, list]:
+    """(K, loop_free) -> the single-pass models (L = 1) of a models table with them, in table order."""
+    partners: dict[tuple, list] = {}
+    for s in m[m["L_t"] == 1].itertuples(index=False):
+        partners.setdefault((s.K, loop_free(s.model_key)), []).append(s)
+    return partners
+
+
 def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     """Each recursive (K x L), L > 1, with its single-pass (KL x 1) partner: K' = K * L and every other
     training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS: loss over loops,
@@ -261,19 +273,11 @@ def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     several gets a row per partner. `differs` names the fields that tell the listed recursive models apart.
     """
     m = models(runs)
-    rec, single = m[m["L_t"] > 1], m[m["L_t"] == 1]
-
-    def core(key: str) -> str:
-        return json.dumps({f: v for f, v in model_fields(key).items()
-                           if f not in LOOP_ONLY_FIELDS and f not in SHAPE_FIELDS}, sort_keys=True)
-
-    partners: dict[tuple, list] = {}  # (K, core) -> the single-pass models with them, in table order
-    for s in single.itertuples(index=False):
-        partners.setdefault((s.K, core(s.model_key)), []).append(s)
+    rec, partners = m[m["L_t"] > 1], single_pass(m)
     names = differing(rec["model_key"])
     rows = []
     for r in rec.itertuples(index=False):
-        for s in partners.get((r.K * r.L_t, core(r.model_key)), []):
+        for s in partners.get((r.K * r.L_t, loop_free(r.model_key)), []):
             rows.append({"task_variant": r.task_variant, "d_model": r.d_model, "K": r.K, "L": r.L_t,
                          "KL": r.K * r.L_t, "schedule": r.schedule, "loss": r.loss, "differs": names[r.model_key],
                          "params_recursive": int(r.n_params), "params_single": int(s.n_params),
@@ -306,27 +310,29 @@ def heatmap_matrix(agg: pd.DataFrame, T: int, metric: str, split: str = DEFAULT_
 
 def _likelihood_unit(task: str, metric: str) -> str:
     """The table's column of a likelihood task's metric, from the task's own declaration (Metric.likelihood):
-    'nll' for the bound in nats (likelihood 1.0), 'bpc' in bits (ln 2), whatever the task names them."""
+    'nll' for the bound in nats (likelihood 1.0), 'bpc' in bits (ln 2), whatever the task names them; any
+    other metric keeps its name (and is not the table's)."""
     m = tasks.TASKS[task][1].metric_of(metric)
     if m is not None and m.likelihood is not None:
         return "nll" if m.likelihood == 1.0 else "bpc" if math.isclose(m.likelihood, math.log(2)) else metric
-    return {"bits_per_char": "bpc", "perplexity": "ppl"}.get(metric, metric)
+    return metric
 
 
 def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     """NLL (nats/char), bits per char and perplexity per text8 model and sampling depth: the rows of the
     tasks evaluated by their likelihood (Task.eval_mode 'likelihood', tasks.is_likelihood).
 
-    Uses bpc / ppl rows when the store has them, else derives them from nll (bpc = nll / ln 2,
-    ppl = exp(nll)): the three are one number in three units. A task's metrics are read by their declared
-    unit (Metric.likelihood), not their names: a likelihood task of its own may name them as it likes.
+    The three are one number in three units: the nll row (every likelihood task stores it), the bpc row
+    where the task stores one (else nll / ln 2), and ppl = exp(nll), never stored. A task's metrics are read
+    by their declared unit (Metric.likelihood), not their names: a likelihood task of its own may name them
+    as it likes.
     """
     d = agg[agg["task"].map(tasks.is_likelihood).astype(bool)]
     d = d.assign(metric=[_likelihood_unit(t, m) for t, m in zip(d["task"], d["metric"])])
     if d.empty or not d["metric"].isin(["nll", "bpc"]).any():
         raise MissingData("text8 table needs text8 evaluations with an nll (or bpc) metric")
     d = select(d, split=split)
-    d = d[d["metric"].isin(["nll", "bpc", "ppl"])]
+    d = d[d["metric"].isin(["nll", "bpc"])]
     if d.empty:
         raise MissingData(f"text8 table: no text8 nll / bpc evaluations on split {split!r}")
     keys = ["task_variant", "model_key", "K", "L_t", "schedule", "loss", "d_model", "L_s"]
@@ -336,12 +342,9 @@ def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     seeds = d.groupby(keys)["n_seeds"].max()
     params = d.groupby(keys)["n_params"].first()
     out = wide.reset_index()
-    if "nll" not in out:
-        out["nll"] = out["bpc"] * math.log(2)
     if "bpc" not in out:
         out["bpc"] = out["nll"] / math.log(2)
-    if "ppl" not in out:
-        out["ppl"] = np.exp(out["nll"])
+    out["ppl"] = np.exp(out["nll"])
     out["n_params"] = params.to_numpy()
     out["seeds"] = seeds.to_numpy()
     names = differing(out["model_key"])

@@ -526,3 +526,25 @@ def test_likelihood_table_reads_a_tasks_own_metric_names_by_their_unit(tmp_path)
         assert t[["nll", "bpc", "ppl"]].iloc[0].tolist() == pytest.approx([3.0, 3.0 / math.log(2), math.exp(3.0)])
     finally:
         tasks.TASKS.pop("text8_nats", None)
+
+
+def test_every_analysis_reader_refuses_an_older_store_in_one_line_naming_migrate(tmp_path):
+    """The readers read format 2 only (no branch for an older store): `study report`, `study predict` (both
+    laws) and the Python API refuse a store of another format, in one line naming `study migrate`."""
+    from rmdm_study import Results
+    from store.format import FormatMismatch
+    from study.cli import app
+
+    root = str(tmp_path)
+    write_all(root)
+    os.remove(os.path.join(root, "paper", "FORMAT"))  # data but no FORMAT: version 0
+    with pytest.raises(FormatMismatch, match="study migrate --study paper"):
+        load_study(root, "paper")
+    with pytest.raises(FormatMismatch, match="study migrate --study paper"):
+        Results(root).study("paper")
+    for argv in (["report", "--figure", "iso-param"], ["predict"], ["predict", "--law", "two-step"]):
+        r = CliRunner().invoke(app, [*argv, "--study", "paper", "--results", root])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1, (argv, r.output)
+        assert "format none recorded (version 0)" in lines[0] and f"`study migrate --study paper --results {root}`" \
+            in lines[0], (argv, lines)

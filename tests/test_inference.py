@@ -38,7 +38,8 @@ def _evals(values: np.ndarray, n: int, rate: bool, per_seed_ci: list[tuple[float
                          "d_model": 16, "heads": 2, "lr": 1e-3, "batch": 8, "steps": 10, "model_key": key,
                          "T": 1, "L_s": 1, "sampler": "confidence", "split": "test", "metric": metric,
                          "run_id": f"r{j}_{s}", "value": v, "n_examples": n, "ci_low": lo, "ci_high": hi,
-                         "n_params": 1, "n_params_non_embedding": 1, "flops_per_forward": 1, "forward_passes": 1})
+                         "n_params": 1, "n_params_non_embedding": 1, "flops_per_forward": 1, "forward_passes": 1,
+                         "forward_passes_mean": 1.0})
     return pd.DataFrame(rows)
 
 

@@ -75,7 +75,7 @@ def test_a_mean_metric_interval_is_clipped_to_its_declared_range():
     rows = [{"task": "sudoku", "task_variant": "v", "K": 1, "L_t": 1, "model_key": "m", "T": 1, "L_s": 1,
              "sampler": "confidence", "split": "test", "metric": metric, "run_id": f"r{s}", "value": v,
              "n_examples": 50, "ci_low": v - 0.05, "ci_high": v + 0.05, "n_params": 1, "n_params_non_embedding": 1,
-             "flops_per_forward": 1, "forward_passes": 1}
+             "flops_per_forward": 1, "forward_passes": 1, "forward_passes_mean": 1.0}
             for metric, vals in (("cell_acc", (0.01, 0.08, 0.02)), ("nll", (0.01, 0.08, 0.02)))
             for s, v in enumerate(vals)]
     agg = aggregate(pd.DataFrame(rows)).set_index("metric")

@@ -8,9 +8,8 @@ import pandas as pd
 import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, MAX_MODELS, facet_title, facets, grid, legend,
-                               line, model_label, model_names, palette, panel_width,
-                               rate_ylim, seed_note, theme, tight, x_axis, ylabel)
+from analysis.plotting import (MAX_MODELS, Drawing, Options, facet_title, facets, grid, legend, line, metric_axes,
+                               model_label, model_names, palette, panel_width, seed_note, theme, tight)
 
 ORDER = 40
 COST = 7
@@ -35,6 +34,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     most = max(g["model_key"].nunique() + g["L_s"].nunique() for *_, g in panels)
     fig, axes = grid(len(panels), w=panel_width(6.0, most), h=4.4, cols=2 if len(panels) < 6 else 3)
     markers = "osD^vP*X"
+    stars = False  # whether any panel draws adaptive-depth points: the title names them only then
     for ax, (variant, metric, extra, d) in zip(axes, panels):
         names = model_names(d)
         first = d.drop_duplicates("model_key")
@@ -53,15 +53,14 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         adaptive = adaptive[adaptive["model_key"].isin(colors)]
         kind = lambda smp, cap: (smp.split("+", 1)[1], int(cap))  # ('adaptive(0.9)', 3)
         kinds = sorted({kind(smp, cap) for smp, cap in zip(adaptive["sampler"], adaptive["L_s"])})
+        stars = stars or bool(kinds)
         for (key, smp, cap), g in adaptive.groupby(["model_key", "sampler", "L_s"]):
             g = g.sort_values("T").drop_duplicates("forward_passes_mean")  # T past the blanks: same run
             mk = ADAPTIVE_MARKERS[kinds.index(kind(smp, cap)) % len(ADAPTIVE_MARKERS)]
             line(ax, g, "forward_passes_mean", None, colors[key], marker=mk, ls=":")
         if tasks.metric(metric).threshold is not None:
             ax.axhline(tasks.metric(metric).threshold, color="0.5", lw=1, ls=":")
-        x_axis(ax, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, d["forward_passes"], "forward passes per sample (block passes; at most T x L_s)")
         facet_title(ax, variant, extra)
         # one entry per model (its color) and one per sampling depth (its marker), not one per line
         row_of = first.set_index("model_key", drop=False)
@@ -77,8 +76,9 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         if (thr := tasks.metric(metric).threshold) is not None:
             handles.append(Line2D([], [], color="0.5", lw=1, ls=":", label=f"threshold {thr:g}"))
         legend(ax, len(handles), handles=handles, title="model (K x L_t); sampling depth")
-    fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t; stars: adaptive depth, "
-                 f"at its mean passes){seed_note(panels[0][3])}")
+    star_note = "; stars: adaptive depth, at its mean passes" if stars else ""
+    fig.suptitle(f"{data.name}: compute — metric vs total forward passes (solid: L_s = L_t{star_note})"
+                 f"{seed_note(panels[0][3])}")
     tight(fig)
     return Drawing(fig, "compute")
 

@@ -8,8 +8,7 @@ import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, figure, legend, line, needs_T, rate_ylim, seed_note, theme, tight,
-                               x_axis, ylabel)
+from analysis.plotting import Drawing, Options, figure, legend, line, metric_axes, needs_T, seed_note, theme, tight
 from analysis.tables import fmt_params, shape_label
 
 ORDER = 20
@@ -50,9 +49,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
              f"{fmt_params(p.params_recursive)} params", c_rec)
         line(ax, single, "T", f"{shape_label(p.KL, 1)} single pass, {fmt_params(p.params_single)} params", c_single,
              marker="s", ls="--")
-        x_axis(ax, pd.concat([rec["T"], single["T"]]), "denoising steps T")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, pd.concat([rec["T"], single["T"]]))
         ax.set_title(f"{i + 1}. {p.task_variant}: K*L = {p.KL}", fontsize=10)
         legend(ax, 2, below=True)
     tab = fig.add_subplot(gs[:, cols])

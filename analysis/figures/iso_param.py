@@ -5,9 +5,8 @@ import pandas as pd
 
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, facet_title, facets, grid, legend, line,
-                               model_label, model_names, needs_T, palette, panel_width, rate_ylim, seed_note,
-                               theme, tight, x_axis, ylabel)
+from analysis.plotting import (Drawing, Options, facet_title, facets, grid, legend, line, metric_axes, model_label,
+                               model_names, needs_T, palette, panel_width, seed_note, theme, tight)
 
 ORDER = 10
 COST = 3
@@ -36,9 +35,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
         for key, gl in lines:
             row = gl.iloc[0]
             line(ax, gl, "T", f"{model_label(row, names)}  L_t = L_s = {row['L_t']}", colors[key])
-        x_axis(ax, g["T"], "denoising steps T")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, g["T"])
         facet_title(ax, f"{variant}, K = {K}" + (f", d = {width}" if multi_width else ""), extra)
         legend(ax, len(lines), title="model (K x L)")
     fig.suptitle(f"{data.name}: iso-parameter — K layers looped L times vs L = 1{seed_note(panels[0][-1])}")

@@ -25,8 +25,7 @@ N_BOOT_FIGURE = 100  # the two-step bootstrap in a report (`study predict` defau
 
 
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
-    widths = data.runs.loc[data.runs["status"] == "done", "d_model"].nunique() if "status" in data.runs else \
-        data.runs["d_model"].nunique()
+    widths = data.runs["d_model"].nunique()  # of finished runs: the only ones load_study keeps
     if widths < MIN_WIDTHS:
         raise MissingData(f"a ladder needs finished runs at {MIN_WIDTHS} or more widths (d_model); "
                           f"this study has {widths}")

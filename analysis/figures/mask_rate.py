@@ -7,8 +7,8 @@ import pandas as pd
 import tasks
 from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
-from analysis.plotting import (Drawing, Options, grid, legend, line, model_label, model_names, needs_T, palette,
-                               panel_width, rate_ylim, seed_note, theme, tight, x_axis, ylabel)
+from analysis.plotting import (Drawing, Options, grid, legend, line, metric_axes, model_label, model_names, needs_T,
+                               palette, panel_width, seed_note, theme, tight)
 from analysis.tables import SHAPE_FIELDS, select
 
 ORDER = 60
@@ -47,9 +47,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     for ax, (task, metric, n, rate, g) in zip(axes, panels):
         for key, gl in sorted(g.groupby("model_key"), key=lambda kg: labels[kg[0]]):
             line(ax, gl, "T", labels[key], colors[labels[key]])
-        x_axis(ax, g["T"], "denoising steps T")
-        rate_ylim(ax, metric)
-        ax.set_ylabel(ylabel(metric))
+        metric_axes(ax, metric, g["T"])
         ax.set_title(f"{task} {int(n)}x{int(n)}, {round(100 * rate)}% of cells masked")
         legend(ax, g["model_key"].nunique(), title="model (K x L), L_s = L_t")
     metrics = "/".join(dict.fromkeys(p[1].upper() for p in panels))

@@ -13,7 +13,10 @@ COST = 2
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     import seaborn as sns
 
-    table = text8_table(derived.aggregated(), split=opts.split)
+    agg = derived.aggregated()
+    table = text8_table(agg, split=opts.split)
+    # the tasks of the table's rows by their own names (any task evaluated by its likelihood, not only text8)
+    named = " / ".join(sorted(agg.loc[agg["task_variant"].isin(table["task_variant"]), "task"].unique()))
     theme()
     labels = [f"{m}, L_s = {ls}" for m, ls in zip(table["model"], table["L_s"])]
     fig, ax = subplots(figsize=(max(5.0, 1.1 * len(table) + 2), 4))
@@ -25,6 +28,6 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     ax.set_ylabel(wrap_label("NLL bound (nats / char), lower is better"))
     ax.set_xlabel("model (K x L_t) and sampling depth L_s; red: single pass")
     ax.set_ylim(0, table["nll"].max() * 1.3)
-    ax.set_title(f"{data.name}: text8 likelihood")
+    ax.set_title(f"{data.name}: {named} likelihood")
     tight(fig)
     return Drawing(fig, "text8_nll", {"text8_table": table})

@@ -67,8 +67,6 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
 
 def _val_rows(h: pd.DataFrame) -> pd.DataFrame:
     """The history's checkpoint scores (its `val` column, JSON per row) as one row per run, step and score."""
-    if "val" not in h:
-        return pd.DataFrame(columns=[*h.columns, "key", "value"])
     v = h[h["val"].notna()]
     rows = [{**r, "key": k, "value": x} for r, d in zip(v.drop(columns="val").to_dict("records"), v["val"])
             for k, x in json.loads(d).items() if re.fullmatch(r"val_(.+)_T(\d+)", k)]  # not val_elbo, val_ref_nll

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 import tasks
-from analysis.ladder.law import Ladder, q95, sig
+from analysis.ladder.law import Ladder, q95, shape_of, sig
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,10 +52,6 @@ def _short(v: float, _pos=None) -> str:
     return f"{v:g}"
 
 
-def _shape(K, L) -> str:
-    return f"({int(K)} x {int(L)})"
-
-
 def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd.DataFrame | None = None,
                   Ts: list[int] | None = None) -> Figure:
     """One panel per T: the ladder's models (seed means) against their effective scale under the fitted law
@@ -63,15 +59,15 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     band at a fixed scale; held-out models and targets as their prediction (open diamond, 95% interval) and,
     where trained, their measurement (filled square, 95% interval)."""
     # matplotlib here, not above: importing the figures (analysis.figures, a one-process report) draws nothing yet
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from analysis.plotting import figure
 
     Ts = law._Ts(Ts)
     tab = ladder_table(law, targets, measured)
     info = law.models.set_index("model_key")
     res = law.residuals.assign(x=law.scale(info.loc[law.residuals["model_key"]]),
-                               shape=[_shape(k, lp) for k, lp in info.loc[law.residuals["model_key"], ["K", "L"]]
+                               shape=[shape_of(k, lp) for k, lp in info.loc[law.residuals["model_key"], ["K", "L"]]
                                       .itertuples(index=False)])
     others = pd.concat([law.models[law.models["role"] != "ladder"],
                         targets if targets is not None else pd.DataFrame(columns=law.models.columns)])
@@ -82,8 +78,7 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     nT = len(law.Ts)
     shapes = sorted(res["shape"].unique())
     colour = {s: f"C{i}" for i, s in enumerate(shapes)}
-    fig = Figure(figsize=(3.4 * len(Ts) + 0.6, 3.4), layout="constrained")
-    FigureCanvasAgg(fig)  # no pyplot (no global figure registry), but a canvas to draw and save on
+    fig = figure(figsize=(3.4 * len(Ts) + 0.6, 3.4), layout="constrained")
     axes = fig.subplots(1, len(Ts), sharey=True, squeeze=False)[0]
     for ax, T in zip(axes, Ts):
         i = law.Ts.index(T)

@@ -30,7 +30,7 @@ def _se(row) -> float:
 def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame, metric: str = "vpr",
                  split: str = "test", checkpoint_n: int | None = None) -> pd.DataFrame:
     """The frame above, from the runs, evals and history tables (finished runs only)."""
-    done = runs[runs["status"] == "done"].set_index("run_id") if "status" in runs else runs.set_index("run_id")
+    done = runs[runs["status"] == "done"].set_index("run_id")
     rows = []
     for rid, r in done.iterrows():
         ev = evals[evals["run_id"] == rid]
@@ -53,7 +53,7 @@ def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame,
         n_val = checkpoint_n or (int(val["n_examples"].iloc[0]) if len(val) else np.nan)
         val_se_rel = (_se(val.iloc[0].to_dict()) / float(val["value"].iloc[0])) if len(val) else np.nan
         for h in history[(history["run_id"] == rid) & history["val"].notna()].to_dict("records"):
-            v = json.loads(h["val"]) if isinstance(h["val"], str) else dict(h["val"])
+            v = json.loads(h["val"])
             if "val_elbo" not in v or int(h["step"]) >= int(r["steps"]):
                 continue
             ck = {**base, "D": float(h["step"]) * float(r["batch"]), "step": int(h["step"]), "is_checkpoint": True,
@@ -75,8 +75,7 @@ def study_frame(data: StudyData, split: str = "test") -> pd.DataFrame:
     """The two-step frame of a study's done runs (final points on `split`), or LadderError naming `study backfill` when runs lack
     the test ELBO (stores written before the continuous quantities were kept)."""
     evals = pd.concat([data.evals, data.continuous], ignore_index=True) if data.continuous is not None else data.evals
-    history = data.history if "val" in data.history else data.history.assign(val=None)
-    f = ladder_frame(data.runs, evals, history, split=split)
+    f = ladder_frame(data.runs, evals, data.history, split=split)
     fin = f[~f["is_checkpoint"]] if len(f) else f
     lacking = sorted(fin.loc[fin["elbo"].isna(), "run_id"]) if len(fin) else []
     if lacking or not len(fin):

@@ -241,6 +241,11 @@ class Ladder:
         return list(Ts)
 
 
+def shape_of(K, L) -> str:
+    """A model's shape as the ladders name it: '(K x L)' (K and L read from float frames)."""
+    return f"({int(K)} x {int(L)})"
+
+
 # ---- the fit ----------------------------------------------------------------------------------------
 def sig(x):
     """The logistic function, clipped so that it never overflows."""

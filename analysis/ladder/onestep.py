@@ -10,7 +10,7 @@ import pandas as pd
 import tasks
 from analysis.effective import example_scores, prefetch_scores, resample_run
 from analysis.ladder.law import (AXIS_FIELDS, DELTA, LAWS, LOOSE, MIN_MODELS, N_BOOT, PREREGISTERED, Form, Ladder,
-                                 LadderError, covariates, fit_law, q95)
+                                 LadderError, covariates, fit_law, q95, shape_of)
 from analysis.load import StudyData
 from analysis.tables import DEFAULT_SPLIT, differing, model_fields, primary_metric
 from stats import wilson
@@ -227,15 +227,11 @@ def measured_targets(law: Ladder, data: StudyData, targets: pd.DataFrame) -> pd.
     return _heldout(law, ev, info, lambda rows: _draws(data, rows, law.metric, law._rng, law.n_boot, cache))
 
 
-def _label(K, L, d) -> str:
-    return f"({int(K)} x {int(L)}) d={int(d)}"
-
-
 def _models(ev: pd.DataFrame, held: set[str], D_of: dict) -> pd.DataFrame:
     rows = []
     for k, g in ev.groupby("model_key", sort=False):
         r = g.iloc[0]
-        rows.append({"model_key": k, "label": _label(r["K"], r["L_t"], r["d_model"]), "K": int(r["K"]),
+        rows.append({"model_key": k, "label": f"{shape_of(r['K'], r['L_t'])} d={int(r['d_model'])}", "K": int(r["K"]),
                      "L": int(r["L_t"]), "d_model": int(r["d_model"]), "N": int(r["n_params_non_embedding"]),
                      "n_params": int(r["n_params"]), "D": D_of[r["run_id"]],
                      "role": "held out" if k in held else "ladder", "seeds": g["run_id"].nunique(),

@@ -23,17 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.ladder.law import q95, sig
+from analysis.ladder.law import q95, shape_of, sig
 from analysis.ladder.loss import LossFit, fit_loss, fit_with_kappa_if_needed, one_thread
 from analysis.ladder.metric import MetricFit, curve, fit_metric, pearson
 
 MISFIT = 2.0
 N_BOOT_TWO_STEP = 200
 Z95 = 1.959964
-
-
-def shape_of(K, L) -> str:
-    return f"({int(K)} x {int(L)})"
 
 
 def vpr_Ts(frame: pd.DataFrame) -> list[int]:

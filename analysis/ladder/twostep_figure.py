@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.ladder.metric import curve
 from analysis.ladder.twostep import TwoStep
-from analysis.plotting import LEGEND_FONT
+from analysis.plotting import LEGEND_FONT, figure
 
 
 def two_step_figure(law: TwoStep, frame: pd.DataFrame, held: pd.DataFrame | None = None) -> Figure:
     """Two panels from the ladder's frame (and the held-out final points, marked)."""
-    fig = Figure(figsize=(12.0, 6.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = figure(figsize=(12.0, 6.2), layout="constrained")
     a1, a2 = fig.subplots(1, 2)
     phi = law.loss_fit.params()["phi"]
     held = held if held is not None else frame.iloc[:0]
