@@ -179,14 +179,14 @@ class Store:
         self.quarantined.append(line)
         return line
 
-    def temp_files(self, min_age_s: float = TEMP_AGE_S) -> list[pafs.FileInfo]:
-        """Temp files of writes that never finished, untouched for `min_age_s` (anywhere in the study but
-        quarantine/ and Tune's .ray/)."""
+    def temp_files(self, min_age_s: float = TEMP_AGE_S, names=TEMP) -> list[pafs.FileInfo]:
+        """Temp files of writes that never finished (named as `names` matches), untouched for `min_age_s`
+        (anywhere in the study but quarantine/ and Tune's .ray/)."""
         cutoff = time.time() - min_age_s
         out = []
         for info in self.fs.get_file_info(pafs.FileSelector(self.dir, recursive=True, allow_not_found=True)):
             rel = info.path[len(self.dir) + 1:]
-            if (info.type == pafs.FileType.File and TEMP.fullmatch(info.base_name)
+            if (info.type == pafs.FileType.File and names.fullmatch(info.base_name)
                     and not rel.startswith((QUARANTINE + "/", ".ray/"))
                     and (info.mtime is None or info.mtime.timestamp() < cutoff)):
                 out.append(info)
