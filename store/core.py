@@ -34,10 +34,7 @@ class Store:
         than this code's; only `study migrate` opens one without."""
         self.root = root
         self.study = safe_name(study, "study name")
-        if "://" in root:
-            self.fs, base = filesystem_from_uri(root)
-        else:
-            self.fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
+        self.fs, base = filesystem_from_uri(root)
         self.base = base.rstrip("/")
         self.dir = f"{self.base}/{self.study}"
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
@@ -107,23 +104,16 @@ class Store:
             return []
         top = os.path.realpath(self.dir)
         out = []
-        stack = [self.dir]
-        while stack:
-            d = stack.pop()
-            try:
-                entries = list(os.scandir(d))
-            except OSError:
-                continue
-            for e in entries:
-                if e.is_symlink():
-                    real = os.path.realpath(e.path)
-                    if real != top and not real.startswith(top + os.sep):
-                        out.append(f"{e.path} is a symlink to {real}, outside the store: no command of the study "
-                                   f"reads or writes through it; replace it by a "
-                                   f"{'directory' if os.path.isdir(e.path) else 'file'}"
-                                   f" of the store (move what it points at in, or remove the link)")
-                elif e.is_dir(follow_symlinks=False) and e.name != ".ray":
-                    stack.append(e.path)
+        for d, dirs, files in os.walk(self.dir):  # links are listed, never followed
+            for name in dirs + files:
+                p = os.path.join(d, name)
+                real = os.path.realpath(p) if os.path.islink(p) else top
+                if real != top and not real.startswith(top + os.sep):
+                    out.append(f"{p} is a symlink to {real}, outside the store: no command of the study "
+                               f"reads or writes through it; replace it by a "
+                               f"{'directory' if os.path.isdir(p) else 'file'}"
+                               f" of the store (move what it points at in, or remove the link)")
+            dirs[:] = [x for x in dirs if x != ".ray"]  # Tune's own files
         return sorted(out)
 
     def refuse_links_out(self) -> None:
@@ -189,14 +179,14 @@ class Store:
         self.quarantined.append(line)
         return line
 
-    def temp_files(self, min_age_s: float = TEMP_AGE_S) -> list[pafs.FileInfo]:
-        """Temp files of writes that never finished, untouched for `min_age_s` (anywhere in the study but
-        quarantine/ and Tune's .ray/)."""
+    def temp_files(self, min_age_s: float = TEMP_AGE_S, names=TEMP) -> list[pafs.FileInfo]:
+        """Temp files of writes that never finished (named as `names` matches), untouched for `min_age_s`
+        (anywhere in the study but quarantine/ and Tune's .ray/)."""
         cutoff = time.time() - min_age_s
         out = []
         for info in self.fs.get_file_info(pafs.FileSelector(self.dir, recursive=True, allow_not_found=True)):
             rel = info.path[len(self.dir) + 1:]
-            if (info.type == pafs.FileType.File and TEMP.fullmatch(info.base_name)
+            if (info.type == pafs.FileType.File and names.fullmatch(info.base_name)
                     and not rel.startswith((QUARANTINE + "/", ".ray/"))
                     and (info.mtime is None or info.mtime.timestamp() < cutoff)):
                 out.append(info)
@@ -268,30 +258,26 @@ class Store:
         since the last read are parsed, in parallel.
         """
         schema = SCHEMAS[table]
+        if filter_run is None and table in index.ROWS_TABLES:
+            return index.scan(self, table, schema, whole=True)[2].to_pandas()
         if filter_run is None:
-            if table in index.ROWS_TABLES:
-                return index.read_table(self, table, schema).to_pandas()
-            tables = self._read_files(index.list_files(self, table), schema)
-            # one chunk per column, not one per file: pandas keeps Arrow strings chunked, and every
-            # groupby, merge or filter on a 40,000-chunk column pays per chunk
-            return (pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()).to_pandas()
-        # evals/<run_id>/*.parquet, or runs/<run_id>.parquet in the flat tables
-        d = f"{self.dir}/{table}/{safe_name(filter_run)}"
-        infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
-        infos = infos or [self.fs.get_file_info(f"{d}.parquet")]
-        infos = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                        and i.base_name[0] not in "._"), key=lambda i: i.path)
-        tables = self._read_files(infos, schema)
-        t = pa.concat_tables(tables) if tables else schema.empty_table()
-        return t.filter(pc.equal(t["run_id"], filter_run)).to_pandas()
+            infos = index.list_files(self, table)
+        else:  # evals/<run_id>/*.parquet, or runs/<run_id>.parquet in the flat tables
+            d = f"{self.dir}/{table}/{safe_name(filter_run)}"
+            infos = self.fs.get_file_info(pafs.FileSelector(d, recursive=True, allow_not_found=True))
+            infos = infos or [self.fs.get_file_info(f"{d}.parquet")]
+            infos = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                            and i.base_name[0] not in "._"), key=lambda i: i.path)
 
-    def _read_files(self, infos: list, schema: pa.Schema) -> list[pa.Table]:
-        """The parsed tables of `infos`, in their order, read in parallel (pyarrow releases the GIL)."""
-        def one(info):
+        def one(info):  # None: unreadable, or deleted since listed
             data = self.read_bytes(info.path)
-            return None if data is None else self.parse_checked(info.path, data, schema)  # None: deleted since listed
+            return None if data is None else self.parse_checked(info.path, data, schema)
 
-        return [t for t in index.read_map(self, one, infos) if t is not None]
+        tables = [t for t in index.read_map(self, one, infos) if t is not None]
+        # one chunk per column, not one per file: pandas keeps Arrow strings chunked, and every
+        # groupby, merge or filter on a 40,000-chunk column pays per chunk
+        t = pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
+        return (t if filter_run is None else t.filter(pc.equal(t["run_id"], filter_run))).to_pandas()
 
     def summary(self, histories: bool = False) -> "Summary":
         """What `study status` and a resume's planning need of every run, in one pass over the store.
@@ -301,7 +287,7 @@ class Store:
         (a rerun's planning): a history whose rows are not those its runs row recorded is unreadable too."""
         _, _, runs = index.scan(self, "runs", RUNS, first=True)
         _, evals, _ = index.scan(self, "evals", EVALS)
-        sample_files, samples, _ = index.scan(self, "samples", SAMPLES, rows=False)
+        sample_files, samples, _ = index.scan(self, "samples", SAMPLES)
         hist_files, hist, *_ = index.scan(self, "history", HISTORY) if not histories else \
             self.read_history({n[: -len(".parquet")]: r.get("history_sha256") for n, r in runs.items()})
 

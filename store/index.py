@@ -151,196 +151,100 @@ def _save_index(store, table: str, t: pa.Table) -> None:
         pass  # a read-only store still reads; only the next read is slower
 
 
-def scan(store, table: str, schema: pa.Schema, rows: bool = True, first: bool = False, whole: bool = False):
+def scan(store, table: str, schema: pa.Schema, first: bool = False, whole: bool = False):
     """(files listed, {relative path: row count}, {relative path: its first row} or None) for every readable
-    file of `table`: what Store.summary needs, not every file's rows.
+    file of `table`, files in path order; `first`: the first row (as Table.to_pylist gives it) of each file
+    of a ROWS_TABLES table with rows; `whole`: the third item is every row (what concatenating every file's
+    table gives). Tables too large to hold (samples) are counted from the verdict index alone. Unreadable
+    files are noted in `store.unreadable` by `store.parse_checked` and left out.
 
-    `rows=False` counts from the verdict index alone (tables too large to hold: samples); `first`: each
-    file with rows has its first row (as Table.to_pylist gives it) in the third item; `whole`: the third item is
-    every row (what read_table gives). A ROWS_TABLES
-    table is gathered as read_table does (unchanged files' rows as a few long slices of the index), not
-    one table per file. Unreadable files are noted in `store.unreadable` by `store.parse_checked` and left out.
-    """
-    seen = _Seen(store, table, schema, rows)
-    g = seen.gather()
-    seen.save(g)
-    counts = dict(zip(g.names, g.counts))
-    firsts = None
-    if whole:
-        return seen.files, counts, pa.concat_tables(g.pieces).combine_chunks() if g.pieces else schema.empty_table()
-    if first and seen.keep_rows:
-        starts = np.cumsum([0, *g.counts[:-1]], dtype=np.int64)
-        have = [i for i, n in enumerate(g.counts) if n]
-        t = pa.concat_tables(g.pieces) if g.pieces else schema.empty_table()
-        firsts = dict(zip([g.names[i] for i in have], t.take(pa.array(starts[have], pa.int64())).to_pylist()))
-    return seen.files, counts, firsts
+    Unchanged files' rows are taken from the index, the others parsed now (in parallel), and both put in
+    file order by one `take` of their row numbers, not one table per file: 20,000 per-file tables and
+    their concatenation cost more than the rest of the read at 1,000 runs. An index rewritten here is
+    built the same way, so it holds the same bytes whatever index it replaces."""
+    keep_rows = table in ROWS_TABLES
+    files = list_files(store, table)
+    prefix = f"{store.dir}/{table}/"
+    rel = {i.path: i.path[len(prefix):] for i in files}
+    index = load_index(store, table, schema)
+    spans = _spans(index) if index is not None and keep_rows else {}
+    if spans is None:
+        index, spans = None, {}  # not in file order (edited): rebuilt, never trusted
+    damaged = index is None and store.exists(_index_path(store, table))  # rewritten whole below
+    cached: dict[str, tuple] = {}  # name -> ((size, mtime), crc, [first, last) of its rows in the index)
+    if index is not None:
+        got = [index[n].to_pylist() for n in ("_file", "_size", "_mtime_ns", "_crc")]
+        counts = index["_rows"].to_pylist() if not keep_rows else None
+        for r, (name, s, m, c) in enumerate(zip(*got)):
+            cached.setdefault(name, ((s, m), c, spans[name] if keep_rows else (0, counts[r])))
+    hits, crc = {}, {}  # name -> its rows' span in the index; name -> tail CRC of the bytes read or checked now
+    for info in files:
+        name, hit = rel[info.path], cached.get(rel[info.path])
+        if hit is not None and hit[0] == _ident(info):
+            # the same size and mtime: on a local disk, the same bytes? (bit rot, a reset mtime)
+            now = _read_tail_crc(info.path, int(info.size or 0)) if store.local else hit[1]
+            if now is not None and now == hit[1]:
+                hits[name], crc[name] = hit[2], now
+    body = index.drop_columns([n for n, _ in META]) if index is not None and keep_rows else None
+    if table == "runs" and hits and body is not None:
+        for name in _forged_runs(body, hits):  # index rows that are not what their runs file's row recorded
+            damaged = True
+            del hits[name]
 
+    def parse(info: pafs.FileInfo):
+        data = store.read_bytes(info.path)
+        if data is None:
+            return None
+        crc[rel[info.path]] = tail_crc(data)
+        return store.parse_checked(info.path, data, schema)
 
-def read_table(store, table: str, schema: pa.Schema) -> pa.Table:
-    """Every readable file's rows of a ROWS_TABLES table in one table, files in path order: what
-    concatenating every file's table in name order gives, but with the rows of unchanged files taken
-    from the index as a few long slices (one per stretch of unchanged files between changed ones)
-    instead of one table per file: 20,000 per-file slices and their concatenation cost more than the
-    rest of the read at 1,000 runs. An index rewritten here is built from the same slices."""
-    return scan(store, table, schema, whole=True)[2]
-
-
-class _Slices:
-    """Tables in order, consecutive row ranges of one body merged into one slice."""
-
-    def __init__(self, body: pa.Table | None):
-        self.body, self.out, self.span = body, [], None
-
-    def rows(self, a: int, b: int) -> None:
-        if self.span is not None and self.span[1] == a:
-            self.span = (self.span[0], b)
+    fresh = [i for i in files if rel[i.path] not in hits]
+    parsed = {rel[i.path]: t for i, t in zip(fresh, read_map(store, parse, fresh)) if t is not None}
+    newest, racy_s = racy_window(files)
+    indexable = {rel[i.path] for i in fresh
+                 if rel[i.path] in parsed and (newest - (i.mtime_ns or 0)) / 1e9 > racy_s}
+    # rewritten when damaged, with MIN_NEW files to add, or with MIN_NEW entries gone
+    due = damaged or len(indexable) >= MIN_NEW or \
+        (index is not None and len(hits) + len(indexable) < len(cached) - MIN_NEW)
+    # every readable file's rows as a span of `rows`: the index's body, then the files parsed now
+    where, at = dict(hits), body.num_rows if body is not None else 0
+    for name, t in parsed.items():
+        where[name], at = (at, at + t.num_rows), at + t.num_rows
+    pieces = ([body] if body is not None else []) + (list(parsed.values()) if keep_rows else [])
+    rows = pa.concat_tables(pieces) if pieces else schema.empty_table()
+    listed = [n for n in (rel[i.path] for i in files) if n in where]
+    counts = {n: where[n][1] - where[n][0] for n in listed}
+    if due:  # an empty file of a rows table is read again each time (cheap; keeps the index row-aligned)
+        info_of = {rel[i.path]: i for i in files}
+        entries = [(n, *_ident(info_of[n]), crc[n], counts[n]) for n in listed
+                   if (n in hits or n in indexable) and (counts[n] or not keep_rows)]
+        if keep_rows:
+            t = _rows_index(schema, entries, _take(rows, [where[e[0]] for e in entries]))
         else:
-            self._flush()
-            self.span = (a, b)
-
-    def table(self, t: pa.Table) -> None:
-        self._flush()
-        self.out.append(t)
-
-    def _flush(self) -> None:
-        if self.span is not None:
-            self.out.append(self.body.slice(self.span[0], self.span[1] - self.span[0]))
-            self.span = None
-
-    def done(self) -> list[pa.Table]:
-        self._flush()
-        return self.out
-
-
-class _Gathered:
-    """A rows table's readable files in file order: `names`, `counts` (rows each), `pieces` (their rows,
-    in order, as few tables as the index allows) and the index to write: `entries` (name, size, mtime,
-    crc, rows) of the files it keeps (unchanged ones and those parsed now and old enough, each with rows)
-    and `kept` (their rows, in order)."""
-
-    def __init__(self, names, counts, pieces, entries, kept):
-        self.names, self.counts, self.pieces, self.entries, self.kept = names, counts, pieces, entries, kept
-
-
-class _Seen:
-    """One pass over a table's listing: which files the index holds unchanged (hits; their rows: `sub`)
-    and the others, parsed now (`parsed`: (info, table or None)), with each file's tail CRC."""
-
-    def __init__(self, store, table: str, schema: pa.Schema, rows: bool):
-        self.store, self.table, self.schema = store, table, schema
-        self.files = files = list_files(store, table)
-        prefix = f"{store.dir}/{table}/"
-        self.rel = rel = {i.path: i.path[len(prefix):] for i in files}
-        self.keep_rows = rows and table in ROWS_TABLES
-        self.index = index = load_index(store, table, schema)
-        if index is not None and self.keep_rows and _spans(index) is None:
-            index = self.index = None  # not in file order (edited): rebuilt, never trusted
-        self.damaged = index is None and store.exists(_index_path(store, table))  # rewritten whole by save
-        cached: dict[str, tuple[tuple[int, int], int, int]] = {}  # rel -> (ident, first row in index, crc)
-        if index is not None and index.num_rows:
-            names = index["_file"].to_pylist()
-            sizes, mtimes = index["_size"].to_pylist(), index["_mtime_ns"].to_pylist()
-            crcs = index["_crc"].to_pylist()
-            for r, (name, s, m, c) in enumerate(zip(names, sizes, mtimes, crcs)):
-                cached.setdefault(name, ((s, m), r, c))
-        self.n_cached = len(cached)
-        fresh, self.hits = [], []
-        self.crc = crc = {}  # rel -> tail CRC of the bytes read or checked now
-        for info in files:
-            name = rel[info.path]
-            hit = cached.get(name)
-            if hit is not None and hit[0] == _ident(info):
-                if store.local:  # the same size and mtime: the same bytes? (bit rot, a reset mtime)
-                    now = _read_tail_crc(info.path, int(info.size or 0))
-                    if now is None or now != hit[2]:
-                        fresh.append(info)
-                        continue
-                    crc[name] = now
-                else:
-                    crc[name] = hit[2]
-                self.hits.append(name)
-            else:
-                fresh.append(info)
-        self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(set(self.hits)), pa.string()))) \
-            if self.hits else None
-        if table == "runs" and self.sub is not None and self.keep_rows:
-            forged = _forged_runs(self.sub)  # index rows that are not what their runs file's row recorded
-            if forged:
-                self.damaged = True
-                self.hits = [n for n in self.hits if n not in forged]
-                fresh += [i for i in files if rel[i.path] in forged]
-                self.sub = index.filter(pc.is_in(index["_file"], pa.array(sorted(self.hits), pa.string())))
-
-        def parse(info: pafs.FileInfo):
-            data = store.read_bytes(info.path)
-            if data is None:
-                return info, None
-            crc[rel[info.path]] = tail_crc(data)
-            return info, store.parse_checked(info.path, data, schema)
-
-        self.parsed = read_map(store, parse, sorted(fresh, key=lambda i: i.path))
-        newest, racy_s = racy_window(files)
-        self.indexable = [info for info, t in self.parsed
-                          if t is not None and (newest - (info.mtime_ns or 0)) / 1e9 > racy_s]
-
-    def gather(self) -> _Gathered:
-        """The files' rows gathered in file order from long slices of `sub` and the files parsed now (a rows
-        table; row counts only for a verdict table). The index's entries only when it is due."""
-        spans = _spans(self.sub) if self.keep_rows else {}
-        if not self.keep_rows and self.sub is not None:
-            spans = {n: (0, int(k)) for n, k in zip(self.sub["_file"].to_pylist(), self.sub["_rows"].to_pylist())}
-        fresh = {self.rel[info.path]: t for info, t in self.parsed if t is not None}
-        new = {i.path for i in self.indexable}
-        due = self.due()
-        hits = set(self.hits)
-        body = self.sub.drop_columns([n for n, _ in META]) if self.sub is not None and self.keep_rows else None
-        read, kept = _Slices(body), _Slices(body)
-        names, counts, entries = [], [], []
-        for info in self.files:
-            name = self.rel[info.path]
-            if name in fresh:
-                t = fresh[name]
-                n = t.num_rows
-                if self.keep_rows:
-                    read.table(t)
-                # an empty file of a rows table is read again each time (cheap; keeps the index row-aligned)
-                if due and info.path in new and (n or not self.keep_rows):
-                    if self.keep_rows:
-                        kept.table(t)
-                    entries.append((name, *_ident(info), self.crc[name], n))
-            elif name in hits:
-                a, b = spans.get(name, (0, 0))  # not in spans: a file of zero rows (adds none)
-                n = b - a
-                if self.keep_rows and n:
-                    read.rows(a, b)
-                    kept.rows(a, b) if due else None
-                if due and (n or not self.keep_rows):
-                    entries.append((name, *_ident(info), self.crc[name], n))
-            else:
-                continue  # unreadable: never indexed
-            names.append(name), counts.append(n)
-        return _Gathered(names, counts, read.done(), entries, kept.done())
-
-    def save(self, g: _Gathered) -> None:
-        if not self.due():
-            return
-        if self.keep_rows:
-            t = _rows_index(self.schema, g.entries, g.kept)
-        else:
-            cols = list(zip(*g.entries)) or [[]] * len(VERDICT)
+            cols = list(zip(*entries)) or [[]] * len(VERDICT)
             t = pa.Table.from_arrays([pa.array(list(c), f.type) for c, f in zip(cols, VERDICT)], schema=VERDICT)
-        _save_index(self.store, self.table, t)
+        _save_index(store, table, t)
+    if whole:
+        return files, counts, _take(rows, [where[n] for n in listed])
+    firsts = None
+    if first and keep_rows:
+        have = [n for n in listed if counts[n]]
+        firsts = dict(zip(have, _take(rows, [(where[n][0], where[n][0] + 1) for n in have]).to_pylist()))
+    return files, counts, firsts
 
-    def due(self) -> bool:
-        """Whether the index is to be rewritten: damaged, MIN_NEW files to add, or MIN_NEW entries gone."""
-        return self.damaged or len(self.indexable) >= MIN_NEW or \
-            (self.index is not None and len(self.hits) + len(self.indexable) < self.n_cached - MIN_NEW)
+
+def _take(t: pa.Table, spans: list[tuple[int, int]]) -> pa.Table:
+    """The rows [a, b) of `t` for each (a, b) of `spans`, in that order, as one table (one chunk per column)."""
+    a = np.asarray([s[0] for s in spans], dtype=np.int64)
+    n = np.asarray([s[1] - s[0] for s in spans], dtype=np.int64)
+    order = np.repeat(a - (np.cumsum(n) - n), n) + np.arange(n.sum(), dtype=np.int64)
+    return t.take(pa.array(order, pa.int64())).combine_chunks()
 
 
-def _spans(t: pa.Table | None) -> dict[str, tuple[int, int]] | None:
-    """{file: [first, last) of its rows in `t`} when `t` is in file order (as save leaves it: each file's
+def _spans(t: pa.Table) -> dict[str, tuple[int, int]] | None:
+    """{file: [first, last) of its rows in `t`} when `t` is in file order (as scan leaves it: each file's
     rows one stretch), else None."""
-    if t is None or not t.num_rows:
+    if not t.num_rows:
         return {}
     files = t["_file"].combine_chunks()
     if len(files) > 1 and not pc.all(pc.less_equal(files[:-1], files[1:])).as_py():
@@ -350,19 +254,21 @@ def _spans(t: pa.Table | None) -> dict[str, tuple[int, int]] | None:
     return {n: (a, b) for n, a, b in zip(names, [0, *stops[:-1]], stops)}
 
 
-def _forged_runs(sub: pa.Table) -> set[str]:
+def _forged_runs(body: pa.Table, hits: dict[str, tuple[int, int]]) -> list[str]:
     """Files of the runs index whose rows are not the rows their field row_sha256 recorded (edited in the
     index with its entry kept): read again from the file, and the index rewritten."""
     from store.digest import row_sha256
 
-    files = sub["_file"].to_pylist()
-    rows = sub.drop_columns([n for n, _ in META]).to_pylist()
-    return {f for f, r in zip(files, rows) if r.get("row_sha256") is not None and row_sha256(r) != r["row_sha256"]}
+    names = list(hits)
+    rows = _take(body, [hits[n] for n in names]).to_pylist()
+    counts = np.cumsum([0] + [hits[n][1] - hits[n][0] for n in names])
+    return [n for n, a, b in zip(names, counts[:-1], counts[1:])
+            if any(r.get("row_sha256") is not None and row_sha256(r) != r["row_sha256"] for r in rows[a:b])]
 
 
-def _rows_index(schema: pa.Schema, entries: list[tuple], bodies: list[pa.Table]) -> pa.Table:
+def _rows_index(schema: pa.Schema, entries: list[tuple], body: pa.Table) -> pa.Table:
     """The index table of a rows table: each entry's (name, size, mtime, crc, rows) repeated over its rows,
-    beside `bodies` (every entry's rows, in order, in as many tables as they come).
+    beside `body` (every entry's rows, in order).
 
     Built column by column (one array per column for all files), not one small table per file:
     at 40,000 files the per-file tables cost more than reading the files."""
@@ -371,10 +277,6 @@ def _rows_index(schema: pa.Schema, entries: list[tuple], bodies: list[pa.Table])
         return want.empty_table()
     names, sizes, mtimes, crcs, counts = zip(*entries)
     reps = np.asarray(counts, dtype=np.int64)
-    try:
-        body = pa.concat_tables(bodies).combine_chunks()
-    except pa.ArrowInvalid:  # a file of an older schema version (never expected: rows are conformed)
-        body = pa.concat_tables([b.cast(schema) for b in bodies]).combine_chunks()
     meta = [pa.array(np.repeat(np.asarray(names, dtype=object), reps), pa.string()),
             pa.array(np.repeat(np.asarray(sizes, dtype=np.int64), reps), pa.int64()),
             pa.array(np.repeat(np.asarray(mtimes, dtype=np.int64), reps), pa.int64()),

@@ -4,8 +4,8 @@
 on the same study is refused with one line naming the holder (or waits for it, `--wait`). Read-only
 commands (status, report, verify) never take it. Layout, in `<root>/<study>/lease/`:
 
-    g<generation>.json            local disk: the holder of that generation (created exclusively)
-    g<generation>.<token>.json    object stores: one claim per contender; the smallest token holds
+    g<generation>.json            the holder of that generation (created exclusively: local disk, S3)
+    g<generation>.<token>.json    other object stores: one claim per contender; the smallest token holds
 
 The current holder is the newest generation. A holder rewrites its file every BEAT_S seconds (the
 heartbeat, a background thread) and marks it `released` when it ends (normal exit, Ctrl-C, SIGTERM:
@@ -16,24 +16,13 @@ clocks must agree to within TTL_S - BEAT_S). A holder that finds a newer generat
 (it stalled past TTL_S and was taken over): it stops its work; its trials check it too (`fence`), so
 trials a dead driver left behind stop at their next report.
 
-Creating a generation is exclusive:
-- local disk (and NFS): the file is hard-linked into place (`os.link` fails when it exists): one taker.
-- S3 and S3-compatible stores with conditional writes (AWS since 2024, MinIO, moto), through boto3 (the
-  `s3` extra): the generation's file is created with `If-None-Match: *` (one taker; the others get 412)
-  and every heartbeat and the release rewrite it with `If-Match: <its ETag>` (a holder whose file was
-  replaced has lost it). Whether the store honours them is checked once per acquisition (a probe object
-  written twice under `If-None-Match: *` must be refused the second time).
-- other object stores (gs://, an S3 store that ignores the headers, or boto3 not installed; said when the
-  lease is taken): pyarrow's S3 client sends no conditional headers, so each contender first lists the
-  generation (nothing may be there), writes its own claim, waits SETTLE_S, lists again, and holds only if
-  its token is the smallest claim of that generation, no unclaimed (conditional) file is there and nothing
-  newer exists; a contender whose list-then-write took SETTLE_S/2 or more withdraws. With a store whose
-  listings are strongly consistent (S3 since December 2020, moto, MinIO) this admits one holder as long as
-  each request completes in under SETTLE_S/2: two contenders that overlap both see both claims and agree
-  on the smallest token; one that comes later sees the earlier claim before writing. It is not a
-  consensus protocol: a store that lists stale data, or a process paused longer than SETTLE_S/2 between
-  its two requests, can defeat it. A conditional taker that then sees a settle claim of its generation
-  withdraws, so drivers of both kinds on one study still admit one holder.
+Creating a generation is exclusive (docs/DESIGN.md, "One driver per study", gives the argument):
+- local disk (and NFS): the file is hard-linked into place (`os.link` fails when it exists): one taker;
+- s3:// with boto3 and a server that honours conditional writes (probed): created with `If-None-Match: *`,
+  rewritten (heartbeat, release) with `If-Match: <its ETag>`;
+- other object stores (gs://, boto3 missing, headers ignored): a claim `g<gen>.<token>.json` written,
+  SETTLE_S waited, the generation listed again: the smallest token holds, if no conditional file of that
+  generation and nothing newer is there; a contender too slow to claim safely withdraws.
 """
 from __future__ import annotations
 
@@ -235,29 +224,25 @@ def status_line(store, now: float | None = None) -> str:
 
 
 # ---- conditional writes (S3 through boto3) -----------------------------------------------------------
-class _Conditional:
-    """put_object with If-None-Match: * (create) or If-Match: etag (rewrite); None when the condition fails."""
+def _cas_put(client, path: str, data: bytes, etag: str | None = None) -> str | None:
+    """put_object with If-None-Match: * (create) or If-Match: etag (rewrite): its ETag, None when the condition
+    fails."""
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    def __init__(self, client):
-        self.client = client
-
-    def put(self, path: str, data: bytes, etag: str | None = None) -> str | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, key = path.split("/", 1)
-        try:
-            return self.client.put_object(Bucket=bucket, Key=key, Body=data,
-                                          **({"IfMatch": etag} if etag else {"IfNoneMatch": "*"}))["ETag"]
-        except ClientError as e:  # 412: the condition failed; 409: a concurrent conditional write won
-            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
-                return None
-            raise OSError(f"{path}: {e}") from e
-        except BotoCoreError as e:
-            raise OSError(f"{path}: {e}") from e
+    bucket, key = path.split("/", 1)
+    try:
+        return client.put_object(Bucket=bucket, Key=key, Body=data,
+                                 **({"IfMatch": etag} if etag else {"IfNoneMatch": "*"}))["ETag"]
+    except ClientError as e:  # 412: the condition failed; 409: a concurrent conditional write won
+        if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+            return None
+        raise OSError(f"{path}: {e}") from e
+    except BotoCoreError as e:
+        raise OSError(f"{path}: {e}") from e
 
 
-def conditional_writes(store) -> "_Conditional | None":
-    """A conditional writer for an s3:// store whose server honours If-None-Match (probed), else None."""
+def conditional_writes(store):
+    """A boto3 client of an s3:// store whose server honours If-None-Match (probed: see _cas_put), else None."""
     if not str(store.root).lower().startswith("s3://"):
         return None
     try:
@@ -271,10 +256,10 @@ def conditional_writes(store) -> "_Conditional | None":
     kw.update({"region_name": q["region"]} if "region" in q else {})
     if "access_key" in q:
         kw.update(aws_access_key_id=q["access_key"], aws_secret_access_key=q.get("secret_key"))
-    cas = _Conditional(boto3.client("s3", **kw))
+    cas = boto3.client("s3", **kw)
     probe = f"{lease_dir(store)}/.probe-{uuid.uuid4().hex}"
     try:
-        honoured = cas.put(probe, b"1") is not None and cas.put(probe, b"2") is None
+        honoured = _cas_put(cas, probe, b"1") is not None and _cas_put(cas, probe, b"2") is None
         store.fs.delete_file(probe)
     except OSError:
         return None
@@ -292,7 +277,7 @@ class Lease:
     beat_s: float
     ttl_s: float
     on_lost: object = None  # called once (from the heartbeat thread) with the newer Holder
-    cas: _Conditional | None = None  # S3 with conditional writes: each rewrite If-Match `etag`
+    cas: object = None  # S3 with conditional writes (a boto3 client): each rewrite If-Match `etag`
     etag: str | None = None
     lost: Holder | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -309,7 +294,7 @@ class Lease:
         """Rewrite the lease file; False when a conditional rewrite finds it replaced (the lease is lost)."""
         data = json.dumps(self.info, sort_keys=True).encode()
         if self.cas is not None:
-            self.etag = self.cas.put(self.path, data, self.etag)
+            self.etag = _cas_put(self.cas, self.path, data, self.etag)
             return self.etag is not None
         if self.store.local:
             atomicio.write_bytes(self.path, data)
@@ -319,9 +304,8 @@ class Lease:
         return True
 
     def _newer(self) -> Holder | None:
-        files = _listing(self.store)
-        newer = [g for g in files if g > self.gen]
-        return _holder_of(self.store, max(newer), files[max(newer)]) if newer else None
+        h = current(self.store)
+        return h if h is not None and h.gen > self.gen else None
 
     def beat(self) -> bool:
         """One heartbeat: False (and `lost` set) when a newer generation exists or renewals failed for
@@ -426,9 +410,8 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
         if not store.local and cas is None and not withdrawn:
             echo(f"lease: {store.root.split('?')[0]} takes no conditional writes here (boto3 missing: pip install "
                  f"'rmdm-study[s3]'; or the store ignores them): claim, wait {settle_s:g}s, list again")
-        got = (_claim_local(store, gen, token, info) if store.local else
-               _claim_conditional(store, cas, gen, info) if cas is not None else
-               _claim_object(store, gen, token, info, settle_s))
+        got = _claim_local(store, gen, token, info) if store.local else \
+            _claim_object(store, cas, gen, token, info, settle_s)
         if got is None:  # withdrawn: the store answered too slowly for a safe claim
             withdrawn += 1
             if withdrawn >= MAX_WITHDRAWALS:
@@ -438,7 +421,7 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
             continue
         if not got:
             continue  # another driver took this generation first: look again
-        path, etag = got if isinstance(got, tuple) else (got, None)
+        path, etag = got
         if st in ("dead", "stale"):
             why = "its process has ended" if st == "dead" else f"no heartbeat for over {ttl_s:g}s"
             echo(f"lease: took over study {store.study} from {h.describe()}: {why}")
@@ -461,7 +444,7 @@ def held_by(store) -> str | None:
 
 
 def _claim_local(store, gen: int, token: str, info: dict):
-    """Create generation `gen` exclusively (hard link of a complete file): its path, or False."""
+    """Create generation `gen` exclusively (hard link of a complete file): (its path, None), or False."""
     d = lease_dir(store)
     os.makedirs(d, exist_ok=True)
     path = f"{d}/g{gen:010d}.json"
@@ -478,45 +461,37 @@ def _claim_local(store, gen: int, token: str, info: dict):
     if newest_gen(store) > gen:
         os.unlink(path)
         return False
-    return path
+    return path, None
 
 
-def _claim_conditional(store, cas: _Conditional, gen: int, info: dict):
-    """Create generation `gen` with If-None-Match: * (see the module's doc): (path, etag), False (another
-    driver holds it) or None (a settle claim of this generation is there: withdrawn)."""
-    path = f"{lease_dir(store)}/g{gen:010d}.json"
-    if newest_gen(store) >= gen:
-        return False
-    etag = cas.put(path, json.dumps(info, sort_keys=True).encode())
-    if etag is None:
-        return False
-    files = _listing(store)
-    if max(files, default=0) > gen or any(t is not None for t, _ in files.get(gen, [])):
-        store.fs.delete_file(path)
-        return False if max(files, default=0) > gen else None
-    return path, etag
-
-
-def _claim_object(store, gen: int, token: str, info: dict, settle_s: float):
-    """Claim generation `gen` on an object store (see the module's doc): its path, False (another
-    contender holds it) or None (withdrawn: the store answered too slowly)."""
-    d = lease_dir(store)
-    path = f"{d}/g{gen:010d}.{token}.json"
+def _claim_object(store, cas, gen: int, token: str, info: dict, settle_s: float):
+    """Claim generation `gen` on an object store (see the module's doc), with conditional writes (`cas`) or
+    a settled claim: (its path, its ETag or None), False (another contender holds it) or None (withdrawn: the
+    store answered too slowly, or a conditional taker met a settle claim of its generation)."""
+    path = f"{lease_dir(store)}/g{gen:010d}{'' if cas is not None else '.' + token}.json"
     t0 = time.monotonic()
     if newest_gen(store) >= gen:
         return False
-    with store.fs.open_output_stream(path) as f:
-        f.write(json.dumps(info, sort_keys=True).encode())
-    if time.monotonic() - t0 >= settle_s / 2:
-        store.fs.delete_file(path)
-        return None
-    time.sleep(settle_s)
+    data, etag = json.dumps(info, sort_keys=True).encode(), None
+    if cas is not None:
+        etag = _cas_put(cas, path, data)
+        if etag is None:
+            return False
+    else:
+        with store.fs.open_output_stream(path) as f:
+            f.write(data)
+        if time.monotonic() - t0 >= settle_s / 2:
+            store.fs.delete_file(path)
+            return None
+        time.sleep(settle_s)
     files = _listing(store)
-    mine = [t for t, _ in files.get(gen, [])]
-    if max(files, default=0) > gen or None in mine or min(mine, default=token) != token:
+    newer, claims = max(files, default=0) > gen, [t for t, _ in files.get(gen, [])]
+    rival = any(t is not None for t in claims) if cas is not None else \
+        (None in claims or min(claims, default=token) != token)
+    if newer or rival:
         store.fs.delete_file(path)
-        return False
-    return path
+        return False if newer or cas is None else None
+    return path, etag
 
 
 def _forget_old(store, gen: int) -> None:

@@ -77,9 +77,11 @@ GCS_RETRY_S = 10  # a gs:// store unreachable (no network, no credentials) fails
 
 
 def filesystem_from_uri(uri: str):
-    """pyarrow's (filesystem, path) of `uri`. A gs:// (gcs://) URI gets `retry_limit_seconds` (unless it
-    gives its own): the Google client otherwise retries for about 15 minutes, where S3's gives up in
-    seconds."""
+    """pyarrow's (filesystem, path) of `uri`, a local path or any pyarrow URI. A gs:// (gcs://) URI gets
+    `retry_limit_seconds` (unless it gives its own): the Google client otherwise retries for about 15
+    minutes, where S3's gives up in seconds."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
     scheme = uri.split("://", 1)[0].lower()
     if scheme in ("gs", "gcs") and "retry_limit_seconds=" not in uri:
         uri = f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_S}"

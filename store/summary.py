@@ -1,8 +1,6 @@
 """What a study holds in one pass (Store.summary's verdicts per run) and which studies a root holds."""
 from __future__ import annotations
 
-import os
-
 import pyarrow.fs as pafs
 
 from store.paths import filesystem_from_uri, is_safe_name
@@ -17,22 +15,11 @@ class Summary:
         # runs: {runs file: its first row} of every readable runs file with a row; evals: {evals file: its
         # row count} of every readable one; samples, history: the files of those tables that parse (what a
         # done run must have: `whole`)
-        self._rows: dict[str, dict] = {}
-        for name, row in runs.items():  # runs/<run_id>.parquet
-            self._rows[name[: -len(".parquet")]] = row
-        self._keys: dict[str, set[str]] = {}
-        self._whole: dict[str, set[str]] = {}  # and its samples file present
-        for name, n in evals.items():  # evals/<run_id>/<eval_key>.parquet; its samples file, if any, readable
-            parts = name.split("/")
-            if len(parts) == 2 and is_safe_name(parts[1]) and n and name not in bad_samples:
-                self._keys.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
-                if name in samples:
-                    self._whole.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
-        self._sampled: dict[str, set[str]] = {}  # samples/<run_id>/<eval_key>.parquet that parse
-        for name in samples:
-            parts = name.split("/")
-            if len(parts) == 2:
-                self._sampled.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+        self._rows = {name[: -len(".parquet")]: row for name, row in runs.items()}  # runs/<run_id>.parquet
+        # evals/<run_id>/<eval_key>.parquet with rows, its samples file, if any, readable (whole: present too)
+        keys = [name for name, n in evals.items() if n and name not in bad_samples]
+        self._keys, self._whole = _by_run(keys), _by_run(n for n in keys if n in samples)
+        self._sampled = _by_run(samples, safe=False)  # samples/<run_id>/<eval_key>.parquet that parse
         self._bad_history = {n[: -len(".parquet")] for n in bad_history}
         self._history = {n[: -len(".parquet")] for n in history}
 
@@ -55,13 +42,20 @@ class Summary:
         return run_id in self._history
 
 
+def _by_run(names, safe: bool = True) -> dict[str, set[str]]:
+    """{run_id: {eval_key}} of the files `<run_id>/<eval_key>.parquet` among `names` (`safe`: keys of the
+    store's name rule only)."""
+    out: dict[str, set[str]] = {}
+    for name in names:
+        parts = name.split("/")
+        if len(parts) == 2 and (not safe or is_safe_name(parts[1])):
+            out.setdefault(parts[0], set()).add(parts[1][: -len(".parquet")])
+    return out
+
 
 def list_studies(root: str) -> list[tuple[str, float]]:
     """(study, last modification time) of every study under a local root, newest last."""
-    if "://" in root:
-        fs, base = filesystem_from_uri(root)
-    else:
-        fs, base = pafs.LocalFileSystem(), os.path.abspath(root)
+    fs, base = filesystem_from_uri(root)
     out = []
     for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         if info.type == pafs.FileType.Directory and is_safe_name(info.base_name):

@@ -11,7 +11,6 @@ named otherwise: after it, the readers read the current format only.
 from __future__ import annotations
 
 import re
-import time
 
 from store import Store, digest, format as store_format
 
@@ -159,18 +158,10 @@ OLD_TEMP = re.compile(r".+\.tmp-\d+(\.npz)?|.+\.[0-9a-f]{8}\.part")
 
 def _old_temps(store: Store) -> list[str]:
     """Left-over temp files under earlier versions' names (anywhere but quarantine/ and Tune's .ray/)."""
-    import pyarrow.fs as pafs
-
-    from store import QUARANTINE, TEMP_AGE_S
-
-    cutoff, changes = time.time() - TEMP_AGE_S, []
-    for info in store.fs.get_file_info(pafs.FileSelector(store.dir, recursive=True, allow_not_found=True)):
-        rel = info.path[len(store.dir) + 1:]
-        if (info.type == pafs.FileType.File and OLD_TEMP.fullmatch(info.base_name)
-                and not rel.startswith((QUARANTINE + "/", ".ray/"))
-                and (info.mtime is None or info.mtime.timestamp() < cutoff)):
-            store.fs.delete_file(info.path)
-            changes.append(f"{info.path}: removed (a temp file left by an interrupted write)")
+    changes = []
+    for info in store.temp_files(names=OLD_TEMP):
+        store.fs.delete_file(info.path)
+        changes.append(f"{info.path}: removed (a temp file left by an interrupted write)")
     return changes
 
 
