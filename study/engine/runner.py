@@ -70,8 +70,9 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
         return run_leased(grid, store, results, options, lease)
 
 
-def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, lease) -> int:
-    """run_grid's work under a lease already held (claims hold one for all their rounds)."""
+def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, lease,
+               hold: contextlib.ExitStack | None = None) -> int:
+    """run_grid's work under a lease already held (claims hold one, and one Ray in `hold`, for all their rounds)."""
     echo = options.echo
     links = store.links_out()  # never write through a symlink out of the store
     for line in links:
@@ -84,7 +85,7 @@ def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, leas
     if not plan.todo:
         record_grid_file(store, grid, "run")
         return 1 if plan.failed else 0
-    with ray_for(grid, store, plan.todo, options) as ray:
+    with ray_for(grid, store, plan.todo, options, hold) as ray:
         if ray is None:
             return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
         trial = trial_options(store, grid, results, options, "run", lease)
@@ -117,9 +118,11 @@ def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, c
 
 
 @contextlib.contextmanager
-def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
-    """Ray started (embedded) or joined (`options.address`) for `runs`, shut down after if started here;
-    None when the cluster cannot be reached or can never place one of `runs` (said through echo)."""
+def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions,
+            hold: contextlib.ExitStack | None = None):
+    """Ray started (embedded) or joined (`options.address`) for `runs`, shut down after if started here (when
+    `hold` closes, with `hold`: claims keep one Ray for all their rounds); None when the cluster cannot be
+    reached or can never place one of `runs` (said through echo)."""
     echo, address, t0 = options.echo, options.address, time.time()
     try:
         ray, started = init_ray(address, options.num_cpus, store=store, echo=echo)
@@ -136,7 +139,9 @@ def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
              f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
         yield None if refuse_unplaceable(ray, runs, grid.path, echo) else ray
     finally:
-        if started:
+        if started and hold is not None:
+            hold.callback(ray.shutdown)
+        elif started:
             ray.shutdown()
 
 
