@@ -113,7 +113,7 @@ def _drop_ppl(store: Store) -> list[str]:
 
 def _kinds(store: Store) -> list[str]:
     """Each evals file's `kind`, where null: what its key and its run's task say it is."""
-    from study.engine.nllrows import NLL_KEYS
+    from study.engine.rows import NLL_KEYS
     from study.engine.rows import clipped
     from tasks import TASKS, is_likelihood
 
