@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model.config import ModelConfig
-from model.flops import flops_per_forward  # noqa: F401 (model.rmdm.flops_per_forward: the API)
+from model.costs import flops_per_forward  # noqa: F401 (model.rmdm.flops_per_forward: the API)
 
 
 @dataclass(frozen=True)

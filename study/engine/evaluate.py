@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from model import RecursiveDenoiser
-from model.elbo import nll_bound
+from model.train import nll_bound
 from model.precision import autocast
 from model.sampler import Sampled, sample_all
 from store import Store
@@ -239,7 +239,7 @@ def evaluate_point(run, pt: EvalPoint, model, task, ev_full, store, precision: s
 # that move while an all-or-nothing metric (VPR) sits at 0, for the two-step ladder law (analysis/ladder).
 #
 # For each example of a split, at the run's trained depth L_t (the final loop):
-# - `elbo`: the masked-diffusion NLL bound (model/elbo.py) of its blanks (the positions not given), in nats per
+# - `elbo`: the masked-diffusion NLL bound (model/train.py) of its blanks (the positions not given), in nats per
 #   blank: Monte-Carlo over N_T stratified noise levels t with one mask per t, drawn by a generator of its own
 #   seeded from the run id and the split (`nll_seed`), never the global RNG;
 # - `ref_nll`: the reference's NLL per blank at the puzzle's own mask: every blank masked, one forward pass,
