@@ -21,7 +21,7 @@ A task's `eval_mode` names the evaluation kind of its points (study/engine/kinds
   unconditional generations (no interval), and their samples rows (text, scores, cost).
 
 `forward_passes` keeps the store's one meaning, block passes per example (a model call at L_s loops
-is L_s of them; see model/sampler.py): the most any example ran when sampling; the NLL bound calls
+is L_s of them; see model/rmdm.py): the most any example ran when sampling; the NLL bound calls
 the model once per noise level, so its rows say n_t * L_s whatever T is.
 """
 from __future__ import annotations
@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from model import RecursiveDenoiser
-from model.train import nll_bound
 from model.precision import autocast
-from model.sampler import Sampled, sample_all
+from model.rmdm import RecursiveDenoiser, Sampled, sample_all
+from model.train import nll_bound
 from store import Store
 from study.engine.kinds import KINDS
 from study.engine.rows import (GEN_SUFFIX, N_T, NLL_KEYS, NLL_METRICS, NLL_SAMPLER, likelihood_cost,  # noqa: F401

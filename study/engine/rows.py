@@ -139,7 +139,7 @@ def likelihood_cost(model, n_t: int, L_s: int, n: int) -> dict:
 
 def passes_cost(model, passes: list[int], head_calls: int) -> dict:
     """forward_passes, forward_passes_mean and eval_flops of a sampling eval from each example's forward passes
-    and the head's applications (model.sampler.Sampled's passes and head_calls): what
+    and the head's applications (model.rmdm.Sampled's passes and head_calls): what
     study.engine.evaluate.sampling_cost returns (it calls this)."""
     total = sum(passes)
     flops = model.flops_per_forward(total, heads=head_calls) if total else 0
