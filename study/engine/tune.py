@@ -46,8 +46,7 @@ from study.engine.evaluate import evaluate
 from study.spec.grid import Grid, Run, SearchGroup, sampling_depth
 from study.engine.progress import LiveView
 from study.engine.raytune import EVAL_PREFIX, record_unfinished, with_values
-from study.engine.runner import dispatch, leased, ray_for, trial_options
-from study.engine.version import record_grid_file
+from study.engine.runner import dispatch, leased, ray_for, record_grid_file, trial_options
 from study.spec.search import BEST_KIND, LOSS_METRICS, Search, SearchMetric
 from study.engine.trial import trial_payload
 
