@@ -67,7 +67,7 @@ class StudyData:
     # runs left out because they did not finish (status failed, pruned, running...): only done runs are
     # analysed; columns run_id, task_variant, model, seed, status, error
     not_done: pd.DataFrame | None = None
-    # the continuous quantities (study/engine/continuous.py: metrics elbo and ref_nll, sampler 'likelihood',
+    # the continuous quantities (study.engine.evaluate.evaluate_nll: metrics elbo and ref_nll, sampler 'likelihood',
     # T = 0), kept out of `evals`, whose figures and tables are of sampled metrics; the ladder law reads them
     continuous: pd.DataFrame | None = None
 

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig  # noqa: E402
 from model.costs import bf16_peak_flops, train_flops_per_step  # noqa: E402
-from model.sampler import sample  # noqa: E402
+from model.rmdm import sample  # noqa: E402
 from tasks.sudoku import Sudoku, SudokuConfig  # noqa: E402
 
 def bf16_peak(name: str) -> float | None:

@@ -23,7 +23,7 @@ import sys
 import torch
 
 import model.rmdm as rmdm
-from model.sampler import sample_all
+from model.rmdm import sample_all
 from stats import wilson
 from store import Store
 from study.commands.puzzles import load_run_model

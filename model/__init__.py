@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {"ModelConfig": "model.config", "TrainConfig": "model.config", "RecursiveDenoiser": "model.rmdm",
-          "SeqSpec": "model.rmdm", "flops_per_forward": "model.flops", "sample": "model.sampler",
+          "SeqSpec": "model.rmdm", "flops_per_forward": "model.costs", "sample": "model.rmdm",
           "Trainer": "model.train"}
 
 __all__ = ["ModelConfig", "TrainConfig", "RecursiveDenoiser", "SeqSpec", "flops_per_forward", "sample", "Trainer"]

@@ -1,18 +1,153 @@
-"""Compute accounting of (K x L) models: training FLOPs and inference FLOPs (iso-FLOP pairing of a study's
-models lives in analysis.tables.iso_flop_pairs).
+"""What a model's and its training's configs imply, without torch (`study plan`, `status` and `verify` read
+it without importing torch): the training schedules, the parameter counts and shapes, and compute accounting.
 
-Conventions (as `rmdm.flops_per_forward`): matmul FLOPs only, 2 per multiply-add; a backward
-pass costs twice its forward, so a training step costs 3x the forward it runs. Parameters are
-those of K layers (independent of L); FLOPs are those of K * L layers.
+Schedules: the depth L_t, loss weights over loops and learning rate of a step are pure functions of the
+step: a run resumed from a checkpoint at step s continues with exactly the depths it would have seen.
+
+Parameter counts and shapes are counted from the layers' shapes; RecursiveDenoiser.param_counts counts the
+built model's tensors, and tests/test_imports.py checks that the two agree.
+
+Compute accounting of (K x L) models: training FLOPs and inference FLOPs (iso-FLOP pairing of a study's
+models lives in analysis.tables.iso_flop_pairs). Conventions (`flops_per_forward`): matmul FLOPs only, 2 per
+multiply-add; a backward pass costs twice its forward, so a training step costs 3x the forward it runs.
+Parameters are those of K layers (independent of L); FLOPs are those of K * L layers.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from model.config import ModelConfig, TrainConfig
-from model.flops import flops_per_forward
-from model.schedules import depth_at, loop_weights
 
+
+# ---- schedules -----------------------------------------------------------------------------------
+def depth_at(step: int, total_steps: int, max_depth: int, cfg: TrainConfig) -> int:
+    """L_t used at training step `step` (0-based) of `total_steps`."""
+    lo = min(cfg.min_depth, max_depth)
+    if cfg.schedule == "fixed" or max_depth == lo:
+        return max_depth
+    frac = step / max(total_steps - 1, 1)  # 0 at the first step, 1 at the last
+    if cfg.schedule == "stochastic":
+        import torch  # only here: a grid is read without torch
+
+        g = torch.Generator().manual_seed(derive_seed(cfg.seed, step, 0x5EED))
+        return int(torch.randint(lo, max_depth + 1, (1,), generator=g))
+    if cfg.schedule == "curriculum":  # grows lo -> max_depth in equal stages
+        return lo + min(int(frac * (max_depth - lo + 1)), max_depth - lo)
+    if cfg.schedule == "reverse":  # starts at max_depth, ends at lo
+        return max_depth - min(int(frac * (max_depth - lo + 1)), max_depth - lo)
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")
+
+
+def loss_weights_problem(cfg: TrainConfig, max_depth: int) -> str | None:
+    """The one rule of an explicit weighted loss's length (the grid's check and the trainer's both ask
+    it): one weight per loop of the full depth L; anything else would silently weight other loops than
+    the grid says (a shorter list drops loops, a longer one shifts). What is wrong, or None."""
+    if cfg.loss == "weighted" and cfg.loss_weights is not None and len(cfg.loss_weights) != max_depth:
+        return f"needs one weight per loop: {max_depth} values for L={max_depth} (got {len(cfg.loss_weights)})"
+    return None
+
+
+def check_loss_weights(cfg: TrainConfig, max_depth: int) -> None:
+    """loss_weights_problem, raised (ValueError)."""
+    problem = loss_weights_problem(cfg, max_depth)
+    if problem:
+        raise ValueError(f"loss_weights {problem}")
+
+
+def loop_weights(n_loops: int, cfg: TrainConfig) -> list[float]:
+    """Weight of each loop's loss (sums to 1) for a forward of n_loops loops."""
+    # not the length rule (loss_weights_problem) but what this forward needs of any list it is given
+    if cfg.loss == "weighted" and cfg.loss_weights is not None and len(cfg.loss_weights) < n_loops:
+        raise ValueError(f"loss_weights has {len(cfg.loss_weights)} weights for a forward of {n_loops} loops")
+    if cfg.loss == "all":
+        w = [1.0] * n_loops
+    elif cfg.loss == "final":
+        w = [0.0] * (n_loops - 1) + [1.0]
+    elif cfg.loss == "truncated":
+        k = min(cfg.truncate_k, n_loops)
+        w = [0.0] * (n_loops - k) + [1.0] * k
+    elif cfg.loss == "weighted":
+        # an explicit list is given for the full depth L; shallower steps use its last n_loops entries
+        w = list(cfg.loss_weights[-n_loops:]) if cfg.loss_weights else [float(l) for l in range(1, n_loops + 1)]
+    else:
+        raise ValueError(f"unknown loss {cfg.loss!r}")
+    s = sum(w)
+    return [x / s for x in w]
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to min_lr_ratio * lr."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    cos = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
+
+
+def derive_seed(*xs: int) -> int:
+    """A deterministic 63-bit seed from integers: a run's seed, a step, a tag naming what the seed is
+    for (Python's hash() is salted for str, not int, but we avoid relying on it)."""
+    h = 0x9E3779B97F4A7C15
+    for x in xs:
+        h = (h ^ (x & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+# ---- parameters and FLOPs per forward ------------------------------------------------------------
+def flops_per_forward(cfg: ModelConfig, seq_len: int, vocab_size: int, n_loops: int | None = None, heads: int = 1) -> int:
+    n_loops = n_loops or cfg.L
+    d, N = cfg.d_model, seq_len
+    hidden = int(cfg.mlp_ratio * d)
+    per_layer = N * (2 * 4 * d * d + 2 * 2 * d * hidden) + 2 * 2 * N * N * d
+    head = 2 * N * d * vocab_size
+    return n_loops * cfg.K * per_layer + heads * head
+
+
+def param_counts(cfg: ModelConfig, vocab_size: int, pos_sizes) -> dict[str, int]:
+    """RecursiveDenoiser(cfg, SeqSpec(vocab_size, ..., pos_sizes)).param_counts(), counted from the layers'
+    shapes (weights and biases of each Linear, LayerNorm and Embedding of model/rmdm.py)."""
+    d, hidden = cfg.d_model, int(cfg.mlp_ratio * cfg.d_model)
+    linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731
+    norm = 2 * d
+    layer = norm + linear(d, 3 * d) + linear(d, d) + norm + linear(d, hidden) + linear(hidden, d)
+    parts = {"embedding": (vocab_size + 1) * d + sum(pos_sizes) * d,  # + the mask token
+             "step_embedding": linear(1, d) + linear(d, d) if cfg.step_emb == "mlp" else 0,
+             "block": cfg.K * layer,
+             "head": norm + linear(d, vocab_size)}
+    total = sum(parts.values())
+    return {"total": total, "non_embedding": total - parts["embedding"], **parts}
+
+
+def param_shapes(cfg: ModelConfig, vocab_size: int, pos_sizes) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each tensor of RecursiveDenoiser(cfg, SeqSpec(vocab_size, ..., pos_sizes)).state_dict(),
+    from the layers of model/rmdm.py (`study verify` checks stored weights against it without torch;
+    tests/test_imports.py checks it against the built model's)."""
+    d, hidden = cfg.d_model, int(cfg.mlp_ratio * cfg.d_model)
+    out: dict[str, tuple[int, ...]] = {"tok_emb.weight": (vocab_size + 1, d)}
+    out.update({f"pos_embs.{i}.weight": (n, d) for i, n in enumerate(pos_sizes)})
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = (n_out, n_in), (n_out,)
+
+    if cfg.step_emb == "mlp":
+        linear("step_emb.mlp.0", 1, d)
+        linear("step_emb.mlp.2", d, d)
+    for k in range(cfg.K):
+        p = f"block.{k}"
+        out[f"{p}.norm1.weight"], out[f"{p}.norm1.bias"] = (d,), (d,)
+        linear(f"{p}.attn.qkv", d, 3 * d)
+        linear(f"{p}.attn.proj", d, d)
+        out[f"{p}.norm2.weight"], out[f"{p}.norm2.bias"] = (d,), (d,)
+        linear(f"{p}.mlp.0", d, hidden)
+        linear(f"{p}.mlp.2", hidden, d)
+    out["norm.weight"], out["norm.bias"] = (d,), (d,)
+    linear("head", d, vocab_size)
+    return out
+
+
+# ---- compute accounting --------------------------------------------------------------------------
 # dense bf16 peak of accelerators (vendor datasheets, TFLOP/s without sparsity): (--device key, a
 # substring of torch.cuda.get_device_name(), peak). Order matters for names: the first match wins
 # ("H100 PCIe" before "H100", "A100" before "A10", "L40S" before "L40" before "L4").

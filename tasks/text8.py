@@ -7,7 +7,7 @@ text8-style corpus made offline from the documentation text that every CPython s
 other character a space, runs of spaces collapsed. Any other corpus is split 90 / 5 / 5 %.
 `download_text8` fetches the real file when the machine is online (never in tests).
 
-Metrics (computed by `study.engine.evaluate` with `model.elbo`, since tasks never import the model):
+Metrics (computed by `study.engine.evaluate` with `model.train.nll_bound`, since tasks never import the model):
 the MDM's NLL bound per character in nats, bits per character and perplexity, estimated over a
 fixed, seeded, stratified set of `n_t` noise levels t. Generated samples are kept for a look and
 scored by `score`: the share of their words that occur in the training text.

@@ -219,6 +219,7 @@ def test_a_larger_max_keeps_the_seeds_already_run():
 def _fake_engine(tmp_path, monkeypatch, evals_of):
     """run_claims with the runner, Ray and the store's evaluations faked: (runs done, seeds per round, Ray starts
     (1) and shutdowns (-1)); evals_of(spec) gives the evaluations of every seed (those done are served)."""
+    import contextlib
     import types
 
     import study.engine.claims as engine_claims
@@ -228,10 +229,22 @@ def _fake_engine(tmp_path, monkeypatch, evals_of):
     rounds: list[int] = []
     rays: list[int] = []
 
-    def fake_run_grid(grid, store, results, options, lease):
-        done.update(r.run_id for r in grid.runs)
+    def fake_run_grid(grid, store, results, options, lease, hold=None):  # Ray through the runner's one path
+        todo = [r for r in grid.runs if r.run_id not in done]
+        with runner.ray_for(grid, store, todo, options, hold) if todo else contextlib.nullcontext():
+            done.update(r.run_id for r in grid.runs)
         rounds.append(len({r.train.seed for r in grid.runs}))
         return 0
+
+    ray, up = types.SimpleNamespace(shutdown=lambda: (rays.append(-1), up.clear()),
+                                    cluster_resources=lambda: {"CPU": 1}), []
+
+    def fake_init_ray(*a, **k):  # as Ray's: a call while Ray is up joins it (started False)
+        if up:
+            return ray, False
+        rays.append(1)
+        up.append(1)
+        return ray, True
 
     def fake_load_study(results, name):
         ev = evals_of(engine_claims.json.loads(open(tmp_path / "res" / name / "claims.json").read()))
@@ -239,10 +252,9 @@ def _fake_engine(tmp_path, monkeypatch, evals_of):
 
     monkeypatch.setattr(runner, "run_leased", fake_run_grid)
     monkeypatch.setattr(engine_claims, "load_study", fake_load_study)
-    monkeypatch.setattr(engine_claims, "init_ray", lambda *a, **k: (rays.append(1), (
-        types.SimpleNamespace(shutdown=lambda: rays.append(-1)), True))[1])
-    monkeypatch.setattr(engine_claims, "classify", lambda g, store, deep: types.SimpleNamespace(
-        todo=[r for r in g.runs if r.run_id not in done]))
+    monkeypatch.setattr(runner, "init_ray", fake_init_ray)
+    monkeypatch.setattr(runner, "sigterm_as_ctrl_c", lambda: None)
+    monkeypatch.setattr(runner, "refuse_unplaceable", lambda *a: False)
     return done, rounds, rays
 
 

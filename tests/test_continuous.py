@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-import study.engine.continuous as continuous
+import study.engine.evaluate as continuous
 from store import Store
 from study.commands.verify import verify_study
 from study.engine.options import TrialOptions

@@ -213,7 +213,7 @@ def test_constraints_are_checked_on_resolved_values():
 
 def test_loss_weights_of_the_wrong_length_are_rejected_by_grid_and_trainer():
     from model import ModelConfig, SeqSpec, TrainConfig, Trainer
-    from model.schedules import loop_weights
+    from model.costs import loop_weights
 
     m = {"d_model": 32, "n_heads": 4, "L": 3}
     for w in ([1.0, 2.0], [1.0, 2.0, 3.0, 4.0]):

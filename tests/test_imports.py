@@ -7,7 +7,7 @@ done 3-run store (benchmarks/cli_latency.py's), imports only the heavy modules i
 - verify (without --deep): none of them: the weights are read without torch (model/checkpoint_meta.py), the
   cost, rows and scores re-derived with the torch-free functions that wrote them (study/engine/rows.py).
 The Python API's tables (rmdm_study: runs, evals, history, table, compare) import none of them.
-Also: the parameter counts and shapes read without torch (model/flops.py) are the built model's, and the
+Also: the parameter counts and shapes read without torch (model/costs.py) are the built model's, and the
 torch-free weights reader agrees with torch.load(weights_only=True): the same shapes, the same refusals.
 Run: .venv/bin/python -m pytest tests/test_imports.py -q
 """
@@ -65,7 +65,7 @@ def test_param_counts_without_torch_are_the_built_models():
     import torch
 
     from model import ModelConfig, RecursiveDenoiser, SeqSpec
-    from model.flops import param_counts, param_shapes
+    from model.costs import param_counts, param_shapes
 
     for kw in (dict(K=1, L=2, d_model=128, n_heads=4, mlp_ratio=2),
                dict(K=3, L=1, d_model=96, n_heads=3, mlp_ratio=2.5, step_emb="sinusoidal"),

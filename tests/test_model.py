@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
-from model.sampler import sample_all, sample_steps
+from model.rmdm import sample_all, sample_steps
 
 SPEC = SeqSpec(vocab_size=4, pos_ids=tuple((i,) for i in range(16)), pos_sizes=(16,))
 

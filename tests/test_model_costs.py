@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, TrainConfig, flops_per_forward
-from model.costs import (heads_run, inference_flops_per_sample, train_flops_per_step,
+from model.costs import (depth_at, heads_run, inference_flops_per_sample, train_flops_per_step,
                          train_flops_total)
-from model.schedules import depth_at
 
 N, V, D = 81, 9, 64
 SPEC = SeqSpec(vocab_size=V, pos_ids=tuple((i,) for i in range(N)), pos_sizes=(N,))

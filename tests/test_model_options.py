@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec, Trainer, TrainConfig, sample
 from model.rmdm import loop_position
-from model.schedules import depth_at, loop_weights
+from model.costs import depth_at, loop_weights
 from model.precision import cpu_bf16_native
 from model.train import diffusion_loss
 

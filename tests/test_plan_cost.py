@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from model import RecursiveDenoiser, SeqSpec
-from model.schedules import depth_at, loop_weights
+from model.costs import depth_at, loop_weights
 from study.cli import app
 from study.spec.grid import load_grid
 from tasks import make_task

@@ -18,7 +18,7 @@ import pytest
 
 from store import Store
 from store.lease import machine, proc_start
-from study.engine import rayprocs
+from study.engine import raystart
 from tests.helpers import ROOT, alive, descendants, held, kill_all, study_cmd, tiny_grid, wait_training
 
 
@@ -76,8 +76,6 @@ def test_a_failed_embedded_start_ends_what_it_started(monkeypatch):
     is: after the last, no Ray process of this test's process is left (the last attempt's stayed up)."""
     import ray
 
-    from study.engine import raystart
-
     assert not ray.is_initialized(), "an earlier test left its Ray running"
     real_init = ray.init
 
@@ -90,7 +88,7 @@ def test_a_failed_embedded_start_ends_what_it_started(monkeypatch):
     with pytest.raises(Exception, match="timed out during startup"):
         raystart.init_ray(None, num_cpus=1)
     assert not ray.is_initialized()
-    assert not rayprocs.ray_descendants()
+    assert not raystart.ray_descendants()
 
 
 def _session(driver: int) -> str:
@@ -99,7 +97,7 @@ def _session(driver: int) -> str:
 
 
 def _record(store: Store, driver: int, driver_start, procs: list[dict], session: str) -> None:
-    store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
+    store.write_bytes(store.path(*raystart.RECORD), json.dumps(
         {"driver": driver, "start": driver_start, "session": session, **machine(), "processes": procs}).encode())
 
 
@@ -115,10 +113,10 @@ def _like_ray(session: str) -> subprocess.Popen:
 
 def _entry(p: subprocess.Popen) -> dict:
     for _ in range(50):  # its command line as /proc says it once Python has started
-        if "--session-dir=" in (rayprocs.cmdline(p.pid) or ""):
+        if "--session-dir=" in (raystart.cmdline(p.pid) or ""):
             break
         time.sleep(0.1)
-    return {"pid": p.pid, "start": proc_start(p.pid), "cmdline": rayprocs.cmdline(p.pid)}
+    return {"pid": p.pid, "start": proc_start(p.pid), "cmdline": raystart.cmdline(p.pid)}
 
 
 def _dead() -> int:
@@ -138,11 +136,11 @@ def test_a_forged_record_never_ends_a_process_that_is_not_ray_s(tmp_path):
         _record(store, gone, "1", [{"pid": sleep.pid, "start": proc_start(sleep.pid), "cmdline": "sleep 600"},
                                    _entry(other)], _session(gone))
         lines: list[str] = []
-        assert rayprocs.end_left_over(store, lines.append) == 0 and not lines
+        assert raystart.end_left_over(store, lines.append) == 0 and not lines
         assert alive(sleep.pid) and alive(other.pid)  # not Ray's; Ray's, of another session
         for session in ("/etc", _session(other_driver)):  # no Ray session; another driver's
             _record(store, gone, "1", [_entry(other)], session)
-            assert rayprocs.end_left_over(store, lines.append) == 0 and alive(other.pid)
+            assert raystart.end_left_over(store, lines.append) == 0 and alive(other.pid)
     finally:
         for p in (sleep, other):
             p.kill()
@@ -160,18 +158,18 @@ def test_only_the_recorded_processes_of_a_dead_driver_are_ended(tmp_path):
         me = _entry(victim)
         lines: list[str] = []
         _record(store, os.getppid(), proc_start(os.getppid()), [me], _session(gone.pid))  # its driver lives
-        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
+        assert raystart.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         _record(store, gone.pid, "1", [{**me, "start": "1"}], _session(gone.pid))  # the PID was reused since
-        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
+        assert raystart.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         _record(store, gone.pid, "1", [{**me, "cmdline": me["cmdline"] + "1"}], _session(gone.pid))
-        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
+        assert raystart.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         info = {**machine(), "boot": "another-boot"}
-        store.write_bytes(store.path(*rayprocs.RECORD), json.dumps(
+        store.write_bytes(store.path(*raystart.RECORD), json.dumps(
             {"driver": gone.pid, "start": "1", **info, "processes": [me]}).encode())
-        assert rayprocs.end_left_over(store, lines.append) == 0 and alive(victim.pid)
+        assert raystart.end_left_over(store, lines.append) == 0 and alive(victim.pid)
         assert not lines
         _record(store, gone.pid, "1", [me], _session(gone.pid))
-        assert rayprocs.end_left_over(store, lines.append) == 1
+        assert raystart.end_left_over(store, lines.append) == 1
         victim.wait(timeout=10)
         assert lines == [f"ray: ended 1 Ray process(es) left running by the earlier driver pid {gone.pid} of this "
                          f"study (raylet; PIDs {victim.pid})"]
@@ -202,8 +200,8 @@ def test_a_rerun_ends_the_ray_processes_a_sigkilled_driver_left(tmp_path):
         a.wait()
         time.sleep(2)  # what dies with the driver (its GCS, raylet, workers) has died by now
         left = [p for p in tree if alive(p)]
-        agents = [p for p in left if rayprocs.cmdline(p) in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")]
-        recorded = {p["pid"] for p in json.loads(store.read_bytes(store.path(*rayprocs.RECORD)))["processes"]}
+        agents = [p for p in left if raystart.cmdline(p) in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")]
+        recorded = {p["pid"] for p in json.loads(store.read_bytes(store.path(*raystart.RECORD)))["processes"]}
         assert set(left) <= recorded, (left, recorded)
         code, _, out = run_to_end(study_cmd("run", str(gpath), "--results", results, "--num-cpus", "2"),
                                   tmp_path / "b.out")
@@ -255,12 +253,12 @@ def test_a_ctrl_c_during_ray_start_exits_130_and_leaves_no_process(tmp_path):
     """Was: a Ctrl-C while Ray started printed only `^C` and left the raylet's two agents running (parent
     PID 1). The Ctrl-C lands once the driver's GCS exists and before Ray says it started."""
     def starting(pid: int) -> bool:
-        return any("gcs_server" in (rayprocs.cmdline(q) or "") for q in descendants(pid))
+        return any("gcs_server" in (raystart.cmdline(q) or "") for q in descendants(pid))
 
     code, out, left = _ctrl_c(tmp_path, starting)
     assert "ray: started" not in out, out  # the Ctrl-C came during the start
     assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
-    assert not left, (out, [rayprocs.cmdline(q) for q in left])
+    assert not left, (out, [raystart.cmdline(q) for q in left])
 
 
 @pytest.mark.slow
@@ -279,4 +277,4 @@ def test_a_ctrl_c_in_training_exits_130_with_one_line_and_leaves_no_process(tmp_
     code, out, left = _ctrl_c(tmp_path, training, env=held(runs, at=15))
     assert code == 130 and len(_one_interrupted_line(out)) == 1 and "Traceback" not in out, out
     assert "interrupted: " in out and "`study run` again resumes" in out, out
-    assert not left, (out, [rayprocs.cmdline(q) for q in left])
+    assert not left, (out, [raystart.cmdline(q) for q in left])

@@ -23,7 +23,7 @@ from store import index as store_index
 from study.spec.grid import load_grid
 from study.engine.health import classify, heal_and_plan
 from study.commands.status import counts, render, snapshot
-from study.engine.nllrows import NLL_KEYS
+from study.engine.rows import NLL_KEYS
 from study.engine.trial import execute, previous_checkpoint_path
 from study.engine.options import TrialOptions
 from study.commands.verify import verify_study

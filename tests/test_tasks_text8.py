@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model import ModelConfig, RecursiveDenoiser, SeqSpec
-from model.elbo import nll_bound
+from model.train import nll_bound
 from study.spec.grid import expand
 from store import Store
 from study.engine.trial import execute

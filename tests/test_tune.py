@@ -286,38 +286,25 @@ def test_sigint_interrupts_study_tune_and_a_second_call_resumes(tmp_path):
 AUDIT = '''
 """Loaded at startup by every Python process of the test's `study tune` (driver and Ray workers):
 once `tasks` is imported, every task's eval_set appends the split it is asked for to a log."""
-import importlib.abc
-import importlib.util
 import os
-import sys
+
+import faultplug  # the tests' one import hook (tests/faults)
 
 
-class _AuditTasks(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "tasks":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
+def audit(mod):
+    for _, cls in mod.TASKS.values():
+        real = cls.eval_set
 
-        def exec_module(mod):
-            run(mod)
-            for _, cls in mod.TASKS.values():
-                real = cls.eval_set
+        def eval_set(self, split="test", _real=real):
+            with open(os.environ["RMDM_SPLIT_LOG"], "a") as f:
+                f.write(f"{os.getpid()} {type(self).__name__} {split}\\n")
+            return _real(self, split)
 
-                def eval_set(self, split="test", _real=real):
-                    with open(os.environ["RMDM_SPLIT_LOG"], "a") as f:
-                        f.write(f"{os.getpid()} {type(self).__name__} {split}\\n")
-                    return _real(self, split)
-
-                cls.eval_set = eval_set
-
-        spec.loader.exec_module = exec_module
-        return spec
+        cls.eval_set = eval_set
 
 
 if os.environ.get("RMDM_SPLIT_LOG"):
-    sys.meta_path.insert(0, _AuditTasks())
+    faultplug.on_import("tasks", audit)
 '''
 
 
@@ -341,7 +328,8 @@ def test_study_tune_never_reads_the_test_split(tmp_path):
     audit.mkdir()
     (audit / "sitecustomize.py").write_text(AUDIT)
     log = tmp_path / "splits.log"
-    env = {**os.environ, "PYTHONPATH": f"{audit}{os.pathsep}{ROOT}", "RMDM_SPLIT_LOG": str(log)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(audit), os.path.join(ROOT, "tests", "faults"), ROOT]),
+           "RMDM_SPLIT_LOG": str(log)}
     results = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "study.cli", "tune", gpath, "--results", str(results),
                         "--num-cpus", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

@@ -1,4 +1,4 @@
-"""`study backfill --study NAME`: the continuous quantities (study/engine/continuous.py: the `nll-test` and
+"""`study backfill --study NAME`: the continuous quantities (study.engine.evaluate.evaluate_nll: the `nll-test` and
 `nll-val` points, ELBO and reference NLL per blank) of the done runs of a store written before they were
 kept, scored from each run's stored final weights under the study's lease (no `study run` meanwhile), each
 file written atomically (Store.write_rows). The checkpoints' numbers (history `val_elbo`, `val_ref_nll`)
@@ -9,7 +9,7 @@ import torch
 
 from store import Store
 from study.commands.puzzles import load_run_model
-from study.engine.continuous import NLL_KEYS, evaluate_run, scored
+from study.engine.evaluate import NLL_KEYS, evaluate_run, scored
 from study.commands.verify.configs import run_of_config
 from tasks import make_task
 

@@ -101,8 +101,7 @@ def _drop_ppl(store: Store) -> list[str]:
 def _kinds(store: Store) -> list[str]:
     """Each evals file's `kind`, where null: what its key and its run's task say it is (the one place that reads
     it from a key); and each interval inside its metric's declared bounds, as rows are written today."""
-    from study.engine.nllrows import NLL_KEYS
-    from study.engine.rows import clipped
+    from study.engine.rows import NLL_KEYS, clipped
     from tasks import TASKS, is_likelihood
 
     changes, tasks = [], {}

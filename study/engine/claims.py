@@ -10,15 +10,14 @@ lease and one Ray serve every round; each round says which claims are still open
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
 from analysis.claims import CLAIMS_FILE, design_of, evaluate, lines, method_lines
 from analysis.load import load_study
 from store import Store
-from study.engine.health import classify
 from study.engine.options import RunOptions
-from study.engine.raystart import ClusterError, init_ray
 from study.spec.grid import Grid
 
 
@@ -42,46 +41,36 @@ def next_seeds(table, spec: dict, owed: dict[str, int]) -> dict[str, int]:
 
 def run_claims(grid: Grid, results: str, options: RunOptions = RunOptions()) -> int:
     """Run a claims grid to its decisions (`options`: study.engine.runner.run_grid's, given to every round).
-    Holds the study's lease and one Ray (started at the first round with runs to do) for all its rounds.
+    Holds the study's lease and one Ray (started by the runner at the first round with runs to do, held in
+    `hold`) for all its rounds.
     Returns the exit code: run_grid's when a round fails or is interrupted, else 0 (undecided claims are an
     answer too)."""
     from study.engine import runner
 
     echo, store = options.echo, Store(results, grid.study)
-    ray, started = None, False
-    with runner.leased(store, "run", options) as lease:
-        try:
-            claims = grid.claims
-            spec = claims.spec()
-            write_spec(store, spec)
-            owed, table = {m: claims.seeds.min for m in claims.models}, None
-            for rnd in range(1, claims.seeds.max + 2):
-                runs = {r.run_id: r for r in grid.runs}  # every model of the grid at seeds.min
-                for m, n in owed.items():
-                    runs.update({r.run_id: r for r in claims.seeds_of(m, n)})
-                names = [c["name"] for c in spec["claims"]] if table is None else list(table.claim[~table.final])
-                echo(f"claims round {rnd}: {len(names)} of {len(spec['claims'])} claims open ({'; '.join(names)}); "
-                     + ", ".join(f"{claims.models[m].model.K} x {claims.models[m].model.L}: {n} seeds"
-                                 for m, n in owed.items()))
-                one = dataclasses.replace(grid, runs=list(runs.values()))
-                if ray is None and classify(one, store, deep=False).todo:  # one Ray for every round
-                    try:
-                        ray, started = init_ray(options.address, options.num_cpus, store=store, echo=echo)
-                    except ClusterError as e:
-                        echo(f"error: {e}")
-                        return 2
-                code = runner.run_leased(one, store, results, options, lease)
-                if code != 0:
-                    echo("claims: the round did not finish; `study run` again resumes it and goes on")
-                    return code
-                table = evaluate(spec, load_study(results, grid.study).evals)
-                new = next_seeds(table, spec, owed)
-                if new == owed:
-                    break
-                owed = new
-        finally:
-            if started:
-                ray.shutdown()
+    with runner.leased(store, "run", options) as lease, contextlib.ExitStack() as hold:
+        claims = grid.claims
+        spec = claims.spec()
+        write_spec(store, spec)
+        owed, table = {m: claims.seeds.min for m in claims.models}, None
+        for rnd in range(1, claims.seeds.max + 2):
+            runs = {r.run_id: r for r in grid.runs}  # every model of the grid at seeds.min
+            for m, n in owed.items():
+                runs.update({r.run_id: r for r in claims.seeds_of(m, n)})
+            names = [c["name"] for c in spec["claims"]] if table is None else list(table.claim[~table.final])
+            echo(f"claims round {rnd}: {len(names)} of {len(spec['claims'])} claims open ({'; '.join(names)}); "
+                 + ", ".join(f"{claims.models[m].model.K} x {claims.models[m].model.L}: {n} seeds"
+                             for m, n in owed.items()))
+            one = dataclasses.replace(grid, runs=list(runs.values()))
+            code = runner.run_leased(one, store, results, options, lease, hold)  # one Ray for every round
+            if code != 0:
+                echo("claims: the round did not finish; `study run` again resumes it and goes on")
+                return code
+            table = evaluate(spec, load_study(results, grid.study).evals)
+            new = next_seeds(table, spec, owed)
+            if new == owed:
+                break
+            owed = new
     if rnd == 1 and table.why.str.startswith("constant").all():
         echo("claims: every model scored the same on every seed at each claim's point (did they learn?): "
              "nothing to decide, stopped at the first look")

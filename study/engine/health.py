@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from atomicio import loads_json
 from store import Store, digest
 from study.spec.grid import Grid, Run
-from study.engine.nllrows import NLL_KEYS
+from study.engine.rows import NLL_KEYS
 from study.engine.progress import retried_since
 
 

@@ -33,8 +33,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from study.engine.nllrows import NLL_KEYS
-from study.engine.nllrows import SAMPLER as NLL_SAMPLER
+from study.engine.rows import NLL_KEYS, NLL_SAMPLER
 from study.engine.options import TrialOptions
 from study.engine.raytune import ray_dir, trial_run
 

@@ -1,5 +1,6 @@
 """What a trial writes that needs no torch: the runs row, the evals rows of a point's per-example scores, its
-cost rule, the check of cached task data. study.engine.trial and study.engine.evaluate use these (and
+cost rule (the continuous quantities' too: study/engine/evaluate.py scores them), the check of cached task
+data. study.engine.trial and study.engine.evaluate use these (and
 re-export them); `study verify` re-derives the store's rows with the same functions without importing torch."""
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import os
 import socket
 import sys
 
-from stats import mean_ci, wilson
+from stats import mean_ci, t_ci, wilson
 from study.spec.grid import Run
 
 GEN_SUFFIX = "-gen"  # eval key of a likelihood point's unconditional generations: `<key>-gen`
 STATE_KEYS = ("model", "opt", "step", "seconds", "history", "torch_rng")  # what Trainer.state_dict holds
+NLL_KEYS = {"test": "nll-test", "val": "nll-val"}  # eval key of each split's continuous-quantity point
+NLL_METRICS = ("elbo", "ref_nll")
+NLL_SAMPLER = "likelihood"  # the continuous rows' sampler column: nothing is sampled
+N_T = 8  # noise levels of the continuous quantities' ELBO estimate
 
 
 def gpu_ids() -> str | None:
@@ -134,9 +139,27 @@ def likelihood_cost(model, n_t: int, L_s: int, n: int) -> dict:
 
 def passes_cost(model, passes: list[int], head_calls: int) -> dict:
     """forward_passes, forward_passes_mean and eval_flops of a sampling eval from each example's forward passes
-    and the head's applications (model.sampler.Sampled's passes and head_calls): what
+    and the head's applications (model.rmdm.Sampled's passes and head_calls): what
     study.engine.evaluate.sampling_cost returns (it calls this)."""
     total = sum(passes)
     flops = model.flops_per_forward(total, heads=head_calls) if total else 0
     return {"forward_passes": max(passes) if passes else 0,
             "forward_passes_mean": total / len(passes) if passes else None, "eval_flops": flops}
+
+
+def nll_cost(model, n_loops: int, n: int, n_t: int = N_T) -> dict:
+    """forward_passes (block passes per example: n_t ELBO calls and the reference's one, L_t loops each) and
+    eval_flops of n examples' continuous quantities."""
+    return {"forward_passes": (n_t + 1) * n_loops, "eval_flops": (n_t + 1) * model.flops_per_forward(n_loops) * n,
+            "forward_passes_mean": None}
+
+
+def nll_rows(scores: list[dict], base: dict) -> list[dict]:
+    """One evals row per metric of NLL_METRICS: the mean over examples and its 95% Student t interval."""
+    n = len(scores)
+    rows = []
+    for m in NLL_METRICS:
+        vals = [s[m] for s in scores]
+        mean, lo, hi = t_ci(vals) if n >= 2 else (vals[0], vals[0], vals[0])
+        rows.append({**base, "n_examples": n, "metric": m, "value": mean, "ci_low": lo, "ci_high": hi})
+    return rows

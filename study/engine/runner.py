@@ -3,13 +3,14 @@ dispatched to Ray Tune, one trial per run, under the study's lease.
 
 `run_grid` hands `dispatch` a grid search over the runs still to do; `study tune` (study/engine/tune.py)
 hands it a searcher and a scheduler, as Ray Tune runs grid and Optuna searches through one Tuner. Every
-trial gets the same safeguards: the lease fence, node-loss retries (study/engine/nodeloss.py), placement
+trial gets the same safeguards: the lease fence, node-loss retries (study/engine/placement.py), placement
 and start-failure stops (study/engine/placement.py) and the live line (study/engine/progress.py).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 
 from store import Store
@@ -17,12 +18,11 @@ from study.engine.errors import root_cause
 from study.spec.grid import Grid, Run
 from study.engine.health import classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
-from study.engine.nodeloss import unwatch_all, watcher
 from study.engine.options import RunOptions, TrialOptions
-from study.engine.placement import PlacementWatch, StartFailures, refuse_unplaceable, stop_on_reason, waiting_note_of
+from study.engine.placement import (PlacementWatch, StartFailures, refuse_unplaceable, stop_on_reason, unwatch_all,
+                                    waiting_note_of, watcher)
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
 from study.engine.raytune import fit, make_tuner, record_unfinished, run_of
-from study.engine.version import code_version, record_grid_file
 from study.engine.progress import LiveView
 from study.engine.trial import trial_payload
 
@@ -70,8 +70,9 @@ def run_grid(grid: Grid, results: str, options: RunOptions = RunOptions()) -> in
         return run_leased(grid, store, results, options, lease)
 
 
-def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, lease) -> int:
-    """run_grid's work under a lease already held (claims hold one for all their rounds)."""
+def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, lease,
+               hold: contextlib.ExitStack | None = None) -> int:
+    """run_grid's work under a lease already held (claims hold one, and one Ray in `hold`, for all their rounds)."""
     echo = options.echo
     links = store.links_out()  # never write through a symlink out of the store
     for line in links:
@@ -84,7 +85,7 @@ def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, leas
     if not plan.todo:
         record_grid_file(store, grid, "run")
         return 1 if plan.failed else 0
-    with ray_for(grid, store, plan.todo, options) as ray:
+    with ray_for(grid, store, plan.todo, options, hold) as ray:
         if ray is None:
             return 2  # refused before anything ran: the grid is not recorded (nothing of it was run)
         trial = trial_options(store, grid, results, options, "run", lease)
@@ -108,6 +109,38 @@ def run_leased(grid: Grid, store: Store, results: str, options: RunOptions, leas
         return 130 if code == 130 and outcome else outcome  # Ctrl-C: 130, unless every run finished
 
 
+# ---- what a driver records of the code and the grid it runs: the code version of every runs row, and the
+# grid file kept by hash in the study's store
+def code_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("rmdm-study")
+    except PackageNotFoundError:
+        v = "0+unknown"
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = "", ""
+    return f"{v}+g{sha}{'.dirty' if dirty else ''}" if sha else v
+
+
+def record_grid_file(store: Store, grid: Grid, command: str) -> str:
+    """Keep the grid a `command` (run, tune) runs, by hash and logged with the time (store/provenance.py), and
+    as the study's grid.yaml (replaced after). Returns its hash."""
+    from store.provenance import record_grid
+    from study.spec.overrides import grid_text
+
+    text = grid_text(grid)  # after any command-line overrides, which it names in a comment header
+    grid_sha = record_grid(store, text, command, grid.path)
+    store.write_text(store.path("grid.yaml"), text)
+    return grid_sha
+
+
 def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, command: str, lease) -> TrialOptions:
     """What every trial of this driver is told (RunOptions.trial): the grid, recorded now that its runs start
     (a run refused before leaves nothing), the code version, the store's root as every node reaches it (an
@@ -117,9 +150,11 @@ def trial_options(store: Store, grid: Grid, results: str, options: RunOptions, c
 
 
 @contextlib.contextmanager
-def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
-    """Ray started (embedded) or joined (`options.address`) for `runs`, shut down after if started here;
-    None when the cluster cannot be reached or can never place one of `runs` (said through echo)."""
+def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions,
+            hold: contextlib.ExitStack | None = None):
+    """Ray started (embedded) or joined (`options.address`) for `runs`, shut down after if started here (when
+    `hold` closes, with `hold`: claims keep one Ray for all their rounds); None when the cluster cannot be
+    reached or can never place one of `runs` (said through echo)."""
     echo, address, t0 = options.echo, options.address, time.time()
     try:
         ray, started = init_ray(address, options.num_cpus, store=store, echo=echo)
@@ -136,7 +171,9 @@ def ray_for(grid: Grid, store: Store, runs: list[Run], options: RunOptions):
              f"{ray.cluster_resources().get('GPU', 0):g} GPUs)")
         yield None if refuse_unplaceable(ray, runs, grid.path, echo) else ray
     finally:
-        if started:
+        if started and hold is not None:
+            hold.callback(ray.shutdown)
+        elif started:
             ray.shutdown()
 
 
@@ -167,7 +204,7 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
     view.waiting = waiting_note_of(ray, trials)
     tuner = make_tuner(
         name, store, param_space,
-        # a trial lost with its node is retried without spending `retries` (study/engine/nodeloss.py)
+        # a trial lost with its node is retried without spending `retries` (study/engine/placement.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
                    *logger_callbacks(list(options.log), store, command, echo)],  # --log (study/engine/loggers.py)
         max_failures=max_failures, stop=CombinedStopper(placement.stopper(), starts.stopper(),

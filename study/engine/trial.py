@@ -19,11 +19,10 @@ import torch
 from model import ModelConfig, SeqSpec, Trainer, TrainConfig
 from model.train import CheckpointError, load_state
 from store import Store, digest
-from study.engine import continuous
 from study.engine.options import TrialOptions
 from study.engine.rows import STATE_KEYS, damaged_data, gpu_ids, node_info, run_row  # noqa: F401 (re-exported)
-from study.engine.evaluate import checkpoint_scores, now
-from study.engine.kinds import evaluate_point
+from study.engine import evaluate
+from study.engine.evaluate import checkpoint_scores, evaluate_point, now
 from study.spec.grid import EvalConfig, Run, Resources
 from tasks import TASKS, make_task
 
@@ -128,9 +127,9 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
             log(f"evaluated {pt.key}")
             if report:
                 report({"step": trainer.state.step, "phase": "eval", "eval": pt.key})
-        continuous.evaluate_run(run, task, trainer.model, store, done, lambda split: ev_full if split == run.eval.split
-                                else _healing(store, store.data_dir(), lambda: task.eval_set(split), log),
-                                trainer.precision, log)
+        evaluate.evaluate_run(run, task, trainer.model, store, done, lambda split: ev_full if split == run.eval.split
+                              else _healing(store, store.data_dir(), lambda: task.eval_set(split), log),
+                              trainer.precision, log)
 
     hist = trainer.state.history
     row = run_row(run, costs, status="done", code_version=code_version, device=device_name(device), attempts=attempt,
@@ -164,8 +163,8 @@ def _train(run: Run, store: Store, trainer: Trainer, task, beat: "_Heartbeat", a
         history row, the log and Tune."""
         with trainer.untimed() as spent:  # monitoring, not training: kept out of train_seconds
             row["val"] = checkpoint_scores(run, trainer.model, task, val_set(), trainer.precision)
-            if continuous.scored(task):
-                row["val"].update(continuous.checkpoint_values(trainer.model, run_id, val_set().head(
+            if evaluate.scored(task):
+                row["val"].update(evaluate.checkpoint_values(trainer.model, run_id, val_set().head(
                     run.eval.at_checkpoints), run.model.L, trainer.precision))
         log(f"step {row['step']} " + " ".join(f"{k} {v:.4f}" for k, v in row["val"].items())
             + f" (scored in {spent['seconds']:.1f} s, not counted in train_seconds)")

@@ -29,8 +29,8 @@ import time
 from typing import Callable
 
 from model.config import ModelConfig, TrainConfig
-from model.costs import BF16_PEAK_TFLOPS, inference_flops_per_sample, train_flops_per_step, train_step_memory
-from model.flops import flops_per_forward
+from model.costs import (BF16_PEAK_TFLOPS, flops_per_forward, inference_flops_per_sample, train_flops_per_step,
+                         train_step_memory)
 from study.spec.grid import Run, config_hash
 from study.spec.sections import N_GENERATE
 from tasks import TASKS, make_task

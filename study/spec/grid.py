@@ -23,9 +23,7 @@ from typing import Any
 import yaml
 
 from model.config import ModelConfig, TrainConfig
-from model.costs import train_flops_total
-from model.flops import flops_per_forward, param_counts
-from model.schedules import loss_weights_problem
+from model.costs import flops_per_forward, loss_weights_problem, param_counts, train_flops_total
 from store import NAME_RULE, is_safe_name
 # BOUNDS and MAX_STEP_BYTES: also read from here (study.spec.grid.BOUNDS), as before bounds.py held them
 from study.spec.bounds import BOUNDS, MAX_RUNS_ENV, MAX_STEP_BYTES, check_bounds, max_runs  # noqa: F401
@@ -140,7 +138,7 @@ def _train_flops(task_name: str, task_json: str, model_json: str, train_json: st
 @functools.lru_cache(maxsize=4096)
 def _costs(task_name: str, task_json: str, model_json: str) -> tuple:
     task = make_task(TASKS[task_name][0].model_validate_json(task_json))
-    cfg = ModelConfig.model_validate_json(model_json)  # counted from the config: no torch (model/flops.py)
+    cfg = ModelConfig.model_validate_json(model_json)  # counted from the config: no torch (model/costs.py)
     counts = param_counts(cfg, task.vocab_size, task.pos_sizes())
     return (("n_params", counts["total"]), ("n_params_non_embedding", counts["non_embedding"]),
             ("flops_per_forward", flops_per_forward(cfg, len(task.pos_ids()), task.vocab_size)))

@@ -23,7 +23,7 @@ class GridError(ValueError):
 class Adaptive(Strict):
     """An adaptive-depth sampling point: loop until the predictions settle (argmax over the masked
     positions unchanged since the previous loop, confidence at each >= threshold), at most
-    `max_loops` a denoising step (model/sampler.py)."""
+    `max_loops` a denoising step (model/rmdm.py)."""
 
     max_loops: int | Literal["train"] = Field(description="the cap L_s: an integer >= 2, or 'train' (L_t; "
                                                           "no adaptive point for a run trained at L = 1)")

@@ -8,13 +8,13 @@ from study.spec.grid import Run
 
 class _Counted:
     """What `sampling_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
-    RecursiveDenoiser.flops_per_forward is model.flops.flops_per_forward of its config and sequence spec."""
+    RecursiveDenoiser.flops_per_forward is model.costs.flops_per_forward of its config and sequence spec."""
 
     def __init__(self, run: Run, task):
         self.cfg, self.seq_len, self.vocab = run.model, len(task.pos_ids()), task.vocab_size
 
     def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
-        from model.flops import flops_per_forward
+        from model.costs import flops_per_forward
 
         return flops_per_forward(self.cfg, self.seq_len, self.vocab, n_loops, heads)
 

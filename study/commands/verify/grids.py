@@ -60,7 +60,7 @@ def check_grids(c: Context) -> None:
 
 def _check_log_kept(c: Context) -> None:
     """A study whose runs rows name the grid that ran them, or that keeps grid files or a grid.yaml (written
-    with the record, study/engine/version.py; `study migrate` adopts an older one), recorded them in
+    with the record, study/engine/runner.py; `study migrate` adopts an older one), recorded them in
     grids/log.jsonl: that log missing or empty is a deletion."""
     named = sorted({(row["grid"], rid) for rid, row in c.runs.items() if row.get("grid")})
     kept = c.store.fs.get_file_info(pafs.FileSelector(c.store.path(provenance.GRIDS), allow_not_found=True))

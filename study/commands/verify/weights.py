@@ -5,7 +5,7 @@ recorded (field weights_sha256, store/digest.py), and of the shapes its config m
 from __future__ import annotations
 
 from model.checkpoint_meta import CheckpointError, read_state_meta
-from model.flops import param_shapes
+from model.costs import param_shapes
 from store.digest import weights_mismatch
 from study.commands.verify.context import Context
 
@@ -43,7 +43,7 @@ def check_weights(c: Context) -> None:
 
 
 def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the model a run's config makes (model.flops.param_shapes: no torch)."""
+    """Parameter name -> shape of the model a run's config makes (model.costs.param_shapes: no torch)."""
     return param_shapes(run.model, task.vocab_size, task.pos_sizes())
 
 

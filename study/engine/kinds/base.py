@@ -92,7 +92,7 @@ class Kind:
                 break
         if pt is not None and any(s["steps"] > pt.T for s in srows):
             v.problems.append(f"{spath}: field steps exceeds T = {pt.T}")
-        # model.sampler.Sampled at fixed depth: passes = steps x L_s, the head once per step
+        # model.rmdm.Sampled at fixed depth: passes = steps x L_s, the head once per step
         return passes_cost(model, [s["steps"] * L_s for s in srows], sum(s["steps"] for s in srows))
 
     def adaptive(self, pt) -> float | None:

@@ -1,4 +1,4 @@
-"""The continuous quantities of a run (study/engine/continuous.py scores them): key `nll-<split>`, evals rows
+"""The continuous quantities of a run (study.engine.evaluate.evaluate_nll scores them): key `nll-<split>`, evals rows
 `elbo` and `ref_nll` (their mean and Student t interval over the examples), T 0, L_s the run's L_t, sampler
 'likelihood'; no text. Counted apart from the sampled points, and picked apart by `--deep --fraction`."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ class Nll(Kind):
         return True
 
     def metrics(self, task) -> set[str]:
-        from study.engine.nllrows import NLL_METRICS
+        from study.engine.rows import NLL_METRICS
 
         return set(NLL_METRICS)
 
@@ -25,14 +25,14 @@ class Nll(Kind):
 
     def point(self, v, path, key, rows, known, run, task):
         """No point: T 0, L_s the run's L_t, sampler 'likelihood' and the split its key names, checked here."""
-        from study.engine.nllrows import NLL_KEYS, SAMPLER
+        from study.engine.rows import NLL_KEYS, NLL_SAMPLER
 
         split = next((s for s, k in NLL_KEYS.items() if k == key), None)
         if split is None:
             v.problems.append(f"{path}: field kind is 'nll' but eval key {key} is not the key of a "
                               f"continuous-quantity point ({', '.join(NLL_KEYS.values())})")
             return False
-        want = {"T": 0, "sampler": SAMPLER, "split": split, **({"L_s": run.model.L} if run is not None else {})}
+        want = {"T": 0, "sampler": NLL_SAMPLER, "split": split, **({"L_s": run.model.L} if run is not None else {})}
         for r in rows:
             for fld, w in want.items():
                 if r[fld] != w:
@@ -40,7 +40,7 @@ class Nll(Kind):
         return None
 
     def derive(self, v, path, r, scores, task):
-        from study.engine.nllrows import NLL_METRICS, nll_rows
+        from study.engine.rows import NLL_METRICS, nll_rows
 
         m = r["metric"]
         if not all(m in s for s in scores):
@@ -48,7 +48,7 @@ class Nll(Kind):
         return nll_rows([{x: s.get(x, s[m]) for x in NLL_METRICS} for s in scores], {})[NLL_METRICS.index(m)]
 
     def cost(self, v, spath, model, rows, srows, pt, task) -> dict:
-        from study.engine.nllrows import nll_cost
+        from study.engine.rows import nll_cost
 
         want = nll_cost(model, rows[0]["L_s"], len(srows))
         if any(s["passes"] != want["forward_passes"] for s in srows):
@@ -57,7 +57,7 @@ class Nll(Kind):
 
     def redo(self, c, rid, key, pt, run, task, model, precision):
         """As many examples as the point stored, of the split its rows name."""
-        from study.engine.continuous import evaluate_nll
+        from study.engine.evaluate import evaluate_nll
 
         rows = c.tables[("evals", (rid, f"{key}.parquet"))].to_pylist()
         ev = task.eval_set(rows[0]["split"]).head(rows[0]["n_examples"])
