@@ -195,9 +195,11 @@ def _logit_interval(values: Sequence[float], n_examples: Sequence[int], level: f
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a binomial share k/n: 5 of 5 is [0.478, 1] at 95%."""
+    a = (1 - level) / 2
+    if k <= 0 or k >= n:  # closed forms at the ends (and scipy stays unimported where no seed split)
+        return (0.0, 1.0 - a ** (1 / n)) if k <= 0 else (a ** (1 / n), 1.0)
     from scipy.special import betaincinv
 
-    a = (1 - level) / 2
     return (0.0 if k <= 0 else float(betaincinv(k, n - k + 1, a)),
             1.0 if k >= n else float(betaincinv(k + 1, n - k, 1 - a)))
 
