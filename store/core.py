@@ -254,6 +254,9 @@ class Store:
         if table == "runs":  # each row's digest of its own fields, as a reader will read them
             t = t.set_column(schema.get_field_index("row_sha256"), "row_sha256",
                              pa.array([digest.row_sha256(r) for r in t.to_pylist()], pa.string()))
+        elif table == "evals":  # the digest of the point's rows (the whole file), held by each of them
+            t = t.set_column(schema.get_field_index("point_sha256"), "point_sha256",
+                             pa.array([digest.point_sha256(t.to_pylist())] * t.num_rows, pa.string()))
         buf = io.BytesIO()
         pq.write_table(t, buf, write_page_checksum=True)  # a page's bytes changed later fail its read
         self.write_bytes(self.path(table, *parts), buf.getvalue())
@@ -349,10 +352,10 @@ class Store:
         return t
 
     def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
-        """_parse, and a runs file whose row is not the one written (store.digest.edited_rows) unreadable too:
-        what every reader sees (`study verify` parses with _parse, and says which field changed)."""
+        """_parse, and a runs or evals file whose rows are not those written (store.digest.edited_rows) unreadable
+        too: what every reader sees (`study verify` parses with _parse, and says which field changed)."""
         t = self._parse(path, data, schema)
-        why = digest.edited_rows(t) if t is not None and schema is RUNS else None
+        why = digest.edited_rows(t) if t is not None and (schema is RUNS or schema is EVALS) else None
         if why:
             self.unreadable[path] = why
             return None

@@ -37,7 +37,7 @@ import torch
 from model import RecursiveDenoiser
 from model.elbo import nll_bound
 from model.sampler import Sampled, sample_all
-from store import Store
+from store import Store, digest
 from study.engine.rows import (GEN_SUFFIX, likelihood_cost, likelihood_rows, metric_rows, now,  # noqa: F401
                                passes_cost)
 from study.spec.grid import EvalPoint, Run
@@ -68,6 +68,8 @@ class EvalRow:
     created_at: dt.datetime
     forward_passes_mean: float | None  # block passes per example, the mean over examples (None: likelihood)
     kind: str  # the evaluation kind (study/engine/kinds) whose rules made it
+    weights_sha256: str | None = None  # of the weights scored (set by write)
+    point_sha256: str | None = None  # of the point's rows (set by Store.write_rows)
 
 
 @dataclass(slots=True)
@@ -149,7 +151,12 @@ def checkpoint_scores(run: Run, model: RecursiveDenoiser, task, ev_val: EvalSet,
 
 
 def write(store: Store, run_id: str, e: Evaluation) -> None:
-    """Samples first: an eval point counts as done only once its evals file exists."""
+    """Samples first: an eval point counts as done only once its evals file exists. Its evals rows record the
+    digest of the run's final weights as stored (those scored): `study verify` compares it with the runs row's."""
+    data = store.read_bytes(store.weights_path(run_id))
+    weights = digest.sha256(data) if data is not None else None
+    for r in e.evals:
+        r.weights_sha256 = weights
     store.write_rows("samples", e.samples, run_id, f"{e.key}.parquet")
     store.write_rows("evals", e.evals, run_id, f"{e.key}.parquet")
 
