@@ -399,9 +399,11 @@ class Store:
         rows = t.to_pylist() if t is not None else []
         return rows[0] if rows else None
 
-    def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
+    def eval_keys(self, run_id: str, whole: bool = False, weights: str | None = None) -> set[str]:
         """Eval points of a run whose evals file (and samples file, if any; `whole`: which must be there) parse:
-        the points done (`whole`, as Store.summary's eval_keys: what `study run` redoes is every other)."""
+        the points done (`whole`, as Store.summary's eval_keys: what `study run` redoes is every other).
+        `weights`: the digest of the run's final weights; a point whose rows record other weights (scored
+        before a retraining, or another run's) is not done."""
         d = f"{self.dir}/evals/{safe_name(run_id)}"
         sel = pafs.FileSelector(d, allow_not_found=True)
         keys = set()
@@ -410,7 +412,7 @@ class Store:
                 continue
             key = i.base_name[: -len(".parquet")]
             t = self.read_file("evals", run_id, i.base_name)
-            if t is None or not t.num_rows:
+            if t is None or not t.num_rows or (weights and set(t["weights_sha256"].to_pylist()) - {None, weights}):
                 continue
             samples = (self.read_file("samples", run_id, i.base_name) is not None) if whole else \
                 self.readable("samples", run_id, i.base_name)

@@ -76,11 +76,16 @@ def edited_point(rows: list[dict]) -> str | None:
             f"changed after it was written (a value or a label edited, a row added or removed)")
 
 
+def weights_sha256(store, run_id: str) -> str | None:
+    """The digest of a run's final weights file as it is in the store now (None: absent)."""
+    data = store.read_bytes(store.weights_path(run_id))
+    return sha256(data) if data is not None else None
+
+
 def run_digests(store, run_id: str) -> dict:
     """{weights_sha256, history_sha256} of a run's files as they are in the store now (None where absent)."""
-    data = store.read_bytes(store.weights_path(run_id))
     hist = store.read_file("history", f"{run_id}.parquet")
-    return {"weights_sha256": sha256(data) if data is not None else None,
+    return {"weights_sha256": weights_sha256(store, run_id),
             "history_sha256": rows_sha256(hist.to_pylist()) if hist is not None else None}
 
 

@@ -143,7 +143,7 @@ def _history_index_edited(store: Store, a: str, b: str) -> str:
 def _a_point(store: Store, a: str) -> str:
     """a's first eval point's evals file."""
     d = store.path("evals", a)
-    return os.path.join(d, sorted(os.listdir(d))[0])
+    return os.path.join(d, min(os.listdir(d)))
 
 
 def _rewrite(path: str, rows: list[dict]) -> None:
@@ -182,9 +182,9 @@ def _a_point_left_out(store: Store, a: str, b: str) -> None:
     """load_study, the API and `study report` leave a's edited point out, each naming its file and why."""
     import warnings
 
-    import rmdm_study
     from typer.testing import CliRunner
 
+    import rmdm_study
     from study.cli import app
 
     path = _a_point(store, a)

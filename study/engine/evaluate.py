@@ -153,8 +153,7 @@ def checkpoint_scores(run: Run, model: RecursiveDenoiser, task, ev_val: EvalSet,
 def write(store: Store, run_id: str, e: Evaluation) -> None:
     """Samples first: an eval point counts as done only once its evals file exists. Its evals rows record the
     digest of the run's final weights as stored (those scored): `study verify` compares it with the runs row's."""
-    data = store.read_bytes(store.weights_path(run_id))
-    weights = digest.sha256(data) if data is not None else None
+    weights = digest.weights_sha256(store, run_id)
     for r in e.evals:
         r.weights_sha256 = weights
     store.write_rows("samples", e.samples, run_id, f"{e.key}.parquet")
