@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 __all__ = ["open", "Results", "Study", "PACKAGES"]
 
@@ -74,8 +75,12 @@ class Results:
         return [name for name, _ in list_studies(self.results)]
 
     def study(self, name: str | None = None) -> "Study":
-        """One study, read once (default: the most recently written)."""
-        return Study(load_study(self.results, name or latest_study(self.results)))
+        """One study, read once (default: the most recently written). Each file left out as unreadable or edited
+        (its runs or eval point) is named in a warning, as `study report` names it."""
+        data = load_study(self.results, name or latest_study(self.results))
+        for path, why in sorted(data.store.unreadable.items()):
+            warnings.warn(f"unreadable, skipped: {path} ({why}); `study run` redoes what it held", stacklevel=2)
+        return Study(data)
 
     def __repr__(self) -> str:
         return f"rmdm_study.Results({self.results!r})"

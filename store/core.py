@@ -244,6 +244,9 @@ class Store:
         if table == "runs":  # each row's digest of its own fields, as a reader will read them
             t = t.set_column(schema.get_field_index("row_sha256"), "row_sha256",
                              pa.array([digest.row_sha256(r) for r in t.to_pylist()], pa.string()))
+        elif table == "evals":  # the digest of the point's rows (the whole file), held by each of them
+            t = t.set_column(schema.get_field_index("point_sha256"), "point_sha256",
+                             pa.array([digest.point_sha256(t.to_pylist())] * t.num_rows, pa.string()))
         buf = io.BytesIO()
         pq.write_table(t, buf, write_page_checksum=True)  # a page's bytes changed later fail its read
         self.write_bytes(self.path(table, *parts), buf.getvalue())
@@ -335,10 +338,10 @@ class Store:
         return t
 
     def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
-        """_parse, and a runs file whose row is not the one written (store.digest.edited_rows) unreadable too:
-        what every reader sees (`study verify` parses with _parse, and says which field changed)."""
+        """_parse, and a runs or evals file whose rows are not those written (store.digest.edited_rows) unreadable
+        too: what every reader sees (`study verify` parses with _parse, and says which field changed)."""
         t = self._parse(path, data, schema)
-        why = digest.edited_rows(t) if t is not None and schema is RUNS else None
+        why = digest.edited_rows(t) if t is not None and (schema is RUNS or schema is EVALS) else None
         if why:
             self.unreadable[path] = why
             return None
@@ -382,9 +385,11 @@ class Store:
         rows = t.to_pylist() if t is not None else []
         return rows[0] if rows else None
 
-    def eval_keys(self, run_id: str, whole: bool = False) -> set[str]:
+    def eval_keys(self, run_id: str, whole: bool = False, weights: str | None = None) -> set[str]:
         """Eval points of a run whose evals file (and samples file, if any; `whole`: which must be there) parse:
-        the points done (`whole`, as Store.summary's eval_keys: what `study run` redoes is every other)."""
+        the points done (`whole`, as Store.summary's eval_keys: what `study run` redoes is every other).
+        `weights`: the digest of the run's final weights; a point whose rows record other weights (scored
+        before a retraining, or another run's) is not done."""
         d = f"{self.dir}/evals/{safe_name(run_id)}"
         sel = pafs.FileSelector(d, allow_not_found=True)
         keys = set()
@@ -393,7 +398,7 @@ class Store:
                 continue
             key = i.base_name[: -len(".parquet")]
             t = self.read_file("evals", run_id, i.base_name)
-            if t is None or not t.num_rows:
+            if t is None or not t.num_rows or (weights and set(t["weights_sha256"].to_pylist()) - {None, weights}):
                 continue
             samples = (self.read_file("samples", run_id, i.base_name) is not None) if whole else \
                 self.readable("samples", run_id, i.base_name)

@@ -4,6 +4,12 @@
 - `history_sha256`: SHA-256 of the rows of history/<run_id>.parquet as a reader reads them (a done run's);
 - `row_sha256`: SHA-256 of the row's own other fields, set by `Store.write_rows` for every runs row.
 
+What an evals row records (null in rows written before it was recorded):
+- `point_sha256`: SHA-256 of its point's rows (every row of its file, this field left out), set by
+  `Store.write_rows`: a value edited, two metrics' labels swapped, a row added or removed all show;
+- `weights_sha256`: SHA-256 of the final weights it was scored from (study.engine.evaluate.write): another
+  run's evaluations copied under this run's id (another seed's) disagree with this run's row.
+
 Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
 a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"
 check and to `study eval`, which refuse weights that are not the ones recorded); a forgery that recomputes
@@ -34,9 +40,17 @@ def row_sha256(row: dict) -> str:
     return rows_sha256([{k: x for k, x in row.items() if k != "row_sha256"}])
 
 
+def point_sha256(rows: list[dict]) -> str:
+    """The digest of an eval point's rows (its evals file's, as read), `point_sha256` itself left out."""
+    return rows_sha256([{k: x for k, x in r.items() if k != "point_sha256"} for r in rows])
+
+
 def edited_rows(t) -> str | None:
     """Why a runs file's rows are not those written (a field edited, a status flipped: its row_sha256 fails;
-    a row duplicated), or None. Readers leave such a run out and name it; `study run` redoes it."""
+    a row duplicated), or an evals file's (edited_point), or None. Readers leave such a run (point) out and
+    name it; `study run` redoes it."""
+    if "point_sha256" in t.column_names:
+        return edited_point(t.to_pylist())
     if t.num_rows > 1:
         return f"{t.num_rows} rows: a run has one runs row (duplicated?)"
     for r in t.to_pylist():
@@ -47,11 +61,31 @@ def edited_rows(t) -> str | None:
     return None
 
 
+def edited_point(rows: list[dict]) -> str | None:
+    """Why an eval point's rows are not those written (their field point_sha256 fails, or only some rows hold
+    it: a value edited, labels swapped, a row appended or removed), or None (also when no row holds it: rows
+    written before it was recorded)."""
+    want = {r["point_sha256"] for r in rows}
+    if want <= {None}:
+        return None
+    got = point_sha256(rows)
+    if want == {got}:
+        return None
+    held = ", ".join(sorted(f"{w[:16]}..." if w else "null" for w in want))
+    return (f"edited: its {len(rows)} rows hash to {got[:16]}..., not to their field point_sha256 ({held}): "
+            f"changed after it was written (a value or a label edited, a row added or removed)")
+
+
+def weights_sha256(store, run_id: str) -> str | None:
+    """The digest of a run's final weights file as it is in the store now (None: absent)."""
+    data = store.read_bytes(store.weights_path(run_id))
+    return sha256(data) if data is not None else None
+
+
 def run_digests(store, run_id: str) -> dict:
     """{weights_sha256, history_sha256} of a run's files as they are in the store now (None where absent)."""
-    data = store.read_bytes(store.weights_path(run_id))
     hist = store.read_file("history", f"{run_id}.parquet")
-    return {"weights_sha256": sha256(data) if data is not None else None,
+    return {"weights_sha256": weights_sha256(store, run_id),
             "history_sha256": rows_sha256(hist.to_pylist()) if hist is not None else None}
 
 

@@ -36,6 +36,9 @@ EVALS = pa.schema([
     ("forward_passes_mean", pa.float64()),
     # what the point is (study/engine/kinds: sample, likelihood, gen, nll, ext), whose rules verify it
     ("kind", pa.string()),
+    # what the rows recorded when written (store/digest.py): SHA-256 of the final weights they were scored from,
+    # and of the point's rows (every row of the file, this column left out; set by Store.write_rows); null before
+    ("weights_sha256", pa.string()), ("point_sha256", pa.string()),
 ])
 HISTORY = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("loss", pa.float64()), ("loop_losses", pa.list_(pa.float64())),

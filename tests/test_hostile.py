@@ -140,6 +140,72 @@ def _history_index_edited(store: Store, a: str, b: str) -> str:
     return path
 
 
+def _a_point(store: Store, a: str) -> str:
+    """a's first eval point's evals file."""
+    d = store.path("evals", a)
+    return os.path.join(d, min(os.listdir(d)))
+
+
+def _rewrite(path: str, rows: list[dict]) -> None:
+    """The point's rows written back as they are given: the store's digests kept as they were read."""
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(path)), path)
+
+
+def _vpr_edited(store: Store, a: str, b: str) -> str:
+    """a's vpr edited in place: 0.99 in place of the scored value."""
+    path = _a_point(store, a)
+    rows = pq.read_table(path).to_pylist()
+    next(r for r in rows if r["metric"] == "vpr")["value"] = 0.99
+    _rewrite(path, rows)
+    return path
+
+
+def _labels_swapped(store: Store, a: str, b: str) -> str:
+    path = _a_point(store, a)
+    rows = pq.read_table(path).to_pylist()
+    i, j = (next(k for k, r in enumerate(rows) if r["metric"] == m) for m in ("vpr", "cell_acc"))
+    assert rows[i]["value"] != rows[j]["value"]
+    rows[i]["metric"], rows[j]["metric"] = rows[j]["metric"], rows[i]["metric"]
+    _rewrite(path, rows)
+    return path
+
+
+def _metric_appended(store: Store, a: str, b: str) -> str:
+    """A row of a metric the point never scored appended (its point_sha256 copied from the row before it)."""
+    path = _a_point(store, a)
+    rows = pq.read_table(path).to_pylist()
+    _rewrite(path, rows + [{**rows[0], "metric": "vpr_best", "value": 0.99}])
+    return path
+
+
+def _a_point_left_out(store: Store, a: str, b: str) -> None:
+    """load_study, the API and `study report` leave a's edited point out, each naming its file and why."""
+    import warnings
+
+    from typer.testing import CliRunner
+
+    import rmdm_study
+    from study.cli import app
+
+    path = _a_point(store, a)
+    key = os.path.basename(path)[: -len(".parquet")]
+    data = load_study(store.root, store.study)
+    assert key not in data.evals.loc[data.evals.run_id == a, "eval_key"].tolist()
+    assert 0.99 not in data.evals["value"].tolist() and "vpr_best" not in data.evals["metric"].tolist()
+    assert data.store.unreadable[path].startswith("edited: "), data.store.unreadable
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        study = rmdm_study.open(store.root).study(store.study)
+    assert key not in study.evals.loc[study.evals.run_id == a, "eval_key"].tolist()
+    assert [str(w.message) for w in said if path in str(w.message) and "edited" in str(w.message)], \
+        [str(w.message) for w in said]
+    r = CliRunner().invoke(app, ["report", "--results", store.root, "--study", store.study, "--out",
+                                 os.path.join(os.path.dirname(store.root), "report")])
+    assert f"unreadable, skipped: {path} (edited: " in r.output, r.output  # (exit 1: no figure this study draws)
+    v = verify_study(Store(store.root, store.study))
+    assert any(ln.startswith(f"{path}: edited: ") and "point_sha256" in ln for ln in v.problems), v.render()
+
+
 def _history_served_from_the_file(store: Store, a: str, b: str) -> None:
     data = load_study(store.root, store.study)
     assert a in data.runs["run_id"].tolist() and 0.001 not in data.history["loss"].tolist()
@@ -199,6 +265,9 @@ CASES = [
     Case("history-edited", _history_edited, "edited", _a_history_left_out),
     Case("index-row-edited", _index_row_edited, None, _not_served_loss),  # a cache: rewritten without a word
     Case("history-index-row-edited", _history_index_edited, None, _history_served_from_the_file),
+    Case("evals-value-edited", _vpr_edited, "edited", _a_point_left_out),
+    Case("evals-labels-swapped", _labels_swapped, "edited", _a_point_left_out),
+    Case("evals-metric-appended", _metric_appended, "edited", _a_point_left_out),
 ]
 
 

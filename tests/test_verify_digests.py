@@ -219,8 +219,15 @@ def forge(results, rid: str) -> tuple[str, int]:
         for e in erows:
             want = metric_rows(per, [e["metric"]], {})[0]
             e.update(value=want["value"], ci_low=want["ci_low"], ci_high=want["ci_high"])
-        pq.write_table(pa.Table.from_pylist(erows, schema=et.schema), path)
+        pq.write_table(pa.Table.from_pylist(_redigested(erows), schema=et.schema), path)
         return spath, i
+
+
+def _redigested(erows: list[dict]) -> list[dict]:
+    """An eval point's rows with their field point_sha256 recomputed, as a consistent forger does."""
+    from store.digest import point_sha256
+
+    return [{**e, "point_sha256": point_sha256(erows)} for e in erows]
 
 
 def test_a_consistent_forgery_passes_the_plain_check_and_fails_deep(copy):
@@ -232,6 +239,20 @@ def test_a_consistent_forgery_passes_the_plain_check_and_fails_deep(copy):
     r = verify(copy, "--deep", "--point", f"{ids[(1, 0)]}/{key}")
     assert r.returncode == 1, r.stdout
     assert f"{spath} example {i}: field output" in r.stdout and "1 of 8 eval points evaluated again" in r.stdout
+
+
+def test_another_seeds_point_copied_under_a_runs_id_fails_the_plain_check(copy):
+    """Seed 0's evals and samples of a point copied onto seed 1 (run ids rewritten, the point's digest recomputed):
+    every value derives from its samples, but the rows name seed 0's weights, not seed 1's."""
+    ids = runs(copy)
+    src, dst = ids[(1, 0)], ids[(1, 1)]
+    for (path, spath), (dpath, dspath) in zip([a_point(copy, src)], [a_point(copy, dst)]):
+        for frm, to, redo in ((spath, dspath, lambda rows: rows), (path, dpath, _redigested)):
+            t = pq.read_table(frm)
+            rows = [{**r, "run_id": dst} for r in t.to_pylist()]
+            pq.write_table(pa.Table.from_pylist(redo(rows), schema=t.schema), to)
+        assert pq.read_table(dpath)["weights_sha256"].to_pylist()[0] is not None
+        failed_naming(copy, dpath, "weights_sha256")
 
 
 def test_deep_fraction_picks_some_points_and_flags_need_deep(copy):

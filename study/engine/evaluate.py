@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from model.precision import autocast
 from model.rmdm import RecursiveDenoiser, Sampled, sample_all
 from model.train import nll_bound
-from store import Store
+from store import Store, digest
 from study.engine.kinds import KINDS
 from study.engine.rows import (GEN_SUFFIX, N_T, NLL_KEYS, NLL_METRICS, NLL_SAMPLER, likelihood_cost,  # noqa: F401
                                likelihood_rows, metric_rows, nll_cost, nll_rows, now, passes_cost)
@@ -71,6 +71,8 @@ class EvalRow:
     created_at: dt.datetime
     forward_passes_mean: float | None  # block passes per example, the mean over examples (None: likelihood)
     kind: str  # the evaluation kind (study/engine/kinds) whose rules made it
+    weights_sha256: str | None = None  # of the weights scored (set by write)
+    point_sha256: str | None = None  # of the point's rows (set by Store.write_rows)
 
 
 @dataclass(slots=True)
@@ -152,7 +154,11 @@ def checkpoint_scores(run: Run, model: RecursiveDenoiser, task, ev_val: EvalSet,
 
 
 def write(store: Store, run_id: str, e: Evaluation) -> None:
-    """Samples first: an eval point counts as done only once its evals file exists."""
+    """Samples first: an eval point counts as done only once its evals file exists. Its evals rows record the
+    digest of the run's final weights as stored (those scored): `study verify` compares it with the runs row's."""
+    weights = digest.weights_sha256(store, run_id)
+    for r in e.evals:
+        r.weights_sha256 = weights
     store.write_rows("samples", e.samples, run_id, f"{e.key}.parquet")
     store.write_rows("evals", e.evals, run_id, f"{e.key}.parquet")
 

@@ -117,7 +117,8 @@ def execute(run: Run, store: Store, options: TrialOptions, report=None, attempt:
         else:
             _train(run, store, trainer, task, beat, attempt, report, log, costs["n_params"])
 
-        done = store.eval_keys(run_id, whole=True)  # a point whose samples file is missing is redone
+        # a point whose samples file is missing, or scored from other weights (before a retraining), is redone
+        done = store.eval_keys(run_id, whole=True, weights=digest.weights_sha256(store, run_id))
         points, t0 = [pt for pt in run.eval_points() if pt.key not in done], time.time()
         beat.update(phase="eval", eval={"started": t0, "done": 0, "of": len(points), "at": t0})  # the ETA's
         ev_full = _healing(store, store.data_dir(), lambda: task.eval_set(run.eval.split), log)
