@@ -144,7 +144,8 @@ def _run_writer(store, rng):
             base = {"run_id": rid, "eval_key": pt.key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
                     "split": pt.split, "n_examples": 200, "forward_passes": pt.T * pt.L_s,
                     "eval_flops": 10**9 * pt.T * pt.L_s, "eval_seconds": 1.0, "created_at": now(),
-                    "forward_passes_mean": None, "kind": "sample"}
+                    "forward_passes_mean": None, "kind": "sample", "weights_sha256": None,
+                    "point_sha256": None}
             store.write_rows("evals", [{**base, "metric": m, "value": v, "ci_low": max(0.0, v - 0.05),
                                         "ci_high": min(1.0, v + 0.05)}
                                        for m, v in (("vpr", vpr), ("cell_acc", (1 + vpr) / 2))],
