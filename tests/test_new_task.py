@@ -162,6 +162,9 @@ axes:
 """
 
 
+# slow set (75 s of the default suite): the default suite still runs a task from outside the package through
+# plan and run (tests/test_docs.py, docs/guide/new-task.md with example_tasks/reverse_digits.py)
+@pytest.mark.slow
 def test_a_task_in_one_file_runs_plan_run_status_report_verify_and_eval(tmp_path):
     from store import Store
     from tests.helpers import study
