@@ -238,6 +238,8 @@ def test_countdown_training_stream_never_holds_a_test_or_val_instance():
 
 
 # ---- a mask-rate range reaches the report -------------------------------------------------------
+# slow set (18 s of the default suite, measured under load); the default suite keeps test_figures_scale's mask-rate panels
+@pytest.mark.slow
 def test_report_of_a_study_with_a_mask_rate_range(tmp_path):
     """`mask_rate: [low, high]` (drawn per puzzle) used to fail `study report` with an internal error
     (TypeError: type list doesn't define __round__)."""

@@ -159,6 +159,8 @@ def test_lease_check_reads_the_overridden_study_name():
     assert study_name({"study": "a"}, ["train.steps=3"]) == "a"
 
 
+# slow set (19 s of the default suite, measured under load); the default suite keeps test_ids_change_exactly_where_training_changes
+@pytest.mark.slow
 def test_overrides_recorded_in_the_stored_grid(tmp_path):
     """A real tiny `study run` with overrides: grid.yaml and the provenance copy hold the grid as applied
     with the overrides named; `study report --figure all` shows them; the file's grid without the

@@ -8,6 +8,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from study.spec.grid import load_grid
 from study.commands.status import counts, snapshot
 from store import Store
@@ -24,6 +26,8 @@ def local_address(ss_line: str) -> str:
     return ss_line.split()[3].rsplit(":", 1)[0]
 
 
+# slow set (39 s of the default suite, measured under load); the default suite keeps test_store_heal's interrupted run resuming from its checkpoint
+@pytest.mark.slow
 def test_driver_sigkill_then_rerun_resumes_every_run_once(tmp_path):
     gpath = tmp_path / "resume.yaml"
     gpath.write_text(tiny_grid("resume", steps=120))

@@ -533,6 +533,8 @@ def test_any_single_damaged_file_heals_in_one_rerun_to_the_undamaged_state(inter
 
 
 # ---- the real `study run` (Ray): the case that failed a run for good ------------------------------------
+# slow set (14 s of the default suite, measured under load); the default suite keeps test_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before
+@pytest.mark.slow
 def test_study_run_heals_a_damaged_checkpoint_of_a_failed_run_with_retry_failed(interrupted, healed_clean, tmp_path):
     """Was: `CheckpointError ... refused` in every attempt, the run failed for good, --retry-failed too."""
     gpath, grid, src = interrupted

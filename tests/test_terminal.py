@@ -58,6 +58,8 @@ def check_lines(lines: list[str], wall_s: float, pattern=LINE) -> list[str]:
     return progress
 
 
+# slow set (14 s of the default suite, measured under load); the default suite keeps test_eta and test_ray_start's progress-line tests
+@pytest.mark.slow
 def test_run_prints_one_clean_progress_line_per_update(tmp_path):
     g = tmp_path / "g.yaml"
     g.write_text(tiny_grid("termrun", steps=40))

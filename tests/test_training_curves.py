@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import torch
 
 from store import Store
 from tests.helpers import study, tiny_grid
 
 
+# slow set (29 s of the default suite, measured under load); the default suite keeps test_continuous's unchanged-numbers test
+@pytest.mark.slow
 def test_checkpoint_scores_leave_training_unchanged_and_are_drawn(tmp_path):
     plain, watched = tmp_path / "plain.yaml", tmp_path / "watched.yaml"
     plain.write_text(tiny_grid("curves", steps=20, axes="L: [2]"))

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from store import Store
 from study.engine.placement import NEVER_STARTED_LIMIT
 from study.spec.grid import load_grid
@@ -26,6 +28,8 @@ STUDY = os.path.join(os.path.dirname(sys.executable), "study")  # the console sc
 GUARD_S = 600  # only against a hang (the bug this file pins): a passing run takes well under a minute of work
 
 
+# slow set (13 s of the default suite, measured under load); the default suite keeps test_cli_errors' shadowing message
+@pytest.mark.slow
 def test_a_results_folder_named_like_a_package_does_not_shadow_it_in_the_workers(tmp_path):
     """`study run g.yaml --results store` in a folder: its `store/` (the results, no __init__.py) stood first
     on every worker's sys.path and every trial failed with `cannot import name 'Store' from 'store'`."""
@@ -40,6 +44,8 @@ def test_a_results_folder_named_like_a_package_does_not_shadow_it_in_the_workers
     assert len(runs) == 2 and (runs.status == "done").all()
 
 
+# slow set (11 s of the default suite, measured under load); the default suite keeps test_ray_start's resources-the-cluster-lacks tests
+@pytest.mark.slow
 def test_trials_that_fail_before_their_code_starts_stop_the_sweep_with_one_line(tmp_path):
     """Workers whose environment cannot import the project (here: a `torch` that raises on import, on the
     workers' PYTHONPATH only): the sweep stops after NEVER_STARTED_LIMIT such failures, exit 2, one line
