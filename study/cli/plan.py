@@ -158,7 +158,8 @@ def _echo_plan(g, grid: str, rows: list[dict], totals: dict) -> None:
     for row, cols, pts in zip(rows, cells, points):
         echo(line(cols) + sep + pts, widths[0] + 1)
         for k, src in row["tuned"].items():  # values taken from a search's best.yaml (`defaults_from`)
-            echo(f"{'':<{widths[0]}} {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
+            # two spaces in, not under the run's columns: a float's repr and a path fit 100 columns unwrapped
+            echo(f"  {k} = {src['value']!r} from search group {src['group']} of {src['file']}")
     echo(f"total: {totals['train_flops']:.3g} training FLOPs, {totals['eval_flops']:.3g} evaluation FLOPs "
          f"(at most: T x L_s forward passes per example)")
     if totals["seconds"] is not None:
