@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from study.engine.raystart import descendants  # the tests end what they started by PID
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "tiny"  # the study of the stores tests/conftest.py trains once per session (tiny_run, tiny_study)
 
@@ -97,25 +99,6 @@ def wait_training(drv, store, out, *, n: int, timeout: float = 400) -> dict:
             return beats
         time.sleep(0.2)
     raise AssertionError(f"{n} runs did not checkpoint within {timeout:.0f} s: " + open(out).read())
-
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every process below `pid`, read from /proc (Linux): what a test started, to end by PID."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def alive(pid: int) -> bool:
