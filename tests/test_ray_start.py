@@ -121,6 +121,8 @@ def test_embedded_ray_never_joins_a_ray_start_cluster(monkeypatch):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# slow set (10 s under load); the default suite keeps test_resources_the_cluster_lacks_fail_before_dispatch)
+@pytest.mark.slow
 def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkeypatch):
     """Resources are checked again while trials wait: when no alive node can hold a pending run any
     more (here: the cluster reports no node after dispatch), `study run` ends with exit 2 and says why."""
@@ -166,6 +168,8 @@ def test_study_tune_refuses_resources_the_cluster_lacks(tmp_path):
     assert Store(str(tmp_path / "res"), "bigtune").read("runs").empty
 
 
+# slow set (11 s under load); the default suite keeps test_resources_the_cluster_lacks_fail_before_dispatch)
+@pytest.mark.slow
 def test_progress_line_says_runs_wait_for_resources(tmp_path, monkeypatch):
     """More runs than CPUs: while one trains the others wait, and the live line says for what."""
     import study.engine.placement as placement

@@ -55,6 +55,8 @@ def test_an_interrupted_report_leaves_no_half_written_folder(results, tmp_path, 
     assert [d.name for d in tmp_path.iterdir()] == ["figs"] and list(out.iterdir()) == [], list(tmp_path.rglob("*"))
 
 
+# slow set (13 s of the default suite under load); the default suite keeps the interrupted reports and test_report_files' writes)
+@pytest.mark.slow
 def test_a_finished_report_moves_every_file_into_the_folder(results, tmp_path):
     """An existing folder keeps its other files; the report's files replace theirs; nothing is left beside it."""
     out = tmp_path / "figs"
