@@ -340,15 +340,13 @@ def _healing(store: Store, data_dir: str, fn, log):
 
 def prepared_task(run: Run, store: Store, log):
     """The run's task, its data prepared from the store's cache (damaged cache files set aside and made anew)."""
-    box = {}
-
     def prepare():
-        box["task"] = make_task(run.task)
-        box["task"].prepare(data_dir)
+        task = make_task(run.task)
+        task.prepare(data_dir)
+        return task
 
     with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
-        _healing(store, data_dir, prepare, log)
-    return box["task"]
+        return _healing(store, data_dir, prepare, log)
 
 
 def device_name(device: torch.device) -> str:
