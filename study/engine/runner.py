@@ -263,12 +263,10 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
     return 1 if (final.failed or final.todo) else 0
 
 
-def run_events(view: LiveView, trials: list):
+def run_events(view: LiveView, seen: list):
     """A Ray Tune callback feeding `view` with the trials of a sweep, keyed by run id (a search's trial owes
-    its run's steps from its start), and keeping Tune's list of trials in `trials`."""
+    its run's steps from its start), and keeping Tune's list of trials in `seen`."""
     from ray.tune import Callback
-
-    seen = trials
 
     class RunEvents(Callback):
         def on_trial_start(self, iteration, trials, trial, **info):

@@ -434,13 +434,9 @@ def _group_summary(group: SearchGroup, study, search: Search) -> dict:
            "n_trials": search.n_trials, "trials": states, "optuna_study": group.name}
     if done:
         best = max(done, key=lambda t: t.value) if search.mode == "max" else min(done, key=lambda t: t.value)
-        out.update(best={k: _plain(v) for k, v in best.params.items()}, value=float(best.value), trial=best.number,
-                   run_id=best.user_attrs.get("run_id"))
+        out.update(best={k: v.item() if hasattr(v, "item") else v for k, v in best.params.items()},  # numpy: plain
+                   value=float(best.value), trial=best.number, run_id=best.user_attrs.get("run_id"))
     return out
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
 
 
 def _write_best(store: Store, grid: Grid, summary: dict) -> None:
