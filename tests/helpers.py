@@ -154,7 +154,7 @@ def hooked_block_passes(store, run, pt, scratch: str) -> int:
     evaluation writes go to a scratch store under `scratch`, never to `store`."""
     from store import Store
     from study.commands.puzzles import load_run_model
-    from study.engine.evaluate import evaluate_point
+    from study.engine.trial import evaluate_point
     from tasks import make_task
 
     _, _, model = load_run_model(store, run.run_id)

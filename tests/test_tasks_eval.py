@@ -13,7 +13,7 @@ from study.spec.grid import expand
 from store import Store
 import study.commands.puzzles as puzzles
 from study.commands.puzzles import load_run_model
-from study.engine.evaluate import evaluate_point
+from study.engine.trial import evaluate_point
 from study.engine.trial import execute
 from study.engine.options import TrialOptions
 from tasks import make_task

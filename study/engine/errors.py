@@ -32,13 +32,9 @@ def root_exception(e: BaseException) -> BaseException:
     """The innermost exception of Ray's wrappers (RayTaskError.cause, RayActorError.cause) and of
     exceptions raised `from` another that carries no message of its own."""
     seen = set()
-    while id(e) not in seen:
+    while id(e) not in seen and isinstance(getattr(e, "cause", None), BaseException):
         seen.add(id(e))
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, BaseException):
-            e = cause
-            continue
-        break
+        e = e.cause
     return e
 
 
@@ -64,11 +60,10 @@ def root_cause(error: str | None) -> str | None:
     raw = [ln.rstrip() for ln in plain(str(error)).splitlines() if ln.strip()]
     if not raw:
         return None
-    lines = [ln.strip() for ln in raw]
     # a traceback's code lines are indented; the exception's own line starts at column 0
     exc = [ln for ln in raw if EXC_LINE.match(ln) and not ln.startswith(("Traceback", "During handling",
                                                                           "The above exception"))]
-    line = exc[-1] if exc else lines[-1]
+    line = exc[-1] if exc else raw[-1].strip()
     # "RayTaskError(ValueError): ray::ImplicitFunc.train() (pid=...": the wrapper's line names no cause
     if re.match(r"^[\w.]*RayTaskError", line) and len(exc) > 1:
         line = exc[-2]

@@ -1,9 +1,9 @@
 """The one evaluation path: sample a model on examples, score the outputs with the task, and build
 the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
 
-`evaluate` samples and scores; every caller goes through it: a run's eval points (`evaluate_point`,
-called by study.engine.trial), the generations of a likelihood point, `study eval --puzzles` (study/commands/puzzles.py,
-a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
+`evaluate` samples and scores; every caller goes through it: a run's eval points (by their kind:
+study.engine.trial.evaluate_point), the generations of a likelihood point, `study eval --puzzles`
+(study/commands/puzzles.py, a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
 
 A task's `eval_mode` names the evaluation kind of its points (study/engine/kinds):
 - 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
@@ -40,7 +40,6 @@ from model.precision import autocast
 from model.rmdm import RecursiveDenoiser, Sampled, sample_all
 from model.train import nll_bound
 from store import Store, digest
-from study.engine.kinds import KINDS
 from study.engine.rows import (GEN_SUFFIX, N_T, NLL_KEYS, NLL_METRICS, NLL_SAMPLER, likelihood_cost,  # noqa: F401
                                likelihood_rows, metric_rows, nll_cost, nll_rows, now, passes_cost)
 from study.spec.grid import EvalPoint, Run
@@ -225,18 +224,6 @@ def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
     above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
     eval_flops: every block pass, plus the head each time it read predictions."""
     return passes_cost(model, got.passes.tolist(), got.head_calls)
-
-
-def evaluate_point(run, pt: EvalPoint, model, task, ev_full, store, precision: str = "float32") -> list:
-    """Evaluate one eval point of a run (its first `pt.n_examples` examples of `ev_full`) by the kind its task's
-    `eval_mode` names (study/engine/kinds), and write its rows; returns its evals rows (a likelihood point's
-    generations' included)."""
-    ev = ev_full.head(pt.n_examples)
-    done = KINDS[task.eval_mode].evaluate(run.run_id, pt, model, task, ev, min(run.eval.n_samples_kept, len(ev)),
-                                          precision)
-    for e in done:
-        write(store, run.run_id, e)
-    return [r for e in done for r in e.evals]
 
 
 # ---- the continuous quantities ------------------------------------------------------------------

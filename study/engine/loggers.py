@@ -134,9 +134,8 @@ def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
             for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is no news
                 logging.getLogger(name).setLevel(logging.WARNING)
             uri = mlflow_uri(sink, store)
-            if uri.startswith("sqlite:///"):
-                os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
             if uri.startswith("sqlite:///"):  # artifacts beside the database, not in ./mlruns of wherever it runs
+                os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
                 _experiment(uri, store.study, f"{os.path.dirname(uri.removeprefix('sqlite:///'))}/mlartifacts")
             out.append(_mlflow_class()(tracking_uri=uri, experiment_name=store.study,
                                         tags={"study": store.study, "command": f"study {command}"}))

@@ -83,7 +83,7 @@ def waiting_note_of(ray, trials: list):
 class PlacementWatch:
     """Checks, while trials wait, that each pending one still fits on some alive node (the cluster
     can shrink under a run); one that never can ends the experiment with a message instead of
-    pending forever. Tune calls `callback()` every step and asks `stopper()` whether to stop all."""
+    pending forever. Tune calls `callback()` every step; stop_on_reason stops all on its `reason`."""
 
     EVERY_S = 10.0
 
@@ -112,13 +112,10 @@ class PlacementWatch:
 
         return PlacementCheck()
 
-    def stopper(self):
-        return stop_on_reason(self)
 
-
-def stop_on_reason(watch):
-    """A Tune stopper that ends the whole experiment once `watch.reason` is set (a watch of the sweep that
-    found why it cannot go on: a trial no node can hold, trials that cannot start)."""
+def stop_on_reason(*watches):
+    """A Tune stopper that ends the whole experiment once a watch's `reason` is set (a watch of the sweep that
+    found why it cannot go on: a trial no node can hold, trials that cannot start, a Ctrl-C)."""
     from ray.tune import Stopper
 
     class StopOnReason(Stopper):
@@ -126,7 +123,7 @@ def stop_on_reason(watch):
             return False
 
         def stop_all(self):
-            return watch.reason is not None
+            return any(w.reason is not None for w in watches)
 
     return StopOnReason()
 
@@ -187,9 +184,6 @@ class StartFailures:
                 watch.failed(trial)
 
         return StartCheck()
-
-    def stopper(self):
-        return stop_on_reason(self)
 
 
 def trial_error(trial) -> str:

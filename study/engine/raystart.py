@@ -138,7 +138,6 @@ def _join(ray, address: str, kw: dict) -> None:
     """ray.init(address=...), interruptible: Ray's join blocks in C++ for 30 s and more (a port that
     accepts TCP but is no Ray), where Python never sees a Ctrl-C. The join runs in a thread; the main
     thread waits on it, so Ctrl-C ends the process at once, saying so (nothing has run yet)."""
-    import signal
     import threading
 
     box: dict = {}
@@ -228,7 +227,6 @@ def sigterm_as_ctrl_c() -> None:
     """A SIGTERM to the driver (`kill PID`, a scheduler stopping a job) does what Ctrl-C does: it calls the
     SIGINT handler of the moment (Tune's during a sweep: the trials stop, their checkpoints stay, the
     "interrupted" line is printed and the exit code is Ctrl-C's; elsewhere KeyboardInterrupt)."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -399,14 +397,7 @@ def end_left_over(store: Store, echo) -> int:
     left = [p for p in info["processes"] if isinstance(p, dict) and isinstance(p.get("pid"), int)
             and p["pid"] != os.getpid() and proc_start(p["pid"]) == p.get("start")
             and cmdline(p["pid"]) == p.get("cmdline") and ray_s(p["cmdline"]) and in_session(p["pid"], session)]
-    for p in left:
-        _signal(p["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while any(proc_start(p["pid"]) == p["start"] for p in left) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for p in left:
-        if proc_start(p["pid"]) == p["start"]:
-            _signal(p["pid"], signal.SIGKILL)
+    _end([(p["pid"], p["start"]) for p in left])
     if left:
         names = sorted({os.path.basename(p["cmdline"].split(" ")[0]) for p in left})
         echo(f"ray: ended {len(left)} Ray process(es) left running by the earlier driver pid {driver} of this "
@@ -421,17 +412,21 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def end_own(shutdown=lambda: None) -> None:
-    """End this process's Ray processes (what a failed or interrupted start of an embedded Ray left), as they
-    are before `shutdown` (ray.shutdown: it ends the raylet, whose agents would outlive it, orphaned):
-    SIGTERM, then SIGKILL after GRACE_S."""
-    mine = [(p, proc_start(p)) for p in ray_descendants()]
-    shutdown()
-    for p, _ in mine:
+def _end(procs: list[tuple[int, str | None]]) -> None:
+    """End each (pid, start time) that is still that process: SIGTERM, then SIGKILL after GRACE_S."""
+    for p, _ in procs:
         _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
-    while any(proc_start(p) == s for p, s in mine) and time.monotonic() < deadline:
+    while any(proc_start(p) == s for p, s in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for p, s in mine:
+    for p, s in procs:
         if proc_start(p) == s:
             _signal(p, signal.SIGKILL)
+
+
+def end_own(shutdown=lambda: None) -> None:
+    """End this process's Ray processes (what a failed or interrupted start of an embedded Ray left), as they
+    are before `shutdown` (ray.shutdown: it ends the raylet, whose agents would outlive it, orphaned)."""
+    mine = [(p, proc_start(p)) for p in ray_descendants()]
+    shutdown()
+    _end(mine)

@@ -201,11 +201,6 @@ def record_unfinished(store: Store, run: Run, status: str, error: BaseException 
         costs = NO_COSTS
     row = run_row(run, costs, status=status, code_version=code_version, error=line, attempts=attempts, grid=grid,
                   **fields)
-    row.update({k: v for k, v in last_node(store, run.run_id).items() if v})
+    hb = store.read_progress().get(run.run_id, {})  # the node and device of the run's last heartbeat
+    row.update({k: hb[k] for k in ("node", "node_id", "node_ip", "device", "gpu_ids") if hb.get(k)})
     store.write_rows("runs", [row], f"{run.run_id}.parquet")
-
-
-def last_node(store: Store, run_id: str) -> dict:
-    """Node and device of a run's last heartbeat (for the rows the driver writes)."""
-    hb = store.read_progress().get(run_id, {})
-    return {k: hb.get(k) for k in ("node", "node_id", "node_ip", "device", "gpu_ids")}

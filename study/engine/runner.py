@@ -195,8 +195,6 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
     objective, search_alg, scheduler, num_samples; `study tune`). Returns (an exit code when the sweep
     stopped for a reason of its own, said through echo, 130 after a Ctrl-C (the caller says what was left),
     else None; Tune's ResultGrid)."""
-    from ray.tune.stopper import CombinedStopper
-
     import signal
 
     echo, trials = options.echo, []  # Tune's trials as of its last step (their status is live)
@@ -207,8 +205,7 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
         # a trial lost with its node is retried without spending `retries` (study/engine/placement.py)
         callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
                    *logger_callbacks(list(options.log), store, command, echo)],  # --log (study/engine/loggers.py)
-        max_failures=max_failures, stop=CombinedStopper(placement.stopper(), starts.stopper(),
-                                                        stop_on_reason(ctrl_c)), **search)
+        max_failures=max_failures, stop=stop_on_reason(placement, starts, ctrl_c), **search)
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is ctrl_c's (and SIGTERM: sigterm_as_ctrl_c)
     before = signal.signal(signal.SIGINT, ctrl_c)
     try:
@@ -266,12 +263,10 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
     return 1 if (final.failed or final.todo) else 0
 
 
-def run_events(view: LiveView, trials: list):
+def run_events(view: LiveView, seen: list):
     """A Ray Tune callback feeding `view` with the trials of a sweep, keyed by run id (a search's trial owes
-    its run's steps from its start), and keeping Tune's list of trials in `trials`."""
+    its run's steps from its start), and keeping Tune's list of trials in `seen`."""
     from ray.tune import Callback
-
-    seen = trials
 
     class RunEvents(Callback):
         def on_trial_start(self, iteration, trials, trial, **info):

@@ -22,8 +22,9 @@ from store import Store, digest
 from study.engine.options import TrialOptions
 from study.engine.rows import STATE_KEYS, damaged_data, gpu_ids, node_info, run_row  # noqa: F401 (re-exported)
 from study.engine import evaluate
-from study.engine.evaluate import checkpoint_scores, evaluate_point, now
-from study.spec.grid import EvalConfig, Run, Resources
+from study.engine.evaluate import checkpoint_scores, now, write
+from study.engine.kinds import KINDS
+from study.spec.grid import EvalConfig, EvalPoint, Run, Resources
 from tasks import TASKS, make_task
 
 
@@ -46,6 +47,18 @@ def start_attempt(store: Store, run_id: str, by: str) -> int:
     attempt = prev.count(b"\n") + 1
     store.write_bytes(path, prev + f"start {attempt} {by} pid {os.getpid()} {time.time():.3f}\n".encode())
     return attempt
+
+
+def evaluate_point(run, pt: EvalPoint, model, task, ev_full, store, precision: str = "float32") -> list:
+    """Evaluate one eval point of a run (its first `pt.n_examples` examples of `ev_full`) by the kind its task's
+    `eval_mode` names (study/engine/kinds), and write its rows; returns its evals rows (a likelihood point's
+    generations' included)."""
+    ev = ev_full.head(pt.n_examples)
+    done = KINDS[task.eval_mode].evaluate(run.run_id, pt, model, task, ev, min(run.eval.n_samples_kept, len(ev)),
+                                          precision)
+    for e in done:
+        write(store, run.run_id, e)
+    return [r for e in done for r in e.evals]
 
 
 def run_from_resolved(d: dict) -> Run:
@@ -327,15 +340,13 @@ def _healing(store: Store, data_dir: str, fn, log):
 
 def prepared_task(run: Run, store: Store, log):
     """The run's task, its data prepared from the store's cache (damaged cache files set aside and made anew)."""
-    box = {}
-
     def prepare():
-        box["task"] = make_task(run.task)
-        box["task"].prepare(data_dir)
+        task = make_task(run.task)
+        task.prepare(data_dir)
+        return task
 
     with store.task_data() as data_dir:  # a local directory, mirrored to remote stores
-        _healing(store, data_dir, prepare, log)
-    return box["task"]
+        return _healing(store, data_dir, prepare, log)
 
 
 def device_name(device: torch.device) -> str:

@@ -29,6 +29,7 @@ Pruning (ASHA) state does not survive a restart: rungs are rebuilt from the new 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import io
@@ -427,21 +428,15 @@ def _fit_group(grid: Grid, store: Store, ray, lease, options: RunOptions, trial:
 def _group_summary(group: SearchGroup, study, search: Search) -> dict:
     from optuna.trial import TrialState
 
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    states = {}
-    for t in study.get_trials(deepcopy=False):
-        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    states = dict(collections.Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False)))
     out = {"point": dict(group.point), "best": {}, "value": None, "trial": None, "run_id": None,
            "n_trials": search.n_trials, "trials": states, "optuna_study": group.name}
     if done:
         best = max(done, key=lambda t: t.value) if search.mode == "max" else min(done, key=lambda t: t.value)
-        out.update(best={k: _plain(v) for k, v in best.params.items()}, value=float(best.value), trial=best.number,
-                   run_id=best.user_attrs.get("run_id"))
+        out.update(best={k: v.item() if hasattr(v, "item") else v for k, v in best.params.items()},  # numpy: plain
+                   value=float(best.value), trial=best.number, run_id=best.user_attrs.get("run_id"))
     return out
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
 
 
 def _write_best(store: Store, grid: Grid, summary: dict) -> None:

@@ -1,7 +1,7 @@
 """Evaluation kinds: what an eval point of the store is, stored in its evals rows' `kind` column (never read
 from the shape of its key). One module per kind, each owning its eval key, its rows, its cost rule and its
 re-derivation for `study verify` (`--deep`: `redo`), registered here by name as tasks are in tasks/
-(study.engine.evaluate.evaluate_point evaluates a point by its kind):
+(study.engine.trial.evaluate_point evaluates a point by its kind):
 
 - sample.py: a grid's point of a sample-and-score task (study.engine.evaluate.evaluate);
 - likelihood.py: a grid's point of a likelihood task (text8): the NLL bound of its sequences;

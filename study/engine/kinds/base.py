@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from study.engine.rows import metric_rows, passes_cost
 from study.spec.grid import EvalPoint
 
 KINDS: dict[str, "Kind"] = {}
@@ -70,14 +71,10 @@ class Kind:
 
     def derive(self, v, path: str, r: dict, scores: list[dict], task) -> dict | None:
         """The row `r`'s value, ci_low and ci_high derived again from the per-example scores (None: not derivable)."""
-        from study.engine.rows import metric_rows
-
         return metric_rows(scores, [r["metric"]], {}, task)[0] if all(r["metric"] in s for s in scores) else None
 
     def cost(self, v, spath: str, model, rows: list[dict], srows: list[dict], pt, task) -> dict | None:
         """forward_passes, forward_passes_mean and eval_flops its per-example cost gives (None: said in `v`)."""
-        from study.engine.rows import passes_cost  # sampling_cost's rule, on the per-example lists: no torch
-
         if any(s["passes"] is None or s["steps"] is None for s in srows):
             v.problems.append(f"{spath}: per-example passes or steps missing: the evaluation cost cannot be derived")
             return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from study.engine.kinds.base import Kind, register
+from study.engine.rows import likelihood_cost, likelihood_rows
 
 
 class Likelihood(Kind):
@@ -25,8 +26,6 @@ class Likelihood(Kind):
     def derive(self, v, path: str, r: dict, scores: list[dict], task) -> dict | None:
         """From the nats: each likelihood metric is the nats divided by its unit; its per-example scores'
         mean must be that (the contract)."""
-        from study.engine.rows import likelihood_rows
-
         m, declared = r["metric"], {x.name: x for x in task.likelihood_metrics()}
         nats = next((x.name for x in declared.values() if x.likelihood == 1.0), None)
         if m not in declared or not all(nats in s for s in scores):
@@ -40,8 +39,6 @@ class Likelihood(Kind):
         return want
 
     def cost(self, v, spath: str, model, rows: list[dict], srows: list[dict], pt, task) -> dict:
-        from study.engine.rows import likelihood_cost
-
         n_t, L_s = len(task.t_values()), rows[0]["L_s"]
         for s in srows:
             if s["passes"] != n_t * L_s:

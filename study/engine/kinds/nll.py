@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from study.engine.kinds.base import Kind, register
+from study.engine.rows import NLL_KEYS, NLL_METRICS, NLL_SAMPLER, nll_cost, nll_rows
 
 
 class Nll(Kind):
@@ -16,8 +17,6 @@ class Nll(Kind):
         return True
 
     def metrics(self, task) -> set[str]:
-        from study.engine.rows import NLL_METRICS
-
         return set(NLL_METRICS)
 
     def primary(self, task) -> str:
@@ -25,8 +24,6 @@ class Nll(Kind):
 
     def point(self, v, path, key, rows, known, run, task):
         """No point: T 0, L_s the run's L_t, sampler 'likelihood' and the split its key names, checked here."""
-        from study.engine.rows import NLL_KEYS, NLL_SAMPLER
-
         split = next((s for s, k in NLL_KEYS.items() if k == key), None)
         if split is None:
             v.problems.append(f"{path}: field kind is 'nll' but eval key {key} is not the key of a "
@@ -40,16 +37,12 @@ class Nll(Kind):
         return None
 
     def derive(self, v, path, r, scores, task):
-        from study.engine.rows import NLL_METRICS, nll_rows
-
         m = r["metric"]
         if not all(m in s for s in scores):
             return None
         return nll_rows([{x: s.get(x, s[m]) for x in NLL_METRICS} for s in scores], {})[NLL_METRICS.index(m)]
 
     def cost(self, v, spath, model, rows, srows, pt, task) -> dict:
-        from study.engine.rows import nll_cost
-
         want = nll_cost(model, rows[0]["L_s"], len(srows))
         if any(s["passes"] != want["forward_passes"] for s in srows):
             v.problems.append(f"{spath}: field passes differs from (n_t + 1) x L_s = {want['forward_passes']}")
