@@ -22,7 +22,7 @@ from store import digest, index
 from store import format as store_format
 from store.paths import (QUARANTINE, TEMP, TEMP_AGE_S, DiskFull, OutsideStore, filesystem_from_uri, first_link,
                          free_space, human_bytes, is_enospc, is_safe_name, safe_name)
-from store.schemas import EVALS, HISTORY, RUNS, SAMPLES, SCHEMAS, check_row, conform, row_dict, schema_name
+from store.schemas import EVALS, HISTORY, RUNS, SAMPLES, SCHEMAS, check_row, row_dict, schema_name
 from store.summary import Summary
 
 
@@ -324,8 +324,8 @@ class Store:
         """A file's table in `schema`, or None (and the file noted in `unreadable`) if it does not parse."""
         try:
             # ParquetFile.read, not read_table: no dataset machinery per small file (~5x faster)
-            t = conform(pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
-                         .read(use_threads=False), schema)
+            t = self._conform(pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+                              .read(use_threads=False), schema)
         except (pa.ArrowException, ValueError, TypeError, OSError) as e:
             why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             self.unreadable[path] = f"{len(data)} bytes, not a readable {schema_name(schema)} table: {why}"
@@ -336,6 +336,14 @@ class Store:
             return None
         self.unreadable.pop(path, None)
         return t
+
+    @staticmethod
+    def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+        """`t` in `schema` when its columns are the schema's (this format's; only `study migrate` reads others)."""
+        if t.column_names != schema.names:
+            odd = ", ".join(sorted(set(t.column_names) ^ set(schema.names))) or "their order"
+            raise ValueError(f"its columns are not those of this store format ({odd} differ)")
+        return t.cast(schema)
 
     def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
         """_parse, and a runs or evals file whose rows are not those written (store.digest.edited_rows) unreadable
@@ -360,11 +368,10 @@ class Store:
         want = {"run_id": parts[0][: -len(".parquet")]} if len(parts) == 1 else (
             {"run_id": parts[0], "eval_key": parts[1][: -len(".parquet")]} if len(parts) == 2 else {})
         for col, name in want.items():
-            if col in t.column_names:
-                got = pc.unique(t[col]).to_pylist()
-                if got != [name]:
-                    shown = ", ".join(map(str, got[:3])) + (", ..." if len(got) > 3 else "")
-                    return f"mismatched: holds rows of {col} {shown}, but its path says {name} (copied or renamed?)"
+            got = pc.unique(t[col]).to_pylist()
+            if got != [name]:
+                shown = ", ".join(map(str, got[:3])) + (", ..." if len(got) > 3 else "")
+                return f"mismatched: holds rows of {col} {shown}, but its path says {name} (copied or renamed?)"
         return None
 
     def read_file(self, table: str, *parts: str) -> pa.Table | None:

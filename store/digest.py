@@ -4,18 +4,19 @@
 - `history_sha256`: SHA-256 of the rows of history/<run_id>.parquet as a reader reads them (a done run's);
 - `row_sha256`: SHA-256 of the row's own other fields, set by `Store.write_rows` for every runs row.
 
-What an evals row records (null in rows written before it was recorded):
+What an evals row records:
 - `point_sha256`: SHA-256 of its point's rows (every row of its file, this field left out), set by
   `Store.write_rows`: a value edited, two metrics' labels swapped, a row added or removed all show;
-- `weights_sha256`: SHA-256 of the final weights it was scored from (study.engine.evaluate.write): another
-  run's evaluations copied under this run's id (another seed's) disagree with this run's row.
+- `weights_sha256`: SHA-256 of the final weights it was scored from (study.engine.evaluate.write; null: not
+  known, `study migrate` found no weights to hash): another run's evaluations copied under this run's id
+  (another seed's) disagree with this run's row.
 
 Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
 a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"
 check and to `study eval`, which refuse weights that are not the ones recorded); a forgery that recomputes
 every digest is left to `study verify --deep`, which re-derives the outputs from the weights. A null digest
-means the file was not there when the row was written (a run not done); `study migrate` fills them in stores
-of the format before (store/format.py).
+means the file was not there when the row was written (a run not done); an empty point_sha256 is an edit.
+`study migrate` fills them in stores of the formats before (store/format.py).
 """
 from __future__ import annotations
 
@@ -62,14 +63,10 @@ def edited_rows(t) -> str | None:
 
 
 def edited_point(rows: list[dict]) -> str | None:
-    """Why an eval point's rows are not those written (their field point_sha256 fails, or only some rows hold
-    it: a value edited, labels swapped, a row appended or removed), or None (also when no row holds it: rows
-    written before it was recorded)."""
-    want = {r["point_sha256"] for r in rows}
-    if want <= {None}:
-        return None
-    got = point_sha256(rows)
-    if want == {got}:
+    """Why an eval point's rows are not those written (their field point_sha256 fails, or is empty in some or
+    all: a value edited, labels swapped, a row appended or removed, the digest deleted), or None."""
+    want, got = {r["point_sha256"] for r in rows}, point_sha256(rows)
+    if not rows or want == {got}:
         return None
     held = ", ".join(sorted(f"{w[:16]}..." if w else "null" for w in want))
     return (f"edited: its {len(rows)} rows hash to {got[:16]}..., not to their field point_sha256 ({held}): "

@@ -12,12 +12,15 @@ Versions:
     1   FORMAT recorded; every done run's row holds its digests (store/digest.py); forward_passes_mean
         null only where the samples hold no per-example cost (unknown)
     2   every evals row names its evaluation kind (`kind`: study/engine/kinds)
+    3   every evals row holds its point's digest and the weights' (point_sha256, weights_sha256: store/digest.py;
+        weights_sha256 null only where the weights were not there to hash); every table file holds exactly the
+        columns of its schema (store/schemas.py)
 """
 from __future__ import annotations
 
 import pyarrow.fs as pafs
 
-VERSION = 2
+VERSION = 3
 FILE = "FORMAT"
 # what a study directory holds once anything of the study was written (lease/ and data/ alone are not data)
 DATA = ("runs", "evals", "history", "samples", "configs", "weights", "checkpoints", "grids", "grid.yaml")

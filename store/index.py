@@ -134,9 +134,7 @@ def load_index(store, table: str, schema: pa.Schema) -> pa.Table | None:
             return None
         t = f.read(use_threads=False)
         want = VERDICT if table not in ROWS_TABLES else pa.schema([*META, *schema])
-        cols = [t[n].cast(fld.type) if n in t.column_names else pa.nulls(len(t), fld.type)
-                for n, fld in zip(want.names, want)]
-        return pa.Table.from_arrays(cols, schema=want)
+        return t.cast(want)  # an index of other columns (an older format's) fails: rebuilt
     except (pa.ArrowException, ValueError, TypeError, OSError, KeyError):
         return None  # a cache: a damaged or foreign index is rebuilt, never trusted
 

@@ -32,12 +32,12 @@ EVALS = pa.schema([
     ("value", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("forward_passes", pa.int64()),
     ("eval_flops", pa.int64()), ("eval_seconds", pa.float64()), ("created_at", pa.timestamp("us", tz="UTC")),
     # forward passes per example, the mean over examples (forward_passes is the most any example ran):
-    # what adaptive sampling depth actually spends; null in rows written before it was recorded
+    # what adaptive sampling depth actually spends; null where the samples hold no per-example cost (unknown)
     ("forward_passes_mean", pa.float64()),
     # what the point is (study/engine/kinds: sample, likelihood, gen, nll, ext), whose rules verify it
     ("kind", pa.string()),
     # what the rows recorded when written (store/digest.py): SHA-256 of the final weights they were scored from,
-    # and of the point's rows (every row of the file, this column left out; set by Store.write_rows); null before
+    # and of the point's rows (every row of the file, this column left out; set by Store.write_rows)
     ("weights_sha256", pa.string()), ("point_sha256", pa.string()),
 ])
 HISTORY = pa.schema([
@@ -79,15 +79,4 @@ def check_row(table: str, row: dict) -> dict:
 
 def schema_name(schema: pa.Schema) -> str:
     return next((k for k, v in SCHEMAS.items() if v is schema), "Parquet")
-
-
-def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Cast a file's table to the current schema; columns added since it was written are null."""
-    cols = []
-    for f in schema:
-        if f.name in t.column_names:
-            cols.append(t[f.name].cast(f.type))
-        else:
-            cols.append(pa.nulls(len(t), f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 

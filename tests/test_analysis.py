@@ -529,7 +529,7 @@ def test_likelihood_table_reads_a_tasks_own_metric_names_by_their_unit(tmp_path)
 
 
 def test_every_analysis_reader_refuses_an_older_store_in_one_line_naming_migrate(tmp_path):
-    """The readers read format 2 only (no branch for an older store): `study report`, `study predict` (both
+    """The readers read the current format only (no branch for an older store): `study report`, `study predict` (both
     laws) and the Python API refuse a store of another format, in one line naming `study migrate`."""
     from rmdm_study import Results
     from store.format import FormatMismatch

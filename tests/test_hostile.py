@@ -160,6 +160,27 @@ def _vpr_edited(store: Store, a: str, b: str) -> str:
     return path
 
 
+def _vpr_edited_digest_nulled(store: Store, a: str, b: str) -> str:
+    """a's vpr edited and its point's digest emptied: not a store of an older format (migrate fills those)."""
+    path = _vpr_edited(store, a, b)
+    _rewrite(path, [{**r, "point_sha256": None} for r in pq.read_table(path).to_pylist()])
+    return path
+
+
+def _a_column_dropped(store: Store, a: str, b: str) -> str:
+    """a's point rewritten without its point_sha256 column: not the columns of this store format, unreadable."""
+    path = _vpr_edited(store, a, b)
+    pq.write_table(pq.read_table(path).drop_columns(["point_sha256"]), path)
+    return path
+
+
+def _a_point_unreadable(store: Store, a: str, b: str) -> None:
+    data = load_study(store.root, store.study)
+    path = _a_point(store, a)
+    assert 0.99 not in data.evals["value"].tolist()
+    assert "its columns are not those of this store format (point_sha256 differ)" in data.store.unreadable[path]
+
+
 def _labels_swapped(store: Store, a: str, b: str) -> str:
     path = _a_point(store, a)
     rows = pq.read_table(path).to_pylist()
@@ -266,6 +287,8 @@ CASES = [
     Case("index-row-edited", _index_row_edited, None, _not_served_loss),  # a cache: rewritten without a word
     Case("history-index-row-edited", _history_index_edited, None, _history_served_from_the_file),
     Case("evals-value-edited", _vpr_edited, "edited", _a_point_left_out),
+    Case("evals-value-edited-digest-nulled", _vpr_edited_digest_nulled, "edited", _a_point_left_out),
+    Case("evals-digest-column-dropped", _a_column_dropped, "unreadable", _a_point_unreadable),
     Case("evals-labels-swapped", _labels_swapped, "edited", _a_point_left_out),
     Case("evals-metric-appended", _metric_appended, "edited", _a_point_left_out),
 ]

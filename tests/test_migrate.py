@@ -97,11 +97,11 @@ def test_migrate_fills_what_older_stores_left_null(old, fresh):
     for f in (d / "runs").glob("*.parquet"):
         null_columns(f, ("weights_sha256", "history_sha256", "row_sha256"))
     for f in (d / "evals").glob("*/*.parquet"):
-        null_columns(f, ("forward_passes_mean", "kind", "point_sha256"))  # (point_sha256: recorded since)
+        null_columns(f, ("forward_passes_mean", "kind", "point_sha256", "weights_sha256"))  # (digests: since)
     r = cli("migrate", "--study", STUDY, "--results", str(old / "results"))
     assert r.exit_code == 0, r.output
     assert "filled history_sha256, row_sha256, weights_sha256" in r.stdout
-    assert "filled forward_passes_mean" in r.stdout
+    assert "filled forward_passes_mean" in r.stdout and ".parquet: filled point_sha256, weights_sha256" in r.stdout
     assert "nll-test.parquet: kind nll" in r.stdout and ".parquet: kind sample" in r.stdout  # the kind filled
     want, got = Store(str(fresh / "results"), STUDY), Store(str(old / "results"), STUDY)
     for table in ("runs", "evals"):
@@ -256,6 +256,8 @@ def test_a_store_written_by_an_older_commit_is_refused_then_migrated_and_verifie
     row it was; it verifies, and --deep evaluates its points again from its weights to the same numbers."""
     import pandas as pd
 
+    from store import digest
+
     fixture = __import__("pathlib").Path(__file__).parent / "fixtures" / "format1"
     shutil.copytree(fixture, tmp_path / "results", ignore=shutil.ignore_patterns("README.md"))
     results = str(tmp_path / "results")
@@ -268,9 +270,12 @@ def test_a_store_written_by_an_older_commit_is_refused_then_migrated_and_verifie
     r = cli("migrate", "--study", "old", "--results", results)
     assert r.exit_code == 0, r.output
     assert f"format version 1 -> {VERSION}" in r.stdout and "nll-val.parquet: kind nll" in r.stdout, r.stdout
+    assert "nll-val.parquet: filled point_sha256, weights_sha256" in r.stdout, r.stdout
+    weights = digest.sha256((tmp_path / "results" / "old" / "weights" / "0e7c3cc7a2af.pt").read_bytes())
     for rel, was in before.items():
         now = pd.read_parquet(tmp_path / rel)
         assert "kind" not in was and set(now["kind"]) == {"nll" if rel.stem.startswith("nll-") else "sample"}, rel
+        assert set(now["weights_sha256"]) == {weights} and now["point_sha256"].notna().all(), rel
         # kind, weights_sha256 and point_sha256: columns the older commit did not write
         pd.testing.assert_frame_equal(now.drop(columns=["kind", "weights_sha256", "point_sha256"]), was)
     r = cli("verify", "--study", "old", "--results", results, "--deep")

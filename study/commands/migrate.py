@@ -10,20 +10,39 @@ named otherwise: after it, the readers read the current format only.
 """
 from __future__ import annotations
 
+import functools
 import re
 
+import pyarrow as pa
+
 from store import Store, digest, format as store_format
+from store.schemas import EVALS
 
 
 class MigrateError(ValueError):
     """The store cannot be migrated (no such study, or a newer format than this code's): one line, exit 2."""
 
 
+class _Older(Store):
+    """The store as migrate reads it (the one reader of older formats): a file's columns cast to today's, those
+    added since null, and a point whose rows recorded no digest taken as written (older rows did not record it)."""
+
+    @staticmethod
+    def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+        return pa.Table.from_arrays([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
+                                     for f in schema], schema=schema)
+
+    def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
+        t = self._parse(path, data, schema)
+        unrecorded = t is not None and schema is EVALS and t["point_sha256"].null_count == len(t)
+        return t if unrecorded else super().parse_checked(path, data, schema)
+
+
 def migrate_study(results: str, study: str, echo=print) -> list[str]:
     """Migrate `study` under `results` to store_format.VERSION; returns the changes (one line each)."""
     from store.lease import acquire
 
-    store = Store(results, study, check_format=False)
+    store = _Older(results, study, check_format=False)
     found = store_format.found(store)
     if found is None:
         raise MigrateError(f"no study {study} under {results}: nothing to migrate")
@@ -35,8 +54,8 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
                            + ": not a format this code can migrate from (a newer code's store?)")
     lease = acquire(store, "migrate", echo=echo)
     try:
-        changes = (_runs_digests(store) + _passes_mean(store) + _drop_ppl(store) + _kinds(store)
-                   + _grid_record(store) + _task_data(store) + _old_temps(store))
+        changes = (_runs_digests(store) + _evals(store) + _grid_record(store) + _task_data(store)
+                   + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
     finally:
@@ -63,64 +82,46 @@ def _runs_digests(store: Store) -> list[str]:
     return changes
 
 
-def _passes_mean(store: Store) -> list[str]:
-    """forward_passes_mean of evals rows, from the samples' per-example passes where every example has one."""
-    changes = []
-    for name, rows in sorted(_table_files(store, "evals").items()):
-        if all(r["forward_passes_mean"] is not None for r in rows):
-            continue
-        run_id, key = name.split("/")
-        st = store.read_file("samples", run_id, key)
-        srows = st.to_pylist() if st is not None else []
-        passes = [s["passes"] for s in srows]
-        if not passes or any(s["passes"] is None or s["steps"] is None for s in srows) \
-                or len(passes) != rows[0]["n_examples"]:
-            continue  # a likelihood point (null by design), or no per-example cost: stays null (unknown)
-        mean = sum(passes) / len(passes)
-        for r in rows:
-            if r["forward_passes_mean"] is None:
-                r["forward_passes_mean"] = float(mean)
-        store.write_rows("evals", rows, run_id, key)
-        changes.append(f"{store.path('evals', run_id, key)}: filled forward_passes_mean from {store.path('samples', run_id, key)}")
-    return changes
-
-
-def _drop_ppl(store: Store) -> list[str]:
-    """A likelihood point's `ppl` row (exp(nll), what the analysis derives from the nll row) dropped."""
-    changes = []
-    for name, rows in sorted(_table_files(store, "evals").items()):
-        metrics = {r["metric"] for r in rows}
-        if "ppl" not in metrics or "nll" not in metrics:
-            continue
-        run_id, key = name.split("/")
-        store.write_rows("evals", [r for r in rows if r["metric"] != "ppl"], run_id, key)
-        changes.append(f"{store.path('evals', run_id, key)}: dropped the derived ppl row (exp of nll)")
-    return changes
-
-
-def _kinds(store: Store) -> list[str]:
-    """Each evals file's `kind`, where null: what its key and its run's task say it is (the one place that reads
-    it from a key); and each interval inside its metric's declared bounds, as rows are written today."""
+def _evals(store: Store) -> list[str]:
+    """Each evals file brought to the current format, rewritten once: a likelihood point's `ppl` row (exp(nll),
+    what the analysis derives from the nll row) dropped, and what an older store left null filled in."""
     from study.engine.rows import NLL_KEYS, clipped
     from tasks import TASKS, is_likelihood
 
-    changes, tasks = [], {}
+    changes, task = [], functools.cache(lambda run_id: (store.run_row(run_id) or {}).get("task"))
+    weights = functools.cache(lambda run_id: digest.weights_sha256(store, run_id))
     for name, rows in sorted(_table_files(store, "evals").items()):
-        if all(r["kind"] is not None for r in rows):
-            continue
         run_id, key = name.split("/")
-        stem = key[: -len(".parquet")]
-        if run_id not in tasks:
-            tasks[run_id] = (store.run_row(run_id) or {}).get("task")
-        likelihood = is_likelihood(tasks[run_id])
-        kind = ("nll" if stem in NLL_KEYS.values() else "ext" if stem.startswith("ext-")
-                else "gen" if likelihood and stem.endswith("-gen") else "likelihood" if likelihood else "sample")
-        declared = TASKS[tasks[run_id]][1] if tasks[run_id] in TASKS else None
-        for r in rows:  # and each interval inside its metric's declared bounds, as rows are written today
-            r["kind"] = r["kind"] or kind
-            r["ci_low"], r["ci_high"] = clipped(r["ci_low"], r["ci_high"], declared and declared.metric_of(r["metric"]))
-        store.write_rows("evals", rows, run_id, key)
-        changes.append(f"{store.path('evals', run_id, key)}: kind {kind}")
+        path, did = store.path("evals", run_id, key), []
+        # forward_passes_mean, from the samples' per-example passes where every example has one (else it stays
+        # null, unknown: a likelihood point, null by design, or no per-example cost)
+        st = store.read_file("samples", run_id, key) if any(r["forward_passes_mean"] is None for r in rows) else None
+        passes = [s["passes"] for s in st.to_pylist() if s["steps"] is not None] if st is not None else []
+        if passes and None not in passes and len(passes) == st.num_rows == rows[0]["n_examples"]:
+            for r in (r for r in rows if r["forward_passes_mean"] is None):
+                r["forward_passes_mean"] = float(sum(passes) / len(passes))
+            did.append(f"{path}: filled forward_passes_mean from {store.path('samples', run_id, key)}")
+        if {"ppl", "nll"} <= {r["metric"] for r in rows}:
+            rows = [r for r in rows if r["metric"] != "ppl"]
+            did.append(f"{path}: dropped the derived ppl row (exp of nll)")
+        if any(r["kind"] is None for r in rows):  # what its key and its run's task say (the one reader of a key)
+            stem, likelihood = key[: -len(".parquet")], is_likelihood(task(run_id))
+            kind = ("nll" if stem in NLL_KEYS.values() else "ext" if stem.startswith("ext-")
+                    else "gen" if likelihood and stem.endswith("-gen") else "likelihood" if likelihood else "sample")
+            declared = TASKS[task(run_id)][1] if task(run_id) in TASKS else None
+            for r in rows:  # and each interval inside its metric's declared bounds, as rows are written today
+                r["kind"] = r["kind"] or kind
+                bounds = declared and declared.metric_of(r["metric"])
+                r["ci_low"], r["ci_high"] = clipped(r["ci_low"], r["ci_high"], bounds)
+            did.append(f"{path}: kind {kind}")
+        # the digests: the point's rows' (Store.write_rows), and its run's final weights' where they are (else null)
+        filled = [k for k in ("point_sha256", "weights_sha256")
+                  if any(r[k] is None for r in rows) and (k == "point_sha256" or weights(run_id))]
+        for r in rows:
+            r["weights_sha256"] = r["weights_sha256"] or weights(run_id)
+        if did or filled:
+            store.write_rows("evals", rows, run_id, key)
+            changes += did + ([f"{path}: filled {', '.join(filled)}"] if filled else [])
     return changes
 
 
