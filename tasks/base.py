@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Literal
 
 import importlib
+import os
 from types import ModuleType
 
 import numpy as np
@@ -44,6 +45,22 @@ def save_npz(path: str, **arrays) -> None:
     """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
     with AtomicFile(path) as f:
         np.savez_compressed(f.file, **arrays)
+
+
+def cached_npz(path: str | None, make) -> dict[str, np.ndarray]:
+    """The arrays of the file `path`, else those `make()` returns, saved there (when a path is given)."""
+    if path and os.path.exists(path):
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    data = make()
+    if path:
+        save_npz(path, **data)
+    return data
+
+
+def val_path(data_path: str | None, n_val: int) -> str | None:
+    """Where the validation split of the data cached at `data_path` is cached (None: not cached)."""
+    return f"{data_path[:-len('.npz')]}-val{n_val}.npz" if data_path else None
 
 
 class TaskConfig(BaseModel):
