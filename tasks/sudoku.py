@@ -233,7 +233,8 @@ class Sudoku(Task):
         want = {"n_val": c.val_size, "split_by": c.split_by, "stream": VAL_STREAM,
                 "of": os.path.basename(self._data_path or "")}
         z = cached_npz(path, lambda: {"val": val_grids(self.n, c.val_size, c.data_seed, self.train_grids.numpy(),
-                                                       self._test_grids, c.split_by), "meta": np.array(json.dumps(want))})
+                                                       self._test_grids, c.split_by),
+                                      "meta": np.array(json.dumps(want))})
         if (have := json.loads(str(z["meta"]))) != want:
             raise ValueError(f"{path}: cached validation grids hold {have}, but {want} is asked; "
                              f"move the file away to regenerate it")
