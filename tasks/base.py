@@ -26,9 +26,6 @@ from atomicio import AtomicFile
 class _OnFirstUse(ModuleType):
     """A module imported when one of its attributes is first read (`torch.zeros(...)`, `torch.Tensor`)."""
 
-    def __init__(self, name: str):
-        super().__init__(name)
-
     def __getattr__(self, attr: str):
         module = importlib.import_module(self.__name__)
         self.__dict__.update(module.__dict__)  # later reads are plain attribute reads
