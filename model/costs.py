@@ -106,16 +106,12 @@ def flops_per_forward(cfg: ModelConfig, seq_len: int, vocab_size: int, n_loops: 
 
 
 def param_counts(cfg: ModelConfig, vocab_size: int, pos_sizes) -> dict[str, int]:
-    """RecursiveDenoiser(cfg, SeqSpec(vocab_size, ..., pos_sizes)).param_counts(), counted from the layers'
-    shapes (weights and biases of each Linear, LayerNorm and Embedding of model/rmdm.py)."""
-    d, hidden = cfg.d_model, int(cfg.mlp_ratio * cfg.d_model)
-    linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731
-    norm = 2 * d
-    layer = norm + linear(d, 3 * d) + linear(d, d) + norm + linear(d, hidden) + linear(hidden, d)
-    parts = {"embedding": (vocab_size + 1) * d + sum(pos_sizes) * d,  # + the mask token
-             "step_embedding": linear(1, d) + linear(d, d) if cfg.step_emb == "mlp" else 0,
-             "block": cfg.K * layer,
-             "head": norm + linear(d, vocab_size)}
+    """RecursiveDenoiser(cfg, SeqSpec(vocab_size, ..., pos_sizes)).param_counts(), counted from `param_shapes`
+    (the final norm is the head's)."""
+    parts = dict.fromkeys(("embedding", "step_embedding", "block", "head"), 0)
+    part_of = {"tok_emb": "embedding", "pos_embs": "embedding", "step_emb": "step_embedding", "block": "block"}
+    for name, shape in param_shapes(cfg, vocab_size, pos_sizes).items():
+        parts[part_of.get(name.split(".")[0], "head")] += math.prod(shape)
     total = sum(parts.values())
     return {"total": total, "non_embedding": total - parts["embedding"], **parts}
 

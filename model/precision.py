@@ -124,10 +124,6 @@ def cache_path() -> str:
     return os.path.join(root, "fastest_paths.json")
 
 
-def _read_cache(path: str) -> dict:
-    return read_versioned_json(path, CACHE_VERSION)
-
-
 def choose(device: torch.device, attention: str, precision: str, shape: dict,
            measure: Callable[[str, str], float] | None, total_flops: float | None = None,
            bf16_native: bool | None = None) -> dict:
@@ -146,12 +142,13 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
     key = json.dumps({"machine": machine_key(device), "shape": shape,
                       "candidates": [list(c) for c in cands]}, sort_keys=True)
     path = cache_path()
-    hit = _read_cache(path).get("entries", {}).get(key)
+    hit = read_versioned_json(path, CACHE_VERSION).get("entries", {}).get(key)
     if hit and (hit.get("attention"), hit.get("precision")) in cands:
         return {"attention": hit["attention"], "precision": hit["precision"], "how": "cached", "times": hit.get("times")}
     times = _measure_all(cands, measure)
     att, prec = min(cands, key=lambda c: times[f"{c[0]}/{c[1]}"])
-    data = _read_cache(path) or {"version": CACHE_VERSION, "entries": {}}  # re-read: another run may have added one
+    # re-read: another run may have added one
+    data = read_versioned_json(path, CACHE_VERSION) or {"version": CACHE_VERSION, "entries": {}}
     data.setdefault("entries", {})[key] = {"attention": att, "precision": prec, "times": times,
                                            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Literal
 
 import importlib
+import os
 from types import ModuleType
 
 import numpy as np
@@ -24,9 +25,6 @@ from atomicio import AtomicFile
 
 class _OnFirstUse(ModuleType):
     """A module imported when one of its attributes is first read (`torch.zeros(...)`, `torch.Tensor`)."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
 
     def __getattr__(self, attr: str):
         module = importlib.import_module(self.__name__)
@@ -44,6 +42,22 @@ def save_npz(path: str, **arrays) -> None:
     """Atomically: a reader never sees half a file, and concurrent trials may write the same one."""
     with AtomicFile(path) as f:
         np.savez_compressed(f.file, **arrays)
+
+
+def cached_npz(path: str | None, make) -> dict[str, np.ndarray]:
+    """The arrays of the file `path`, else those `make()` returns, saved there (when a path is given)."""
+    if path and os.path.exists(path):
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    data = make()
+    if path:
+        save_npz(path, **data)
+    return data
+
+
+def val_path(data_path: str | None, n_val: int) -> str | None:
+    """Where the validation split of the data cached at `data_path` is cached (None: not cached)."""
+    return f"{data_path[:-len('.npz')]}-val{n_val}.npz" if data_path else None
 
 
 class TaskConfig(BaseModel):

@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, save_npz, torch  # torch: imported on first use
+from tasks.base import DataBound, EvalSet, Metric, Task, TaskConfig, cached_npz, torch, val_path  # torch: on first use
 
 OPS = "+-*/"
 EQ, PAD = 14, 15  # token ids: 0-9 digits, 10-13 OPS, 14 '=', 15 pad
@@ -350,13 +350,7 @@ class Countdown(Task):
         if self.train_x0 is not None:
             return
         path = os.path.join(cache_dir, f"countdown{self.k}-{self._data_key()}.npz") if cache_dir else None
-        if path and os.path.exists(path):
-            with np.load(path) as z:
-                data = {k: z[k] for k in z.files}
-        else:
-            data = generate_split(self.cfg)
-            if path:
-                save_npz(path, **data)
+        data = cached_npz(path, lambda: generate_split(self.cfg))
         self._data_path = path
         self.train_x0 = self._tokens(data, "train")
         test = self._tokens(data, "test")
@@ -369,15 +363,8 @@ class Countdown(Task):
 
     def _make_val(self) -> EvalSet:
         """The n_val instances after the test ones (made, and cached beside the data, on first use)."""
-        path = f"{self._data_path[:-len('.npz')]}-val{self.cfg.val_size}.npz" if self._data_path else None
-        if path and os.path.exists(path):
-            with np.load(path) as z:
-                data = {k: z[k] for k in z.files}
-        else:
-            full = generate_split(self.cfg, val=True)
-            data = {k: v for k, v in full.items() if k.startswith("val_")}
-            if path:
-                save_npz(path, **data)
+        data = cached_npz(val_path(self._data_path, self.cfg.val_size), lambda: {
+            k: v for k, v in generate_split(self.cfg, val=True).items() if k.startswith("val_")})
         val = self._tokens(data, "val")
         return EvalSet(val, self.cond_mask().expand_as(val).clone())
 

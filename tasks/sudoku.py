@@ -36,7 +36,8 @@ from typing import Iterator, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from tasks.base import DataBound, EvalSet, Inputs, Metric, Task, TaskConfig, save_npz, torch  # torch: on first use
+from tasks.base import (DataBound, EvalSet, Inputs, Metric, Task, TaskConfig, cached_npz, save_npz, torch,  # torch:
+                        val_path)  # imported on first use
 # the grids and the puzzle files live in their own modules; every public name is re-exported here
 from tasks.sudoku_files import (CSV_HEADERS, MAX_LINE, PuzzleFile, PuzzleFileError, format_puzzles, iter_puzzles)
 from tasks.sudoku_grids import (CHAINS_PER_BATCH, DIGITS, REACHABLE, cycle_swap, fingerprint, generate_solutions,
@@ -211,20 +212,15 @@ class Sudoku(Task):
             return
         want = self._meta()
         path = self._path(cache_dir) if cache_dir else None
-        if path and os.path.exists(path):
-            with np.load(path) as z:
-                have = json.loads(str(z["meta"]))
-                if any(have.get(k) != want[k] for k in want if k != "version") \
-                        or (len(z["train"]), len(z["test"])) != (self.cfg.n_train, self.cfg.n_test):
-                    raise ValueError(f"{path}: cached Sudoku data holds {have}, but the config asks for {want}; "
-                                     f"move the file away to regenerate it")
-                train, test, self._data_path = z["train"], z["test"], path
-        else:
-            train, test = split_grids(self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed,
-                                      self.cfg.split_by)
-            if path:
-                save_npz(path, train=train, test=test, meta=np.array(json.dumps(want)))
-                self._data_path = path
+        z = cached_npz(path, lambda: dict(zip(("train", "test"), split_grids(
+            self.n, self.cfg.n_train, self.cfg.n_test, self.cfg.data_seed, self.cfg.split_by)),
+            meta=np.array(json.dumps(want))))
+        train, test, self._data_path = z["train"], z["test"], path
+        have = json.loads(str(z["meta"]))
+        if any(have.get(k) != want[k] for k in want if k != "version") \
+                or (len(train), len(test)) != (self.cfg.n_train, self.cfg.n_test):
+            raise ValueError(f"{path}: cached Sudoku data holds {have}, but the config asks for {want}; "
+                             f"move the file away to regenerate it")
         self.train_grids = torch.from_numpy(train)
         self._test_grids = test
         test_x0 = torch.from_numpy(test)
@@ -233,22 +229,16 @@ class Sudoku(Task):
 
     def _make_val(self) -> EvalSet:
         c = self.cfg
-        path = f"{self._data_path[:-len('.npz')]}-val{c.val_size}.npz" if self._data_path else None
+        path = val_path(self._data_path, c.val_size)
         want = {"n_val": c.val_size, "split_by": c.split_by, "stream": VAL_STREAM,
                 "of": os.path.basename(self._data_path or "")}
-        if path and os.path.exists(path):
-            with np.load(path) as z:
-                have = json.loads(str(z["meta"]))
-                if have != want:
-                    raise ValueError(f"{path}: cached validation grids hold {have}, but {want} is asked; "
-                                     f"move the file away to regenerate it")
-                grids = z["val"]
-        else:
-            grids = val_grids(self.n, c.val_size, c.data_seed, self.train_grids.numpy(), self._test_grids,
-                              c.split_by)
-            if path:
-                save_npz(path, val=grids, meta=np.array(json.dumps(want)))
-        x0 = torch.from_numpy(grids)
+        z = cached_npz(path, lambda: {"val": val_grids(self.n, c.val_size, c.data_seed, self.train_grids.numpy(),
+                                                       self._test_grids, c.split_by),
+                                      "meta": np.array(json.dumps(want))})
+        if (have := json.loads(str(z["meta"]))) != want:
+            raise ValueError(f"{path}: cached validation grids hold {have}, but {want} is asked; "
+                             f"move the file away to regenerate it")
+        x0 = torch.from_numpy(z["val"])
         gen = torch.Generator().manual_seed(c.data_seed + self.VAL_MASK_SEED)
         return EvalSet(x0, self._givens(x0.shape[0], gen))
 
