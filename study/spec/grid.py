@@ -400,13 +400,12 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
 
 def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: Err) -> Run:
     s = copy.deepcopy(sections)
-    for k, v in point.items():
-        sec, fld = k.split(".", 1)
-        cur = s[sec]
-        parts = fld.split(".")
-        for p in parts[:-1]:
+    for k, v in point.items():  # 'section.field' (canonical): the section is always there
+        *head, last = k.split(".")
+        cur = s
+        for p in head:
             cur = cur.setdefault(p, {})
-        cur[parts[-1]] = v
+        cur[last] = v
     if s["task"].get("name") not in TASKS:
         err("task.name", f"unknown task {short(s['task'].get('name'))}; {how_to_register()}")
     task = validate(TASKS[s["task"]["name"]][0], s["task"], "task", err)
