@@ -33,8 +33,7 @@ def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, floa
     """
     n = len(values)
     if n == 0:
-        nan = float("nan")
-        return (nan, nan, nan)
+        return (math.nan,) * 3
     m = math.fsum(values) / n
     if n < 2:
         return (m, m, m)
