@@ -33,8 +33,7 @@ def mean_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float, floa
     """
     n = len(values)
     if n == 0:
-        nan = float("nan")
-        return (nan, nan, nan)
+        return (math.nan,) * 3
     m = math.fsum(values) / n
     if n < 2:
         return (m, m, m)
@@ -173,9 +172,7 @@ def seed_interval(values: Sequence[float], rate: bool, n_examples: Sequence[int]
             r_lo, r_hi = _logit_interval(*zip(*learned), level=SPLIT_LEVEL)
             return (*_inside(q_lo * r_lo, q_hi * r_hi, m, bounds), "split")
         return (*_inside(*_logit_interval(values, n_examples), m, bounds), "logit")
-    sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (s - 1))
-    half = t_quantile(0.975, s - 1) * sd / math.sqrt(s)
-    return (*_inside(m - half, m + half, m, bounds), "t")
+    return (*_inside(*t_ci(values)[1:], m, bounds), "t")
 
 
 def _logit_interval(values: Sequence[float], n_examples: Sequence[int], level: float = 0.95) -> tuple[float, float]:
@@ -200,8 +197,7 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
         return (0.0, 1.0 - a ** (1 / n)) if k <= 0 else (a ** (1 / n), 1.0)
     from scipy.special import betaincinv
 
-    return (0.0 if k <= 0 else float(betaincinv(k, n - k + 1, a)),
-            1.0 if k >= n else float(betaincinv(k + 1, n - k, 1 - a)))
+    return (float(betaincinv(k, n - k + 1, a)), float(betaincinv(k + 1, n - k, 1 - a)))
 
 
 def learned_share(values: Sequence[float]) -> tuple[int, float, float]:
@@ -345,10 +341,10 @@ def _paired(a: dict, b: dict, rate: bool, a_scores: dict | None = None, b_scores
         diff = mean([a[s] for s in used_a]) - mean([b[s] for s in used_b])
         lo, hi = _examples_interval([(a_scores[sa], b_scores[sb]) for sa, sb in seed_pairs], rate)
         return (diff, min(lo, diff), max(hi, diff), "examples", len(seed_pairs))
-    diff = mean(list(a.values())) - mean(list(b.values()))
+    ma, mb = mean(list(a.values())), mean(list(b.values()))
+    diff = ma - mb
     if a_interval is None or b_interval is None:
         return (diff, math.nan, math.nan, "unpaired", min(len(a), len(b)))
-    ma, mb = mean(list(a.values())), mean(list(b.values()))
     # each side's distance to its interval's ends, added in quadrature (A's low end with B's high end)
     down = math.hypot(ma - a_interval[0], b_interval[1] - mb)
     up = math.hypot(a_interval[1] - ma, mb - b_interval[0])

@@ -31,10 +31,10 @@ BOUNDS = {
 MAX_RUNS_ENV = "RMDM_MAX_RUNS"
 
 
-def max_runs(err: Err | None = None) -> int:
+def max_runs() -> int:
     """BOUNDS['grid.runs'], or $RMDM_MAX_RUNS (a positive integer) where set."""
     v = os.environ.get(MAX_RUNS_ENV)
-    if v is None or v == "":
+    if not v:
         return BOUNDS["grid.runs"]
     if not v.isdigit() or int(v) < 1:
         raise GridError(f"${MAX_RUNS_ENV}={short(v)}: a positive integer is meant (the most runs a grid may "

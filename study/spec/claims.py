@@ -154,7 +154,7 @@ def parse_claims(raw: dict, runs: list, err: Err) -> Claims | None:
             pairs = [(_named(c.A, runs, f"{key}.A", err), _named(c.B, runs, f"{key}.B", err))]
         for a, b in pairs:
             for T in c.T:
-                claims.append(_claim(c, a, b, T, f"{key}", err))
+                claims.append(_claim(c, a, b, T, key, err))
     models = {r.run_id: r for r in runs if any(r.run_id in (c["A"]["model"], c["B"]["model"]) for c in claims)}
     return Claims(seeds, runs[0].train.seed, claims, models, alpha)
 

@@ -278,18 +278,6 @@ def _group_specs(raw: dict, err: Err) -> list[tuple[str | None, dict, str]]:
     return specs
 
 
-def _check_count(specs: list[tuple[str | None, dict, str]], err: Err) -> None:
-    """Refuse a grid of more points than BOUNDS['grid.runs'], counted before anything is expanded."""
-    cap, counted = max_runs(), 0
-    for _, spec, where in specs:  # counted before anything is expanded (a 6 KB grid can ask for 10^6 runs)
-        counted += count_points(spec, where, err)
-        if counted > cap:
-            err((where or "") + "axes", f"{counted:,} points to expand (the product of the axes and couple lists, "
-                                        f"plus include, before constraints and exclude), beyond the bound "
-                                        f"{cap:,} (study/spec/bounds.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to "
-                                        f"allow more)")
-
-
 def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     err = Err(path)
     check_keys(raw, TOP_KEYS, "", err)
@@ -305,7 +293,13 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
     runs: dict[str, Run] = {}
     search_groups: dict[str, SearchGroup] = {}
     tuned: dict[str, dict] = {}
-    _check_count(specs, err)
+    cap, counted = max_runs(), 0
+    for _, spec, where in specs:  # counted before anything is expanded (a 6 KB grid can ask for 10^6 runs)
+        counted += count_points(spec, where, err)
+        if counted > cap:
+            err(where + "axes", f"{counted:,} points to expand (the product of the axes and couple lists, plus "
+                                f"include, before constraints and exclude), beyond the bound {cap:,} "
+                                f"(study/spec/bounds.py BOUNDS['grid.runs']; set ${MAX_RUNS_ENV} to allow more)")
     for name, spec, where in specs:
         sections = copy.deepcopy(base)
         if name is not None:
@@ -400,13 +394,12 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
 
 def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: Err) -> Run:
     s = copy.deepcopy(sections)
-    for k, v in point.items():
-        sec, fld = k.split(".", 1)
-        cur = s[sec]
-        parts = fld.split(".")
-        for p in parts[:-1]:
+    for k, v in point.items():  # 'section.field' (canonical): the section is always there
+        *head, last = k.split(".")
+        cur = s
+        for p in head:
             cur = cur.setdefault(p, {})
-        cur[parts[-1]] = v
+        cur[last] = v
     if s["task"].get("name") not in TASKS:
         err("task.name", f"unknown task {short(s['task'].get('name'))}; {how_to_register()}")
     task = validate(TASKS[s["task"]["name"]][0], s["task"], "task", err)

@@ -244,11 +244,10 @@ def _refuse_bad_value(section, path: list, value, bad) -> None:
     from pydantic import TypeAdapter, ValidationError
 
     field = section.model_fields.get(path[1]) if section is not None and len(path) == 2 else None
-    if isinstance(value, list):  # a list asks for a sweep: who sets the field (a couple, an axis) says more
+    if field is None or isinstance(value, list):  # a list asks for a sweep: who sets it (a couple, an axis) says more
         return
     try:
-        if field is not None:
-            TypeAdapter(field.annotation).validate_python(value)
+        TypeAdapter(field.annotation).validate_python(value)
     except ValidationError as e:
         bad(f"key {'.'.join(path)!r}: {e.errors()[0]['msg']} (got {value!r})")
 
