@@ -114,17 +114,8 @@ def invert_columns(x: np.ndarray, F: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def invert(x: np.ndarray, fit: np.ndarray, v: float) -> float:
     """The smallest x at which the piecewise-linear non-decreasing curve (x, fit) reaches v;
-    +inf above its top, -inf below its bottom (never extrapolated)."""
-    if not np.isfinite(v):
-        return float("nan")
-    if v > fit[-1]:
-        return math.inf
-    if v < fit[0]:
-        return -math.inf
-    i = int(np.argmax(fit >= v))
-    if i == 0:
-        return float(x[0])
-    return float(x[i - 1] + (v - fit[i - 1]) / (fit[i] - fit[i - 1]) * (x[i] - x[i - 1]))
+    +inf above its top, -inf below its bottom (never extrapolated); nan for a value that is not finite."""
+    return float(invert_columns(x, np.asarray(fit, float)[:, None], np.array([v], float))[0])
 
 
 def beta_fit(L: np.ndarray, m: np.ndarray) -> float:

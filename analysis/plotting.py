@@ -3,6 +3,7 @@ interval bands, axes, legends, labels, the theme, and writing a figure and its t
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -23,20 +24,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+@functools.cache
 def mpl():
     """matplotlib, imported at the first figure drawn, not with this module: a report with drawing workers
     imports the figures (analysis.figures) in its own process only to order and caption them. The Agg backend
     is chosen here, once: a caller's pyplot (the Python API's user, a test) is headless."""
-    global _agg_chosen
     import matplotlib
 
-    if not _agg_chosen:
-        matplotlib.use("Agg")
-        _agg_chosen = True
+    matplotlib.use("Agg")
     return matplotlib
-
-
-_agg_chosen = False
 
 
 def figure(**kw) -> Figure:

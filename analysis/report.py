@@ -61,11 +61,11 @@ def _fmt_value(v) -> str:
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        v = int(v)
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10000 else str(v)
     if isinstance(v, float):
-        if v.is_integer() and abs(v) < 1e15:
-            return f"{int(v):,}" if abs(v) >= 10000 else str(int(v))
         return f"{v:.4g}"
     return str(v)
 
