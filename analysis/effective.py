@@ -40,7 +40,8 @@ import pyarrow.compute as pc
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric,
+                             shape_label)
 from stats import Z95
 from store import index, is_safe_name
 
@@ -362,7 +363,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
             lo, hi = _quantiles(xb - logp)
             inside = np.isfinite(xs)
             logm_boot[(k, T)] = np.where(np.isfinite(xb), xb - logp, np.nan) if inside else None
-            label = f"({r['K']} x {r['L_t']})" + (f" {names[k]}" if names.get(k) else "")
+            label = shape_label(r["K"], r["L_t"], names.get(k))
             where = IN_RANGE if inside else (ABOVE if xs > 0 else BELOW)
             bound = P[-1] if xs == math.inf else P[0]
             note = "" if inside else (f"m {'>' if xs > 0 else '<'} {bound / math.exp(logp):.3g} (the "

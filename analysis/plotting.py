@@ -81,8 +81,7 @@ def model_names(d: pd.DataFrame, shown=SHAPE_FIELDS) -> dict[str, str]:
 
 def model_label(row, names: dict[str, str]) -> str:
     """'(1 x 2)', or '(1 x 2) truncate_k=2' when other models shown beside it differ in truncate_k."""
-    extra = names.get(row["model_key"], "")
-    return shape_label(row["K"], row["L_t"]) + (f" {extra}" if extra else "")
+    return shape_label(row["K"], row["L_t"], names.get(row["model_key"], ""))
 
 
 MAX_MODELS = 8  # models (colors) in one panel before a figure splits it by the fields that tell them apart

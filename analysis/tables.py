@@ -56,9 +56,9 @@ def differing(keys: Iterable[str], shown: Iterable[str] = SHAPE_FIELDS) -> dict[
     return {k: ", ".join(f"{label[f]}={_fmt(fields[k].get(f))}" for f in vary) for k in keys}
 
 
-def shape_label(K, L) -> str:
-    """A model's shape as the figures and tables name it: '(K x L)'."""
-    return f"({K} x {L})"
+def shape_label(K, L, extra: str | None = "") -> str:
+    """A model's shape as the figures and tables name it: '(K x L)', then `extra` (what else tells it apart)."""
+    return f"({K} x {L})" + (f" {extra}" if extra else "")
 
 
 def fmt_params(n: float) -> str:
@@ -326,8 +326,7 @@ def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     out["n_params"] = params.to_numpy()
     out["seeds"] = seeds.to_numpy()
     names = differing(out["model_key"])
-    out["model"] = [f"({k} x {l})" + (f" {names[key]}" if names[key] else "")
-                    for k, l, key in zip(out["K"], out["L_t"], out["model_key"])]
+    out["model"] = [shape_label(k, l, names[key]) for k, l, key in zip(out["K"], out["L_t"], out["model_key"])]
     return out[["task_variant", "model", *keys[2:], "n_params", "seeds", "nll", "bpc", "ppl"]].sort_values(
         ["task_variant", "nll"]).reset_index(drop=True)
 
