@@ -59,7 +59,7 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
     # the slowest figures first, so the last worker to finish does not start a long one at the end
     from analysis.figures import FIGURES  # imports no matplotlib (analysis/plotting.py mpl())
 
-    order = sorted(names, key=lambda n: -FIGURES[n].cost)
+    order = sorted(names, key=lambda n: -FIGURES[n].module.COST)
     # the study pickled once, into a private directory every worker reads it from (as initargs it is
     # pickled again for each worker and pushed through its pipe one after the other: tens of MB
     # for a 1,000-run study, half a second before the last worker starts drawing)
