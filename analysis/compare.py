@@ -112,9 +112,6 @@ class _SeedRows:
             if ok:
                 self.at.setdefault(k, []).append(i)
 
-    def get(self, key: tuple) -> list[int] | None:
-        return self.at.get(key)
-
     def column(self, name: str, pos: list[int]) -> list:
         if name not in self.cols:
             self.cols[name] = self.ev[name].tolist()
@@ -161,8 +158,8 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
         for T in sorted(set(pa) & set(pb)):
             ra, rb = pa[T], pb[T]
             # the per-seed rows of each model at this point (each of its runs' evals rows)
-            ea = seed_rows.get((p.key_a, T, int(ra["L_s"]), sampler, metric))
-            eb = seed_rows.get((p.key_b, T, int(rb["L_s"]), sampler, metric))
+            ea = seed_rows.at.get((p.key_a, T, int(ra["L_s"]), sampler, metric))
+            eb = seed_rows.at.get((p.key_b, T, int(rb["L_s"]), sampler, metric))
             if not ea or not eb:
                 continue
             na, nb = seed_rows.column("n_examples", ea), seed_rows.column("n_examples", eb)

@@ -117,8 +117,7 @@ class Derived:
             c = threshold_crossings(d, thr, metric, x=x, split=split)
             c["pareto"] = pareto_front(c).to_numpy()
             names = differing(c["model_key"])
-            c["model"] = [shape_label(k, l) + (f" {names[key]}" if names[key] else "")
-                          for k, l, key in zip(c["K"], c["L_t"], c["model_key"])]
+            c["model"] = [shape_label(k, l, names[key]) for k, l, key in zip(c["K"], c["L_t"], c["model_key"])]
             frames.append(c.assign(metric=metric, threshold=thr, x=x))
         if not frames:
             raise MissingData("threshold crossings need a success-rate metric (VPR or RTR); the study has none")

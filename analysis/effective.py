@@ -40,7 +40,8 @@ import pyarrow.compute as pc
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric,
+                             shape_label)
 from stats import Z95
 from store import index, is_safe_name
 
@@ -114,17 +115,8 @@ def invert_columns(x: np.ndarray, F: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def invert(x: np.ndarray, fit: np.ndarray, v: float) -> float:
     """The smallest x at which the piecewise-linear non-decreasing curve (x, fit) reaches v;
-    +inf above its top, -inf below its bottom (never extrapolated)."""
-    if not np.isfinite(v):
-        return float("nan")
-    if v > fit[-1]:
-        return math.inf
-    if v < fit[0]:
-        return -math.inf
-    i = int(np.argmax(fit >= v))
-    if i == 0:
-        return float(x[0])
-    return float(x[i - 1] + (v - fit[i - 1]) / (fit[i] - fit[i - 1]) * (x[i] - x[i - 1]))
+    +inf above its top, -inf below its bottom (never extrapolated); nan for a value that is not finite."""
+    return float(invert_columns(x, np.asarray(fit, float)[:, None], np.array([v], float))[0])
 
 
 def beta_fit(L: np.ndarray, m: np.ndarray) -> float:
@@ -371,7 +363,7 @@ def _family(data, variant, metric, sampler, sign, single, looped, rng, B, cache,
             lo, hi = _quantiles(xb - logp)
             inside = np.isfinite(xs)
             logm_boot[(k, T)] = np.where(np.isfinite(xb), xb - logp, np.nan) if inside else None
-            label = f"({r['K']} x {r['L_t']})" + (f" {names[k]}" if names.get(k) else "")
+            label = shape_label(r["K"], r["L_t"], names.get(k))
             where = IN_RANGE if inside else (ABOVE if xs > 0 else BELOW)
             bound = P[-1] if xs == math.inf else P[0]
             note = "" if inside else (f"m {'>' if xs > 0 else '<'} {bound / math.exp(logp):.3g} (the "

@@ -3,6 +3,7 @@ interval bands, axes, legends, labels, the theme, and writing a figure and its t
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -23,20 +24,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+@functools.cache
 def mpl():
     """matplotlib, imported at the first figure drawn, not with this module: a report with drawing workers
     imports the figures (analysis.figures) in its own process only to order and caption them. The Agg backend
     is chosen here, once: a caller's pyplot (the Python API's user, a test) is headless."""
-    global _agg_chosen
     import matplotlib
 
-    if not _agg_chosen:
-        matplotlib.use("Agg")
-        _agg_chosen = True
+    matplotlib.use("Agg")
     return matplotlib
-
-
-_agg_chosen = False
 
 
 def figure(**kw) -> Figure:
@@ -85,8 +81,7 @@ def model_names(d: pd.DataFrame, shown=SHAPE_FIELDS) -> dict[str, str]:
 
 def model_label(row, names: dict[str, str]) -> str:
     """'(1 x 2)', or '(1 x 2) truncate_k=2' when other models shown beside it differ in truncate_k."""
-    extra = names.get(row["model_key"], "")
-    return shape_label(row["K"], row["L_t"]) + (f" {extra}" if extra else "")
+    return shape_label(row["K"], row["L_t"], names.get(row["model_key"], ""))
 
 
 MAX_MODELS = 8  # models (colors) in one panel before a figure splits it by the fields that tell them apart

@@ -54,18 +54,12 @@ def draw(data: StudyData, names: list[str], out_dir: str, opts, jobs: int = 1,
 
         if meanwhile is not None:
             meanwhile()
-        out: dict[str, list[str] | str] = {}
-        for n in names:
-            try:
-                out[n] = FIGURES[n](data, out_dir, opts, derived)
-            except MissingData as e:
-                out[n] = str(e)
-        return out
+        return {n: _paths_or_why(FIGURES[n], data, out_dir, opts, derived) for n in names}
     derived.aggregated()  # once here, sent with the study: every figure but two reads it
     # the slowest figures first, so the last worker to finish does not start a long one at the end
     from analysis.figures import FIGURES  # imports no matplotlib (analysis/plotting.py mpl())
 
-    order = sorted(names, key=lambda n: -FIGURES[n].cost)
+    order = sorted(names, key=lambda n: -FIGURES[n].module.COST)
     # the study pickled once, into a private directory every worker reads it from (as initargs it is
     # pickled again for each worker and pushed through its pipe one after the other: tens of MB
     # for a 1,000-run study, half a second before the last worker starts drawing)
@@ -205,8 +199,13 @@ def _draw_one(name: str, out_dir: str, opts) -> tuple[list[str] | str, Computed]
     from analysis.figures import FIGURES  # preloaded by the fork server (prestart), where there is one
 
     before = _DERIVED.computed.copy()
-    try:
-        got = FIGURES[name](_DATA, out_dir, opts, _DERIVED)
-    except MissingData as e:
-        got = str(e)
+    got = _paths_or_why(FIGURES[name], _DATA, out_dir, opts, _DERIVED)
     return got, _DERIVED.computed.since(before)
+
+
+def _paths_or_why(figure, data: StudyData, out_dir: str, opts, derived: Derived) -> list[str] | str:
+    """The paths the figure wrote, or why the data cannot support it (its MissingData message)."""
+    try:
+        return figure(data, out_dir, opts, derived)
+    except MissingData as e:
+        return str(e)

@@ -61,11 +61,11 @@ def _fmt_value(v) -> str:
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        v = int(v)
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10000 else str(v)
     if isinstance(v, float):
-        if v.is_integer() and abs(v) < 1e15:
-            return f"{int(v):,}" if abs(v) >= 10000 else str(int(v))
         return f"{v:.4g}"
     return str(v)
 
@@ -328,19 +328,16 @@ def _headline(opts: Options, derived: Derived) -> list:
 
 
 def _left_out(data: StudyData) -> list:
-    sup, ev_left, nd = data.superseded, data.left_out_evals, data.not_done
     out = []
-    if nd is not None and not nd.empty:
-        out += [Paragraph(("Runs that did not finish (status other than done): none of their rows is analysed.",)),
-                Table(nd)]
-    if sup is not None and not sup.empty:
-        out += [Paragraph(("Runs not analysed, with the run analysed instead and why.",)),
-                Table(sup.assign(created_at=sup["created_at"].astype(str)))]
-    if ev_left is not None and not ev_left.empty:
-        out += [Paragraph(("Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, split, "
-                           "metric); of rows with equal n_examples the newest is kept, of different sizes the "
-                           "largest. kept names the eval_key analysed instead.",)),
-                Table(ev_left.assign(created_at=ev_left["created_at"].astype(str)))]
+    for left, what in (
+            (data.not_done, "Runs that did not finish (status other than done): none of their rows is analysed."),
+            (data.superseded, "Runs not analysed, with the run analysed instead and why."),
+            (data.left_out_evals, "Evaluation rows not analysed: each run holds one row per point (T, L_s, sampler, "
+             "split, metric); of rows with equal n_examples the newest is kept, of different sizes the largest. kept "
+             "names the eval_key analysed instead.")):
+        if left is not None and not left.empty:
+            dated = left.assign(created_at=left["created_at"].astype(str)) if "created_at" in left else left
+            out += [Paragraph((what,)), Table(dated)]
     return [Heading(2, "Left out"), *out] if out else []
 
 

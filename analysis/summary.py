@@ -60,7 +60,7 @@ def headline_lines(derived: Derived, split: str = "test") -> list[str]:
         rows = []
         for key, g in d.groupby("model_key"):
             r0 = g.iloc[0]
-            label = shape_label(r0["K"], r0["L_t"]) + (f" {names[key]}" if names.get(key) else "")
+            label = shape_label(r0["K"], r0["L_t"], names.get(key))
             by_T = {r.T: _cell(r, marks[r.ci_method]) for r in g.itertuples(index=False)}
             rows.append(((int(r0["K"]), int(r0["L_t"]), label), label,
                          f"{fmt_params(r0['n_params'])} params, {int(g['n_seeds'].max())} seed(s)",

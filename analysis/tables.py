@@ -4,6 +4,7 @@ no files, so each is tested on hand-made tables.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable
@@ -55,9 +56,9 @@ def differing(keys: Iterable[str], shown: Iterable[str] = SHAPE_FIELDS) -> dict[
     return {k: ", ".join(f"{label[f]}={_fmt(fields[k].get(f))}" for f in vary) for k in keys}
 
 
-def shape_label(K, L) -> str:
-    """A model's shape as the figures and tables name it: '(K x L)'."""
-    return f"({K} x {L})"
+def shape_label(K, L, extra: str | None = "") -> str:
+    """A model's shape as the figures and tables name it: '(K x L)', then `extra` (what else tells it apart)."""
+    return f"({K} x {L})" + (f" {extra}" if extra else "")
 
 
 def fmt_params(n: float) -> str:
@@ -122,8 +123,10 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
         ci_high=("ci_high", "mean"), n_params=("n_params", "first"),
         n_params_non_embedding=("n_params_non_embedding", "first"), flops_per_forward=("flops_per_forward", "first"),
         forward_passes=("forward_passes", "mean"), forward_passes_mean=("forward_passes_mean", "mean"))
-    kind = _MetricKinds()
-    rate = [kind.rate(m, t) for m, t in zip(runs["metric"], runs["task"] if "task" in runs else [None] * len(runs))]
+    # tasks.is_rate and the declared bounds looked up once per (metric, task), not once per row (40,000 rows at
+    # 1,000 runs, a handful of pairs)
+    is_rate, bounds = functools.cache(tasks.is_rate), functools.cache(lambda m, t: tasks.metric(m, t).bounds)
+    rate = [is_rate(m, t) for m, t in zip(runs["metric"], runs["task"] if "task" in runs else [None] * len(runs))]
     runs["k"] = np.where(np.array(rate, dtype=bool), (runs["value"] * runs["n_examples"]).round(), np.nan)
     g = runs.groupby(keys, as_index=False, dropna=False).agg(
         value=("value", "mean"), n_seeds=("run_id", "nunique"), seed_sd=("value", "std"), seed_min=("value", "min"),
@@ -142,8 +145,8 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     for i, (metric, task) in enumerate(zip(g["metric"], g["task"] if "task" in g else [None] * len(g))):
         start = ends[i - 1] if i else 0
         v, n, el, eh = (c[start:ends[i]] for c in cols)
-        rate = kind.rate(metric, task)
-        a, b, m = seed_interval(v, rate, n, el, eh, bounds=kind.bounds(metric, task))
+        rate = is_rate(metric, task)
+        a, b, m = seed_interval(v, rate, n, el, eh, bounds=bounds(metric, task))
         lo.append(a)
         hi.append(b)
         how.append(SEED_METHOD[m])
@@ -156,25 +159,6 @@ def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     # (adaptive depth: what it spent) is unknown, samples without a per-example cost: the most any example ran
     g["forward_passes_mean"] = g["forward_passes_mean"].fillna(g["forward_passes"])
     return g
-
-
-class _MetricKinds:
-    """tasks.is_rate and the declared bounds of each (metric, task), looked up once per pair and not once
-    per row (40,000 rows at 1,000 runs, a handful of pairs)."""
-
-    def __init__(self):
-        self._rate: dict = {}
-        self._bounds: dict = {}
-
-    def rate(self, metric, task) -> bool:
-        if (metric, task) not in self._rate:
-            self._rate[(metric, task)] = tasks.is_rate(metric, task)
-        return self._rate[(metric, task)]
-
-    def bounds(self, metric, task):
-        if (metric, task) not in self._bounds:
-            self._bounds[(metric, task)] = tasks.metric(metric, task).bounds
-        return self._bounds[(metric, task)]
 
 
 def select(agg: pd.DataFrame, metric: str | None = None, sampler: str | None = None,
@@ -230,17 +214,11 @@ def pareto_front(df: pd.DataFrame, x: str = "n_params", y: str = "crossing") -> 
 
     A row is dominated if another row is <= on both and < on at least one.
     """
-    ok = df[x].notna() & df[y].notna()
     xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
-    mask = []
-    for i in range(len(df)):
-        if not ok.iloc[i]:
-            mask.append(False)
-            continue
-        dominated = any(ok.iloc[j] and xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i])
-                        for j in range(len(df)) if j != i)
-        mask.append(not dominated)
-    return pd.Series(mask, index=df.index, name="pareto")
+    # [i, j]: row j dominates row i (a NaN compares false: a row with one never dominates)
+    dominated = ((xs[None, :] <= xs[:, None]) & (ys[None, :] <= ys[:, None])
+                 & ((xs[None, :] < xs[:, None]) | (ys[None, :] < ys[:, None]))).any(axis=1)
+    return pd.Series((df[x].notna() & df[y].notna()).to_numpy() & ~dominated, index=df.index, name="pareto")
 
 
 def models(runs: pd.DataFrame) -> pd.DataFrame:
@@ -348,8 +326,7 @@ def text8_table(agg: pd.DataFrame, split: str = DEFAULT_SPLIT) -> pd.DataFrame:
     out["n_params"] = params.to_numpy()
     out["seeds"] = seeds.to_numpy()
     names = differing(out["model_key"])
-    out["model"] = [f"({k} x {l})" + (f" {names[key]}" if names[key] else "")
-                    for k, l, key in zip(out["K"], out["L_t"], out["model_key"])]
+    out["model"] = [shape_label(k, l, names[key]) for k, l, key in zip(out["K"], out["L_t"], out["model_key"])]
     return out[["task_variant", "model", *keys[2:], "n_params", "seeds", "nll", "bpc", "ppl"]].sort_values(
         ["task_variant", "nll"]).reset_index(drop=True)
 

@@ -128,8 +128,7 @@ class Study:
         out = {}
         for _, g in self.runs.drop_duplicates("model_key").groupby("task_variant"):
             extra = differing(g["model_key"])
-            out.update({r.model_key: shape_label(r.K, r.L_t) + (f" {extra[r.model_key]}" if extra[r.model_key] else "")
-                        for r in g.itertuples(index=False)})
+            out.update({r.model_key: shape_label(r.K, r.L_t, extra[r.model_key]) for r in g.itertuples(index=False)})
         return out
 
     def table(self, split: str = "test") -> pd.DataFrame:

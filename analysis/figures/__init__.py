@@ -39,14 +39,6 @@ class Figure:
         """The first paragraph of the module's docstring, on one line."""
         return (self.module.__doc__ or self.name).strip().split("\n\n")[0].replace("\n", " ")
 
-    @property
-    def order(self) -> int:
-        return self.module.ORDER
-
-    @property
-    def cost(self) -> int:
-        return self.module.COST
-
     def __call__(self, data: StudyData, out_dir: str | None, opts: Options = Options(),
                  derived: Derived | None = None) -> list:
         drawing = self.module.draw(data, derived if derived is not None else Derived(data), opts)
@@ -56,7 +48,7 @@ class Figure:
 
 def _load() -> dict[str, Figure]:
     found = [Figure(name, importlib.import_module(module_name(name))) for name in figure_names()]
-    return {f.name: f for f in sorted(found, key=lambda f: f.order)}
+    return {f.name: f for f in sorted(found, key=lambda f: f.module.ORDER)}
 
 
 FIGURES: dict[str, Figure] = _load()

@@ -45,7 +45,7 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     c_rec, c_single = sns.color_palette("deep")[0], sns.color_palette("deep")[3]
     for i, (p, metric, rec, single) in enumerate(panels):
         ax = fig.add_subplot(gs[i // cols, i % cols])
-        line(ax, rec, "T", f"{shape_label(p.K, p.L)}{' ' + p.differs if p.differs else ''} recursive, "
+        line(ax, rec, "T", f"{shape_label(p.K, p.L, p.differs)} recursive, "
              f"{fmt_params(p.params_recursive)} params", c_rec)
         line(ax, single, "T", f"{shape_label(p.KL, 1)} single pass, {fmt_params(p.params_single)} params", c_single,
              marker="s", ls="--")

@@ -106,13 +106,10 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
         ax.set_xlabel(f"{law.form.scale} under the fitted law")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(tasks.metric(law.metric).label)
-    handles, labels = axes[0].get_legend_handles_labels()
+    seen = {lb: h for h, lb in zip(*axes[0].get_legend_handles_labels())}  # one entry per label, in order
     for ax in axes[1:]:
         for h, lb in zip(*ax.get_legend_handles_labels()):
-            if lb not in labels:
-                handles.append(h)
-                labels.append(lb)
-    seen = dict(zip(labels, handles))
+            seen.setdefault(lb, h)
     fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=9)
     fig.suptitle(f"{law.variant}: {law.form.name} law", fontsize=10)
     return fig
