@@ -349,11 +349,14 @@ class Store:
         """_parse, and a runs or evals file whose rows are not those written (store.digest.edited_rows) unreadable
         too: what every reader sees (`study verify` parses with _parse, and says which field changed)."""
         t = self._parse(path, data, schema)
-        why = digest.edited_rows(t) if t is not None and (schema is RUNS or schema is EVALS) else None
+        why = self._edited(t, schema) if t is not None else None
         if why:
             self.unreadable[path] = why
             return None
         return t
+
+    def _edited(self, t: pa.Table, schema: pa.Schema) -> str | None:
+        return digest.edited_rows(t) if schema is RUNS or schema is EVALS else None
 
     def _misnamed(self, path: str, t: pa.Table, schema: pa.Schema) -> str | None:
         """Why a file's rows do not belong at its path (run_id, and eval_key for evals and samples, must be

@@ -32,10 +32,9 @@ class _Older(Store):
         return pa.Table.from_arrays([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
                                      for f in schema], schema=schema)
 
-    def parse_checked(self, path: str, data: bytes, schema: pa.Schema) -> pa.Table | None:
-        t = self._parse(path, data, schema)
-        unrecorded = t is not None and schema is EVALS and t["point_sha256"].null_count == len(t)
-        return t if unrecorded else super().parse_checked(path, data, schema)
+    def _edited(self, t: pa.Table, schema: pa.Schema) -> str | None:
+        unrecorded = schema is EVALS and t["point_sha256"].null_count == len(t)
+        return None if unrecorded else super()._edited(t, schema)
 
 
 def migrate_study(results: str, study: str, echo=print) -> list[str]:
