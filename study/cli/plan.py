@@ -48,7 +48,7 @@ def plan(
     measured = cost.measure(g.runs, echo=lambda m: typer.echo(m, err=True), refresh=remeasure) \
         if (measure or remeasure) else {}
     rows = [_plan_row(g, r, measured.get(r.run_id), rate) for r in g.runs]
-    how = rate.how if rate else ("measured here (--measure)" if measured else None)
+    how = rate[1] if rate else ("measured here (--measure)" if measured else None)
     totals = _plan_totals(g, rows, how)
     if json_out:
         for row in rows:
@@ -91,7 +91,7 @@ def _echo_resolved(g, json_out: bool) -> None:
                        + yaml.safe_dump(conf, sort_keys=False), nl=False)
 
 
-def _plan_row(g, r, m: dict | None, rate) -> dict:
+def _plan_row(g, r, m: dict | None, rate: tuple | None) -> dict:
     """`study plan`'s row of run `r`: its shape, costs and eval points, timed at `rate` (given) or by `m`
     (measured here; None: not measured)."""
     from study.spec import cost
@@ -104,7 +104,7 @@ def _plan_row(g, r, m: dict | None, rate) -> dict:
     if m is not None:
         row.update(memory_bytes=m["memory"], memory_how=m["memory_how"])
     if rate is not None:
-        return cost.with_time(row, rate.train, rate.eval)
+        return cost.with_time(row, rate[0], rate[0])
     return cost.with_time(row, m and m["train"], m and m["eval"])
 
 

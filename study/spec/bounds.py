@@ -8,9 +8,8 @@ import os
 import re
 from typing import Any
 
-from model.config import ModelConfig, TrainConfig
-from study.spec.sections import Err, EvalConfig, GridError, Resources, short
-from tasks import TASKS, TaskConfig, make_task
+from study.spec.sections import Err, GridError, short
+from tasks import TASKS, make_task
 
 
 # Every size a grid sets is bounded here, before anything is built (a model of 100,000 layers, a
@@ -44,9 +43,8 @@ MAX_STEP_BYTES = 1 << 40  # 1 TiB: a training step's estimated peak memory (weig
 MAX_SEQ_LEN = BOUNDS["task.seq_len"]
 
 
-def check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: EvalConfig, res: Resources,
-                  retries: int, err: Err) -> None:
-    sections = {"task": task, "model": model, "train": train, "eval": ev, "resources": res}
+def check_bounds(sections: dict, retries: int, err: Err) -> None:
+    """The validated sections of a run ({"task": TaskConfig, "model": ModelConfig, ...}) within the bounds."""
     for sec, cfg in sections.items():
         for key, v in _numbers(cfg.model_dump(), sec):
             if isinstance(v, float) and not math.isfinite(v):
@@ -59,6 +57,7 @@ def check_bounds(task: TaskConfig, model: ModelConfig, train: TrainConfig, ev: E
                          f"study here can train or evaluate)")
     if retries > BOUNDS["retries"]:
         err("retries", f"{retries} is beyond the bound {BOUNDS['retries']}")
+    task, model, train = sections["task"], sections["model"], sections["train"]
     seq_len, vocab = _task_shape(task.name, task.model_dump_json())
     if seq_len > MAX_SEQ_LEN:
         err("task", f"task {task.name} gives sequences of {seq_len:,} tokens; the bound is {MAX_SEQ_LEN:,} "

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -104,18 +103,9 @@ def t_warnings(runs: list[Run], grid_path: str) -> list[str]:
 
 
 # ---- rates ------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Rate:
-    """FLOP/s for training and for evaluation, and where they come from."""
-
-    train: float
-    eval: float
-    how: str
-
-
 def given_rate(flops_per_s: float | None, mfu: float | None, device: str | None,
-               peak_flops: float | None) -> Rate | None:
-    """The user's rate for the target hardware, or None. Raises ValueError on a bad combination."""
+               peak_flops: float | None) -> tuple[float, str] | None:
+    """(FLOP/s, where it comes from) for the target hardware, or None. ValueError on a bad combination."""
     if flops_per_s is not None and (mfu is not None or device or peak_flops is not None):
         raise ValueError("give either --flops-per-s or --mfu with --device/--peak-flops, not both")
     if device and peak_flops is not None:
@@ -123,7 +113,7 @@ def given_rate(flops_per_s: float | None, mfu: float | None, device: str | None,
     if flops_per_s is not None:
         if not 0 < flops_per_s < math.inf:
             raise ValueError(f"--flops-per-s must be > 0 and finite (got {flops_per_s})")
-        return Rate(flops_per_s, flops_per_s, f"--flops-per-s {flops_per_s:.3g}")
+        return flops_per_s, f"--flops-per-s {flops_per_s:.3g}"
     if mfu is None:
         if device or peak_flops is not None:
             raise ValueError("--device / --peak-flops need --mfu (the fraction of the peak a run reaches, e.g. 0.4)")
@@ -143,7 +133,7 @@ def given_rate(flops_per_s: float | None, mfu: float | None, device: str | None,
     else:
         raise ValueError("--mfu needs a peak: --device NAME or --peak-flops FLOP/s")
     rate = mfu * peak
-    return Rate(rate, rate, f"--mfu {mfu:g} x {peak:.3g} FLOP/s ({name}) = {rate:.3g} FLOP/s")
+    return rate, f"--mfu {mfu:g} x {peak:.3g} FLOP/s ({name}) = {rate:.3g} FLOP/s"
 
 
 # ---- measurement ------------------------------------------------------------------------------

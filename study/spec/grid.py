@@ -402,27 +402,24 @@ def _resolve(sections: dict, point: dict, study: str, retries: int, group: str |
         cur[last] = v
     if s["task"].get("name") not in TASKS:
         err("task.name", f"unknown task {short(s['task'].get('name'))}; {how_to_register()}")
-    task = validate(TASKS[s["task"]["name"]][0], s["task"], "task", err)
-    model = validate(ModelConfig, s["model"], "model", err)
-    train = validate(TrainConfig, s["train"], "train", err)
-    ev = validate(EvalConfig, s["eval"], "eval", err)
-    res = validate(Resources, s["resources"], "resources", err)
-    if ev.adaptive and TASKS[task.name][1].eval_mode == "likelihood":
-        err("eval.adaptive", f"task {task.name} is scored by its likelihood bound, not by sampling: "
-                             "adaptive sampling depth does not apply (remove eval.adaptive)")
-    if ev.at_checkpoints and TASKS[task.name][1].eval_mode == "likelihood":
-        err("eval.at_checkpoints", f"task {task.name} is scored by its likelihood bound, not by sampling: "
-                                   "set eval.at_checkpoints to 0 (its training curves show the loss)")
+    cfg = {sec: validate(cls or TASKS[s["task"]["name"]][0], s[sec], sec, err) for sec, cls in SECTIONS.items()}
+    task, model, ev = cfg["task"], cfg["model"], cfg["eval"]
+    likelihood = TASKS[task.name][1].eval_mode == "likelihood"
+    for key, fix in (("adaptive", "adaptive sampling depth does not apply (remove eval.adaptive)"),
+                     ("at_checkpoints", "set eval.at_checkpoints to 0 (its training curves show the loss)")):
+        if likelihood and getattr(ev, key):
+            err(f"eval.{key}", f"task {task.name} is scored by its likelihood bound, not by sampling: {fix}")
     if model.L == 1:  # one loop: every loss and schedule trains the same model, under one id
-        train = single_loop(train)
+        cfg["train"] = single_loop(cfg["train"])
+    train = cfg["train"]
     if loss_weights_problem(train, model.L):
         err("train.loss_weights", loss_weights_problem(train, model.L))
     if train.loss == "truncated" and train.truncate_k > model.L:
         err("train.truncate_k", f"must be <= L ({model.L}) (got {train.truncate_k})")
     if train.min_depth > model.L:
         err("train.min_depth", f"must be <= L ({model.L}) (got {train.min_depth})")
-    check_bounds(task, model, train, ev, res, retries, err)  # before any model or data is built
-    return Run(study=study, task=task, model=model, train=train, eval=ev, resources=res, retries=retries, group=group)
+    check_bounds(cfg, retries, err)  # before any model or data is built
+    return Run(study=study, retries=retries, group=group, **cfg)
 
 
 def check_data(grid: Grid) -> None:
