@@ -20,14 +20,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from model.config import ModelConfig, TrainConfig
 from model.costs import flops_per_forward, loss_weights_problem, param_counts, train_flops_total
 from store import NAME_RULE, is_safe_name
 # BOUNDS and MAX_STEP_BYTES: also read from here (study.spec.grid.BOUNDS), as before bounds.py held them
 from study.spec.bounds import BOUNDS, MAX_RUNS_ENV, MAX_STEP_BYTES, check_bounds, max_runs  # noqa: F401
-from study.spec.gridfile import MAX_GRID_DEPTH, grid_file_text, safe_yaml, too_deep, yaml_problem
+from study.spec.gridfile import MAX_GRID_DEPTH, read_yaml, too_deep
 from study.spec.points import check_keys, count_points, deep_update, mapping, points, satisfies
 from study.spec.search import Search, load_best
 from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig, GridError,
@@ -214,18 +212,7 @@ def load_grid(path: str, overrides: typing.Sequence[str] = ()) -> Grid:
     to the file's mapping, then the same checks as a file). Raises GridError naming file (or override) and key."""
     from study.spec.overrides import OverrideError, apply, attribute, parse, show
 
-    try:
-        raw = safe_yaml(grid_file_text(path))
-    except RecursionError:
-        raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
-                        f"{MAX_GRID_DEPTH})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
-        raise GridError(cut(f"{where}: not valid YAML: {yaml_problem(e)}")) from None
-    if too_deep(raw, MAX_GRID_DEPTH):
-        raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
-                        f"a few")
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise GridError(f"{path}: a grid is a mapping with keys {sorted(TOP_KEYS)}")
     if not overrides:

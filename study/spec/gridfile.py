@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from atomicio import open_regular
-from study.spec.sections import GridError, short
+from study.spec.sections import GridError, cut, short
 
 
 class GridLoader(yaml.SafeLoader):
@@ -59,6 +59,24 @@ def grid_file_text(path: str) -> str:
         return b"".join(lines).decode("utf-8")
     except UnicodeDecodeError as e:
         raise GridError(f"{path}: not a YAML text file (not UTF-8 at byte {e.start})") from None
+
+
+def read_yaml(path: str) -> Any:
+    """The YAML of grid file `path` (or a best-values file): read within the bounds above, parsed by safe_yaml,
+    nested at most MAX_GRID_DEPTH deep; GridError naming the file (and the line) otherwise."""
+    try:
+        raw = safe_yaml(grid_file_text(path))
+    except RecursionError:
+        raise GridError(f"{path}: nested too deeply to read (a grid nests a few levels; at most "
+                        f"{MAX_GRID_DEPTH})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        raise GridError(cut(f"{where}: not valid YAML: {yaml_problem(e)}")) from None
+    if too_deep(raw, MAX_GRID_DEPTH):
+        raise GridError(f"{path}: nested deeper than {MAX_GRID_DEPTH} levels of mappings and lists; a grid nests "
+                        f"a few")
+    return raw
 
 
 def too_deep(obj: Any, limit: int) -> bool:

@@ -14,11 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from model.config import ModelConfig, Strict, TrainConfig
-from study.spec.gridfile import grid_file_text, safe_yaml
+from study.spec.gridfile import read_yaml
 from study.spec.sections import (TRAIN_BOOKKEEPING, BadKey, Err, GridError, Resources, canon_key, canonical, field_of,
                                  refuse, short)
 
@@ -301,13 +300,9 @@ def load_best(spec: Any, where: str, err: Err) -> tuple[BestValues, str]:
     if not os.path.lexists(path):
         err(where + ".file", f"{path} does not exist (relative to {os.getcwd()}): run `study tune` first")
     try:  # read as a grid is: a regular file within the grid bounds (no FIFO, no endless line), YAML kept safe
-        raw = safe_yaml(grid_file_text(path))
+        raw = read_yaml(path)
     except GridError as e:
         err(where + ".file", str(e))
-    except RecursionError:
-        err(where + ".file", f"cannot read {path}: nested too deeply")
-    except yaml.YAMLError as e:
-        err(where + ".file", f"cannot read {path}: {' '.join(str(e).split())}")
     if not isinstance(raw, dict) or raw.get("kind") != BEST_KIND or not isinstance(raw.get("groups"), dict):
         err(where + ".file", f"{path} is not a best-values file written by `study tune` (kind: {BEST_KIND})")
     if raw.get("split") not in SEARCH_SPLITS:  # values selected on test would make a sweep's test numbers optimistic
