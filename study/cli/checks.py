@@ -123,13 +123,12 @@ def store_of_run_or_exit(results: str, study: str, grid: str, given: bool) -> No
 
 def _project_store(grid: str, study: str) -> str | None:
     """results/<study> in the grid's directory or the closest directory above it that has one."""
-    d = os.path.dirname(os.path.abspath(grid))
-    while True:
+    d = os.path.abspath(grid)
+    while d != os.path.dirname(d):
+        d = os.path.dirname(d)
         if os.path.isdir(os.path.join(d, "results", study)):
             return os.path.join(d, "results", study)
-        if os.path.dirname(d) == d:
-            return None
-        d = os.path.dirname(d)
+    return None
 
 
 def links_out_or_exit(results: str, study: str, code: int = 2) -> None:

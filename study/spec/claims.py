@@ -23,11 +23,11 @@ from pydantic import Field, model_validator
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
+from study.spec.grid import LOOP_ONLY_TRAIN
 from study.spec.sections import Err, canon_key, field_of, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
-LOOP_ONLY = {"train.loss", "train.schedule", "train.loss_weights", "train.truncate_k", "train.min_depth",
-             "model.step_emb", "model.reinject_input"}
+LOOP_ONLY = {*(f"train.{k}" for k in LOOP_ONLY_TRAIN), "model.step_emb", "model.reinject_input"}
 PAIRS = ("iso-param", "iso-flop")
 ALPHA = ("family", "per-claim")  # claims_alpha: Bonferroni over the grid's claims, or each claim alone
 
