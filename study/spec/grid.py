@@ -1,12 +1,7 @@
 """YAML grid -> validated list of runs (the points it expands: study/spec/points.py; the bounds every run is
-held to: study/spec/bounds.py).
-
-A grid has base sections (`task`, `model`, `train`, `eval`, `resources`) and says how they
-vary: `axes` (a product over dotted keys), `couple` (lists of points whose values vary
-together, e.g. an iso-FLOP family of (K, L)), `constraints` (declarative filters such as
-K*L = 30), `include` / `exclude` points, and `groups` (per-group overrides with their own
-axes). Everything is validated before anything runs: an error names the file, the key and
-the allowed values. YAML is `safe_load`ed; nothing in a grid is ever evaluated.
+held to: study/spec/bounds.py). The sections and keys of a grid: docs/guide/grids.md. Everything is validated
+before anything runs: an error names the file, the key and the allowed values. YAML is `safe_load`ed; nothing
+in a grid is ever evaluated.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """Command-line overrides of a grid, Hydra-style: `study run g.yaml train.steps=10 axes.L=[1,2] ~eval.adaptive`
-(docs/guide/grids.md, "Overrides"): `KEY=VALUE` sets a dotted key (a short name such as `L` is its field,
-study/spec/sections.py aliases()), the value read as YAML; `+KEY=VALUE` adds a key the file lacks; `~KEY`
-deletes one the file sets. A field the grid varies as a top-level axis is set through that axis (`L=3` is
-`[3]`); one that a group, a `couple` or `include` point or `defaults_from` sets again is refused.
-
-Overrides are applied in order to the file's mapping, then validated and expanded exactly as a file
-(study/spec/grid.py load_grid): an error is the file's own one line, naming the override as its source. The
-grid a study stores is the grid after the overrides, with them in a comment header (grid_text).
-Nothing here imports torch, nor study/spec/grid.py.
+(`KEY=VALUE`, `+KEY=VALUE`, `~KEY`: docs/guide/grids.md, "Overrides"). Applied in order to the file's mapping,
+then validated and expanded exactly as a file (study/spec/grid.py load_grid): an error is the file's own one line,
+naming the override as its source. Nothing here imports torch, nor study/spec/grid.py.
 """
 from __future__ import annotations
 
