@@ -1,16 +1,6 @@
 """The `claims:` and `seeds:` sections of a grid: what a study is meant to decide, and how many seeds it may
-spend deciding it (docs/DESIGN.md, "Claims").
-
-    seeds: {min: 2, max: 8, batch: 1}
-    claims:
-      - {pair: iso-param, T: [1, 2], metric: vpr, claim: beats}
-      - {pair: iso-flop, T: [4, 8], claim: matches_or_beats, margin: 0.02}
-      - {A: {K: 1, L: 2}, B: {K: 2, L: 1}, T: [4], claim: matches, margin: 0.02}
-    claims_alpha: family      # the default: 5% error for all the claims together; per-claim: 5% each
-
-Each entry becomes one claim per pair of the grid it names and per T. The seeds of a model are ordinary runs
-whose `train.seed` is the grid's seed + 0, 1, ..., max - 1 (each its own run id); the grid's runs are the
-first `min` of them, and study/engine/claims.py adds the others as the claims need them.
+spend deciding it (docs/DESIGN.md, "Claims"). Each entry becomes one claim per pair of the grid it names and
+per T; the grid's runs are each model's first `seeds.min` seeds, and study/engine/claims.py adds the others.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The `search:` section of a grid and the best-values files that feed sweeps (no Ray here); the section's
-keys and an example: docs/guide/grids.md, "Search grids".
-
-A search grid is a sweep grid plus a `search:` section: every expanded point is a *search group*, one Optuna
-study of its own, and the distributions below are sampled on top of its configuration. Trials are scored on
-the task's validation split, never on test (a search selects on what it reads): `split: test` is refused,
-and so is a best-values file that records another split, or none. `study tune` writes
-`<results>/<study>/best.yaml` (BestValues); a sweep takes its winners with `defaults_from: {file, group}`.
+"""The `search:` section of a grid and the best-values files (`best.yaml`, written by `study tune`) that feed
+sweeps through `defaults_from`; no Ray here. The section's keys, an example and why trials are scored on val,
+never test: docs/guide/grids.md, "Search grids".
 """
 from __future__ import annotations
 
