@@ -291,22 +291,23 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
         best = None
         if raw.get("defaults_from") is not None or spec.get("defaults_from") is not None:
             best = load_best(spec.get("defaults_from", raw.get("defaults_from")), df_where, err)
+        resolve = functools.partial(_resolve, sections, study, retries, name, err)  # a point -> its Run
         for point, included in points(spec, where, err):
-            run = _resolve(sections, point, study, retries, name, err)
+            run = resolve(point)
             source = {}
             if best is not None:  # best values of a search override the sections, never an axis
                 gname, values = best[0].pick(best[1], run, df_where, err)
                 for k in values:
                     if k in point:
                         err(df_where, f"{k} comes from {best[0].file} (group {gname}) and is also an axis here")
-                run = _resolve(sections, {**values, **point}, study, retries, name, err)
+                run = resolve({**values, **point})
                 source = {k: {"value": v, "file": best[0].file, "group": gname} for k, v in values.items()}
             if not included and not _constraints_hold(run, spec, where, err):
                 continue  # a constraint on a value that no axis of this point set: checked once resolved
             if search is not None:
                 for k in set(source) & set(search.params):
                     err(f"search.params.{k}", f"{k} is also taken from {best[0].file} by defaults_from")
-                _check_search_point(search, sections, point, study, retries, name, run, err)
+                _check_search_point(search, point, run, resolve, err)
                 gname = search_group_name(name, point, study)
                 if gname in search_groups and search_groups[gname].run.run_id != run.run_id:
                     err(where + "axes", f"two search groups would be named {gname!r}: give the grid groups names")
@@ -327,8 +328,7 @@ def expand(raw: dict, path: str = "grid.yaml") -> Grid:
                 search_groups=list(search_groups.values()), tuned=tuned, claims=claims)
 
 
-def _check_search_point(search: Search, sections: dict, point: dict, study: str, retries: int, group: str | None,
-                        run: Run, err: Err) -> None:
+def _check_search_point(search: Search, point: dict, run: Run, resolve, err: Err) -> None:
     """A searched key is never also an axis; every edge of every distribution gives a valid run."""
     for k in search.params:
         if k in point:
@@ -350,7 +350,7 @@ def _check_search_point(search: Search, sections: dict, point: dict, study: str,
     for k, d in search.params.items():
         for v in d.probes():
             try:
-                _resolve(sections, {**point, k: v}, study, retries, group, err)
+                resolve({**point, k: v})
             except GridError as e:
                 err(f"search.params.{k}", f"the value {short(v)} gives an invalid run: {e}")
 
@@ -374,7 +374,7 @@ def _constraints_hold(run: Run, spec: dict, where: str, err: Err) -> bool:
     return True
 
 
-def _resolve(sections: dict, point: dict, study: str, retries: int, group: str | None, err: Err) -> Run:
+def _resolve(sections: dict, study: str, retries: int, group: str | None, err: Err, point: dict) -> Run:
     s = copy.deepcopy(sections)
     for k, v in point.items():  # 'section.field' (canonical): the section is always there
         *head, last = k.split(".")
