@@ -1,5 +1,9 @@
 """Every size a grid sets, bounded before anything is built (study/spec/grid.py checks each resolved run
-here)."""
+here): a model of 100,000 layers, a width of 10^9 or a billion loops would take minutes to plan, or crash, or
+never finish. Explicit caps far above any study this tool runs, and the estimate of a training step's peak
+memory (model/costs.train_step_memory with a lower bound of the parameters) against MAX_STEP_BYTES, more than
+any single device or host a trial runs on holds. Numbers must also be finite and fit a 64-bit integer (seeds
+are given to torch and numpy)."""
 from __future__ import annotations
 
 import functools
@@ -11,13 +15,6 @@ from typing import Any
 from study.spec.sections import Err, GridError, short
 from tasks import TASKS, make_task
 
-
-# Every size a grid sets is bounded here, before anything is built (a model of 100,000 layers, a
-# width of 10^9 or a billion loops would take minutes to plan, or crash, or never finish): explicit
-# caps far above any study this tool runs, and the estimate of a training step's peak memory
-# (model/costs.train_step_memory with a lower bound of the parameters) against MAX_STEP_BYTES,
-# more than any single device or host a trial runs on holds. Numbers must also be finite and fit
-# a 64-bit integer (seeds are given to torch and numpy).
 BOUNDS = {
     "model.K": 1024, "model.L": 1024, "model.d_model": 65536, "model.n_heads": 1024, "model.mlp_ratio": 64,
     "train.steps": 10_000_000, "train.batch_size": 1 << 20, "train.warmup": 10_000_000,
