@@ -5,7 +5,9 @@ naming the override as its source. Nothing here imports torch, nor study/spec/gr
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -323,15 +325,12 @@ def study_name(raw: Any, texts: Sequence[str]) -> Any:
     the full checks follow."""
     name = raw.get("study") if isinstance(raw, dict) else None
     for t in texts:
+        key, eq, v = t.lstrip("+").partition("=")
         if t == "~study":
             name = None
-        else:
-            key, eq, v = t.lstrip("+").partition("=")
-            if eq and key == "study":
-                try:
-                    name = yaml.safe_load(v)
-                except yaml.YAMLError:
-                    pass
+        elif eq and key == "study":
+            with contextlib.suppress(yaml.YAMLError):
+                name = yaml.safe_load(v)
     return name
 
 
@@ -340,12 +339,7 @@ def recorded(text: str | None) -> list[str] | None:
     lines = (text or "").splitlines()
     if not lines or "with command-line overrides (study/spec/overrides.py)" not in lines[0]:
         return None
-    out = []
-    for ln in lines[1:]:
-        if not ln.startswith("#   "):
-            break
-        out.append(ln[4:])
-    return out
+    return [ln[4:] for ln in itertools.takewhile(lambda ln: ln.startswith("#   "), lines[1:])]
 
 
 def change_note(store, grid) -> str | None:
