@@ -410,8 +410,7 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
         if not store.local and cas is None and not withdrawn:
             echo(f"lease: {store.root.split('?')[0]} takes no conditional writes here (boto3 missing: pip install "
                  f"'rmdm-study[s3]'; or the store ignores them): claim, wait {settle_s:g}s, list again")
-        got = _claim_local(store, gen, token, info) if store.local else \
-            _claim_object(store, cas, gen, token, info, settle_s)
+        got = _claim(store, cas, gen, token, info, settle_s)
         if got is None:  # withdrawn: the store answered too slowly for a safe claim
             withdrawn += 1
             if withdrawn >= MAX_WITHDRAWALS:
@@ -443,37 +442,29 @@ def held_by(store) -> str | None:
     return _held_message(store, h) if h is not None and h.state(ttl_s) == "held" else None
 
 
-def _claim_local(store, gen: int, token: str, info: dict):
-    """Create generation `gen` exclusively (hard link of a complete file): (its path, None), or False."""
-    d = lease_dir(store)
-    os.makedirs(d, exist_ok=True)
-    path = f"{d}/g{gen:010d}.json"
-    tmp = f"{d}/.g{gen:010d}.{token}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(info, f, sort_keys=True)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-    # a generation older than the newest can be free again (removed by a newer holder): then it is no lease
-    if newest_gen(store) > gen:
-        os.unlink(path)
-        return False
-    return path, None
-
-
-def _claim_object(store, cas, gen: int, token: str, info: dict, settle_s: float):
-    """Claim generation `gen` on an object store (see the module's doc), with conditional writes (`cas`) or
-    a settled claim: (its path, its ETag or None), False (another contender holds it) or None (withdrawn: the
-    store answered too slowly, or a conditional taker met a settle claim of its generation)."""
-    path = f"{lease_dir(store)}/g{gen:010d}{'' if cas is not None else '.' + token}.json"
+def _claim(store, cas, gen: int, token: str, info: dict, settle_s: float):
+    """Claim generation `gen` (see the module's doc): created exclusively (local disk: a complete file hard-linked
+    into place; S3 with conditional writes `cas`: If-None-Match) or, on other object stores, a claim of its own
+    token settled: (its path, its ETag or None), False (another taker holds it) or None (withdrawn: the store
+    answered too slowly, or a conditional taker met a settle claim of its generation)."""
+    d, settle = lease_dir(store), not store.local and cas is None
+    path = f"{d}/g{gen:010d}{'.' + token if settle else ''}.json"
     t0 = time.monotonic()
     if newest_gen(store) >= gen:
         return False
     data, etag = json.dumps(info, sort_keys=True).encode(), None
-    if cas is not None:
+    if store.local:
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{d}/.g{gen:010d}.{token}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+    elif cas is not None:
         etag = _cas_put(cas, path, data)
         if etag is None:
             return False
@@ -484,13 +475,14 @@ def _claim_object(store, cas, gen: int, token: str, info: dict, settle_s: float)
             store.fs.delete_file(path)
             return None
         time.sleep(settle_s)
+    # a generation older than the newest can be free again (removed by a newer holder): then it is no lease
     files = _listing(store)
     newer, claims = max(files, default=0) > gen, [t for t, _ in files.get(gen, [])]
-    rival = any(t is not None for t in claims) if cas is not None else \
-        (None in claims or min(claims, default=token) != token)
+    rival = not store.local and (any(t is not None for t in claims) if cas is not None else
+                                 (None in claims or min(claims, default=token) != token))
     if newer or rival:
         store.fs.delete_file(path)
-        return False if newer or cas is None else None
+        return False if newer or settle else None
     return path, etag
 
 
