@@ -23,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-DIGEST_COLUMNS = ("weights_sha256", "history_sha256", "row_sha256")
-
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
