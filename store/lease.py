@@ -1,28 +1,13 @@
-"""One driver per study: a lease in the store, held with a heartbeat.
+"""One driver per study: a lease in the store, held with a heartbeat (docs/DESIGN.md, "One driver per study",
+gives the protocol and its argument; docs/guide/store.md what a user sees).
 
-`study run` and `study tune` take their study's lease before they write anything; a second driver
-on the same study is refused with one line naming the holder (or waits for it, `--wait`). Read-only
-commands (status, report, verify) never take it. Layout, in `<root>/<study>/lease/`:
+`study run` and `study tune` take their study's lease before they write anything; read-only commands never
+take it. Layout, in `<root>/<study>/lease/`:
 
     g<generation>.json            the holder of that generation (created exclusively: local disk, S3)
     g<generation>.<token>.json    other object stores: one claim per contender; the smallest token holds
 
-The current holder is the newest generation. A holder rewrites its file every BEAT_S seconds (the
-heartbeat, a background thread) and marks it `released` when it ends (normal exit, Ctrl-C, SIGTERM:
-anything but SIGKILL or a lost machine). A lease is taken over by creating the next generation when
-its holder released it, is known dead (same machine: its process is gone, checked at once, PID reuse
-caught by the process start time), or sent no heartbeat for TTL_S seconds (other machines; their
-clocks must agree to within TTL_S - BEAT_S). A holder that finds a newer generation has lost the lease
-(it stalled past TTL_S and was taken over): it stops its work; its trials check it too (`fence`), so
-trials a dead driver left behind stop at their next report.
-
-Creating a generation is exclusive (docs/DESIGN.md, "One driver per study", gives the argument):
-- local disk (and NFS): the file is hard-linked into place (`os.link` fails when it exists): one taker;
-- s3:// with boto3 and a server that honours conditional writes (probed): created with `If-None-Match: *`,
-  rewritten (heartbeat, release) with `If-Match: <its ETag>`;
-- other object stores (gs://, boto3 missing, headers ignored): a claim `g<gen>.<token>.json` written,
-  SETTLE_S waited, the generation listed again: the smallest token holds, if no conditional file of that
-  generation and nothing newer is there; a contender too slow to claim safely withdraws.
+The current holder is the newest generation; a holder that finds a newer one has lost the lease (`fence`).
 """
 from __future__ import annotations
 
@@ -216,11 +201,9 @@ def status_line(store, now: float | None = None) -> str:
     st = h.state(ttl, now)
     if st == "released":
         return f"lease: free (last held by {h.describe(now)})"
-    if st == "dead":
-        return f"lease: held by {h.describe(now)}, but that process has ended: the next driver takes over"
-    if st == "stale":
-        return f"lease: held by {h.describe(now)}: heartbeat stale (over {ttl:g}s): the next driver takes over"
-    return f"lease: held by {h.describe(now)}: heartbeat fresh"
+    return f"lease: held by {h.describe(now)}" + {
+        "dead": ", but that process has ended: the next driver takes over",
+        "stale": f": heartbeat stale (over {ttl:g}s): the next driver takes over", "held": ": heartbeat fresh"}[st]
 
 
 # ---- conditional writes (S3 through boto3) -----------------------------------------------------------
