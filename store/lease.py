@@ -106,13 +106,12 @@ class Holder:
     info: dict
     mtime: float | None = None
 
-    def same_machine(self) -> bool:
-        me = machine()
-        return bool(me["boot"]) and all(self.info.get(k) == me[k] for k in ("host", "boot", "pidns"))
-
     def process_alive(self) -> bool | None:
-        """True / False on this machine; None when the holder ran elsewhere (only its heartbeat tells)."""
-        if not self.same_machine() or not self.info.get("pid"):
+        """True / False on this machine (see `machine`); None when the holder ran elsewhere (only its heartbeat
+        tells)."""
+        me = machine()
+        if not me["boot"] or any(self.info.get(k) != me[k] for k in ("host", "boot", "pidns")) \
+                or not self.info.get("pid"):
             return None
         start = proc_start(int(self.info["pid"]))
         return start is not None and (start == self.info.get("start") or self.info.get("start") is None)
