@@ -184,8 +184,10 @@ def current(store) -> Holder | None:
     return _holder_of(store, gen, files[gen])
 
 
-def newest_gen(store) -> int:
-    return max(_listing(store), default=0)
+def successor(store, gen: int) -> Holder | None:
+    """The holder of a generation newer than `gen` (the holder of `gen` lost the lease to it), or None."""
+    h = current(store)
+    return h if h is not None and h.gen > gen else None
 
 
 def status_line(store, now: float | None = None) -> str:
@@ -285,15 +287,11 @@ class Lease:
                 f.write(data)
         return True
 
-    def _newer(self) -> Holder | None:
-        h = current(self.store)
-        return h if h is not None and h.gen > self.gen else None
-
     def beat(self) -> bool:
         """One heartbeat: False (and `lost` set) when a newer generation exists or renewals failed for
         the whole timeout."""
         try:
-            newer = self._newer()
+            newer = successor(self.store, self.gen)
             if newer is None:
                 self.info["beat"] = time.time()
                 if self._write():
@@ -334,7 +332,7 @@ class Lease:
         if self.lost is not None:
             return
         try:
-            if self._newer() is None:
+            if successor(self.store, self.gen) is None:
                 self.info.update(state="released", beat=time.time(), released=time.time())
                 try:
                     self._write()
@@ -432,7 +430,7 @@ def _claim(store, cas, gen: int, token: str, info: dict, settle_s: float):
     d, settle = lease_dir(store), not store.local and cas is None
     path = f"{d}/g{gen:010d}{'.' + token if settle else ''}.json"
     t0 = time.monotonic()
-    if newest_gen(store) >= gen:
+    if max(_listing(store), default=0) >= gen:
         return False
     data, etag = json.dumps(info, sort_keys=True).encode(), None
     if store.local:
@@ -493,9 +491,9 @@ def fence(store, held: dict | None):
         if time.monotonic() - last["at"] < every:
             return
         last["at"] = time.monotonic()
-        if newest_gen(store) > int(held["gen"]):
-            h = current(store)
+        h = successor(store, int(held["gen"]))
+        if h is not None:
             raise LeaseLost(f"study {store.study}: this trial's driver no longer holds the lease (now held by "
-                            f"{h.describe() if h else '?'}): stopping")
+                            f"{h.describe()}): stopping")
 
     return check
