@@ -11,9 +11,10 @@ pyarrow-supported URI: every read and write goes through `pyarrow.fs`, task data
 from __future__ import annotations
 
 from store.core import Store
-from store.paths import NAME_RULE, QUARANTINE, TEMP, TEMP_AGE_S, DiskFull, OutsideStore, free_space, is_safe_name
+from store.paths import (NAME_RULE, QUARANTINE, TEMP, TEMP_AGE_S, DiskFull, OutsideStore, free_space,
+                         is_safe_name)
 from store.schemas import EVALS, HISTORY, RUNS, SAMPLES, SCHEMAS
 from store.summary import list_studies
 
-__all__ = ["Store", "list_studies", "RUNS", "EVALS", "HISTORY", "SAMPLES", "SCHEMAS", "NAME_RULE", "QUARANTINE",
-           "TEMP", "TEMP_AGE_S", "DiskFull", "OutsideStore", "free_space", "is_safe_name"]
+__all__ = ["Store", "list_studies", "RUNS", "EVALS", "HISTORY", "SAMPLES", "SCHEMAS", "NAME_RULE",
+           "QUARANTINE", "TEMP", "TEMP_AGE_S", "DiskFull", "OutsideStore", "free_space", "is_safe_name"]

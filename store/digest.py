@@ -1,7 +1,7 @@
 """What a runs row records at write time so that a reader can tell the files it names are the ones written.
 
 The runs row's weights_sha256, history_sha256 and row_sha256, and the evals row's point_sha256 and
-weights_sha256: docs/guide/schema.md says what each covers; `Store.write_rows` sets row_sha256 and point_sha256.
+weights_sha256: docs/guide/schema.md says what each covers (`Store.write_rows` sets the rows' own digests).
 
 Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
 a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"

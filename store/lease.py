@@ -107,8 +107,8 @@ class Holder:
     mtime: float | None = None
 
     def process_alive(self) -> bool | None:
-        """True / False on this machine (see `machine`); None when the holder ran elsewhere (only its heartbeat
-        tells)."""
+        """True / False on this machine (see `machine`); None when the holder ran elsewhere (only its
+        heartbeat tells)."""
         me = machine()
         if not me["boot"] or any(self.info.get(k) != me[k] for k in ("host", "boot", "pidns")) \
                 or not self.info.get("pid"):
@@ -204,7 +204,8 @@ def status_line(store, now: float | None = None) -> str:
         return f"lease: free (last held by {h.describe(now)})"
     return f"lease: held by {h.describe(now)}" + {
         "dead": ", but that process has ended: the next driver takes over",
-        "stale": f": heartbeat stale (over {ttl:g}s): the next driver takes over", "held": ": heartbeat fresh"}[st]
+        "stale": f": heartbeat stale (over {ttl:g}s): the next driver takes over",
+        "held": ": heartbeat fresh"}[st]
 
 
 # ---- conditional writes (S3 through boto3) -----------------------------------------------------------
@@ -423,10 +424,10 @@ def held_by(store) -> str | None:
 
 
 def _claim(store, cas, gen: int, token: str, info: dict, settle_s: float):
-    """Claim generation `gen` (see the module's doc): created exclusively (local disk: a complete file hard-linked
-    into place; S3 with conditional writes `cas`: If-None-Match) or, on other object stores, a claim of its own
-    token settled: (its path, its ETag or None), False (another taker holds it) or None (withdrawn: the store
-    answered too slowly, or a conditional taker met a settle claim of its generation)."""
+    """Claim generation `gen` (docs/DESIGN.md): created exclusively (local disk: a complete file hard-linked
+    into place; S3 with conditional writes `cas`: If-None-Match) or, on other object stores, a claim of its
+    own token settled: (its path, its ETag or None), False (another taker holds it) or None (withdrawn: the
+    store answered too slowly, or a conditional taker met a settle claim of its generation)."""
     d, settle = lease_dir(store), not store.local and cas is None
     path = f"{d}/g{gen:010d}{'.' + token if settle else ''}.json"
     t0 = time.monotonic()
