@@ -162,26 +162,21 @@ def _listing(store) -> dict[int, list[tuple[str | None, pafs.FileInfo]]]:
     return out
 
 
-def _holder_of(store, gen: int, files: list) -> Holder:
-    # local: the one untokened file; object store: the smallest token's claim
-    token, info = min(files, key=lambda f: (f[0] is not None, f[0] or ""))
-    data = store.read_bytes(info.path)
-    try:
-        parsed = atomicio.loads_json(data) if data else {}
-        parsed = parsed if isinstance(parsed, dict) else {}
-    except ValueError:
-        parsed = {}
-    mtime = info.mtime.timestamp() if info.mtime else None
-    return Holder(gen, info.path, parsed, mtime)
-
-
 def current(store) -> Holder | None:
     """The newest generation's holder, or None when the study never had a lease."""
     files = _listing(store)
     if not files:
         return None
     gen = max(files)
-    return _holder_of(store, gen, files[gen])
+    # local: the one untokened file; object store: the smallest token's claim
+    _, info = min(files[gen], key=lambda f: (f[0] is not None, f[0] or ""))
+    data = store.read_bytes(info.path)
+    try:
+        parsed = atomicio.loads_json(data) if data else {}
+        parsed = parsed if isinstance(parsed, dict) else {}
+    except ValueError:
+        parsed = {}
+    return Holder(gen, info.path, parsed, info.mtime.timestamp() if info.mtime else None)
 
 
 def successor(store, gen: int) -> Holder | None:
