@@ -11,11 +11,10 @@ pyarrow-supported URI: every read and write goes through `pyarrow.fs`, task data
 from __future__ import annotations
 
 from store.core import Store
-from store.paths import (GCS_RETRY_S, NAME_RULE, QUARANTINE, SAFE, TEMP, TEMP_AGE_S, DiskFull, OutsideStore,
-                         filesystem_from_uri, free_space, is_safe_name, safe_name)
-from store.schemas import EVALS, HISTORY, RUNS, SAMPLES, SCHEMAS, check_row, row_dict, schema_name
-from store.summary import Summary, list_studies
+from store.paths import (NAME_RULE, QUARANTINE, TEMP, TEMP_AGE_S, DiskFull, OutsideStore, free_space,
+                         is_safe_name)
+from store.schemas import EVALS, HISTORY, RUNS, SAMPLES, SCHEMAS
+from store.summary import list_studies
 
-__all__ = ["Store", "Summary", "list_studies", "RUNS", "EVALS", "HISTORY", "SAMPLES", "SCHEMAS", "check_row",
-           "row_dict", "schema_name", "SAFE", "NAME_RULE", "QUARANTINE", "TEMP", "TEMP_AGE_S", "GCS_RETRY_S",
-           "DiskFull", "OutsideStore", "filesystem_from_uri", "free_space", "is_safe_name", "safe_name"]
+__all__ = ["Store", "list_studies", "RUNS", "EVALS", "HISTORY", "SAMPLES", "SCHEMAS", "NAME_RULE",
+           "QUARANTINE", "TEMP", "TEMP_AGE_S", "DiskFull", "OutsideStore", "free_space", "is_safe_name"]

@@ -148,7 +148,7 @@ class Store:
                 except OSError:
                     there = False
                 if there:
-                    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0][:160]
+                    why = e.strerror or str(e).strip().splitlines()[0][:160]
                     self.unreadable[path] = f"cannot be read: {why}"
             elif self.local and os.path.islink(path):
                 self.unreadable[path] = f"a dangling symlink to {os.readlink(path)}"
@@ -235,12 +235,8 @@ class Store:
         unknown or a missing column is refused (ValueError, nothing written), so a misspelt column
         never reaches the store as a null."""
         schema = SCHEMAS[table]
-        columns = {name: [] for name in schema.names}
-        for r in rows:
-            r = check_row(table, r if isinstance(r, dict) else row_dict(r))
-            for name, values in columns.items():
-                values.append(r[name])
-        t = pa.Table.from_pydict(columns, schema=schema)
+        t = pa.Table.from_pylist([check_row(table, r if isinstance(r, dict) else row_dict(r)) for r in rows],
+                                 schema=schema)
         if table == "runs":  # each row's digest of its own fields, as a reader will read them
             t = t.set_column(schema.get_field_index("row_sha256"), "row_sha256",
                              pa.array([digest.row_sha256(r) for r in t.to_pylist()], pa.string()))

@@ -1,15 +1,7 @@
 """What a runs row records at write time so that a reader can tell the files it names are the ones written.
 
-- `weights_sha256`: SHA-256 of the bytes of weights/<run_id>.pt (a done run's; null otherwise);
-- `history_sha256`: SHA-256 of the rows of history/<run_id>.parquet as a reader reads them (a done run's);
-- `row_sha256`: SHA-256 of the row's own other fields, set by `Store.write_rows` for every runs row.
-
-What an evals row records:
-- `point_sha256`: SHA-256 of its point's rows (every row of its file, this field left out), set by
-  `Store.write_rows`: a value edited, two metrics' labels swapped, a row added or removed all show;
-- `weights_sha256`: SHA-256 of the final weights it was scored from (study.engine.evaluate.write; null: not
-  known, `study migrate` found no weights to hash): another run's evaluations copied under this run's id
-  (another seed's) disagree with this run's row.
+The runs row's weights_sha256, history_sha256 and row_sha256, and the evals row's point_sha256 and
+weights_sha256: docs/guide/schema.md says what each covers (`Store.write_rows` sets the rows' own digests).
 
 Digests are not signatures: whoever can rewrite a file can rewrite its digest too. They make an edit,
 a deletion or a swap of two runs' files visible (to `study verify`, to `study run`'s "is this run done"
@@ -22,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-
-DIGEST_COLUMNS = ("weights_sha256", "history_sha256", "row_sha256")
 
 
 def sha256(data: bytes) -> str:

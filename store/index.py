@@ -273,10 +273,8 @@ def _rows_index(schema: pa.Schema, entries: list[tuple], body: pa.Table) -> pa.T
     want = pa.schema([*META, *schema])
     if not entries:
         return want.empty_table()
-    names, sizes, mtimes, crcs, counts = zip(*entries)
+    *cols, counts = zip(*entries)  # name, size, mtime, crc (META's columns); rows
     reps = np.asarray(counts, dtype=np.int64)
-    meta = [pa.array(np.repeat(np.asarray(names, dtype=object), reps), pa.string()),
-            pa.array(np.repeat(np.asarray(sizes, dtype=np.int64), reps), pa.int64()),
-            pa.array(np.repeat(np.asarray(mtimes, dtype=np.int64), reps), pa.int64()),
-            pa.array(np.repeat(np.asarray(crcs, dtype=np.int64), reps), pa.int64())]
+    meta = [pa.array(np.repeat(np.asarray(c, dtype=object if t == pa.string() else np.int64), reps), t)
+            for c, (_, t) in zip(cols, META)]
     return pa.Table.from_arrays(meta + list(body.columns), schema=want)

@@ -1,28 +1,13 @@
-"""One driver per study: a lease in the store, held with a heartbeat.
+"""One driver per study: a lease in the store, held with a heartbeat (docs/DESIGN.md, "One driver per study",
+gives the protocol and its argument; docs/guide/store.md what a user sees).
 
-`study run` and `study tune` take their study's lease before they write anything; a second driver
-on the same study is refused with one line naming the holder (or waits for it, `--wait`). Read-only
-commands (status, report, verify) never take it. Layout, in `<root>/<study>/lease/`:
+`study run` and `study tune` take their study's lease before they write anything; read-only commands never
+take it. Layout, in `<root>/<study>/lease/`:
 
     g<generation>.json            the holder of that generation (created exclusively: local disk, S3)
     g<generation>.<token>.json    other object stores: one claim per contender; the smallest token holds
 
-The current holder is the newest generation. A holder rewrites its file every BEAT_S seconds (the
-heartbeat, a background thread) and marks it `released` when it ends (normal exit, Ctrl-C, SIGTERM:
-anything but SIGKILL or a lost machine). A lease is taken over by creating the next generation when
-its holder released it, is known dead (same machine: its process is gone, checked at once, PID reuse
-caught by the process start time), or sent no heartbeat for TTL_S seconds (other machines; their
-clocks must agree to within TTL_S - BEAT_S). A holder that finds a newer generation has lost the lease
-(it stalled past TTL_S and was taken over): it stops its work; its trials check it too (`fence`), so
-trials a dead driver left behind stop at their next report.
-
-Creating a generation is exclusive (docs/DESIGN.md, "One driver per study", gives the argument):
-- local disk (and NFS): the file is hard-linked into place (`os.link` fails when it exists): one taker;
-- s3:// with boto3 and a server that honours conditional writes (probed): created with `If-None-Match: *`,
-  rewritten (heartbeat, release) with `If-Match: <its ETag>`;
-- other object stores (gs://, boto3 missing, headers ignored): a claim `g<gen>.<token>.json` written,
-  SETTLE_S waited, the generation listed again: the smallest token holds, if no conditional file of that
-  generation and nothing newer is there; a contender too slow to claim safely withdraws.
+The current holder is the newest generation; a holder that finds a newer one has lost the lease (`fence`).
 """
 from __future__ import annotations
 
@@ -121,13 +106,12 @@ class Holder:
     info: dict
     mtime: float | None = None
 
-    def same_machine(self) -> bool:
-        me = machine()
-        return bool(me["boot"]) and all(self.info.get(k) == me[k] for k in ("host", "boot", "pidns"))
-
     def process_alive(self) -> bool | None:
-        """True / False on this machine; None when the holder ran elsewhere (only its heartbeat tells)."""
-        if not self.same_machine() or not self.info.get("pid"):
+        """True / False on this machine (see `machine`); None when the holder ran elsewhere (only its
+        heartbeat tells)."""
+        me = machine()
+        if not me["boot"] or any(self.info.get(k) != me[k] for k in ("host", "boot", "pidns")) \
+                or not self.info.get("pid"):
             return None
         start = proc_start(int(self.info["pid"]))
         return start is not None and (start == self.info.get("start") or self.info.get("start") is None)
@@ -178,30 +162,27 @@ def _listing(store) -> dict[int, list[tuple[str | None, pafs.FileInfo]]]:
     return out
 
 
-def _holder_of(store, gen: int, files: list) -> Holder:
-    # local: the one untokened file; object store: the smallest token's claim
-    token, info = min(files, key=lambda f: (f[0] is not None, f[0] or ""))
-    data = store.read_bytes(info.path)
-    try:
-        parsed = atomicio.loads_json(data) if data else {}
-        parsed = parsed if isinstance(parsed, dict) else {}
-    except ValueError:
-        parsed = {}
-    mtime = info.mtime.timestamp() if info.mtime else None
-    return Holder(gen, info.path, parsed, mtime)
-
-
 def current(store) -> Holder | None:
     """The newest generation's holder, or None when the study never had a lease."""
     files = _listing(store)
     if not files:
         return None
     gen = max(files)
-    return _holder_of(store, gen, files[gen])
+    # local: the one untokened file; object store: the smallest token's claim
+    _, info = min(files[gen], key=lambda f: (f[0] is not None, f[0] or ""))
+    data = store.read_bytes(info.path)
+    try:
+        parsed = atomicio.loads_json(data) if data else {}
+        parsed = parsed if isinstance(parsed, dict) else {}
+    except ValueError:
+        parsed = {}
+    return Holder(gen, info.path, parsed, info.mtime.timestamp() if info.mtime else None)
 
 
-def newest_gen(store) -> int:
-    return max(_listing(store), default=0)
+def successor(store, gen: int) -> Holder | None:
+    """The holder of a generation newer than `gen` (the holder of `gen` lost the lease to it), or None."""
+    h = current(store)
+    return h if h is not None and h.gen > gen else None
 
 
 def status_line(store, now: float | None = None) -> str:
@@ -216,11 +197,10 @@ def status_line(store, now: float | None = None) -> str:
     st = h.state(ttl, now)
     if st == "released":
         return f"lease: free (last held by {h.describe(now)})"
-    if st == "dead":
-        return f"lease: held by {h.describe(now)}, but that process has ended: the next driver takes over"
-    if st == "stale":
-        return f"lease: held by {h.describe(now)}: heartbeat stale (over {ttl:g}s): the next driver takes over"
-    return f"lease: held by {h.describe(now)}: heartbeat fresh"
+    return f"lease: held by {h.describe(now)}" + {
+        "dead": ", but that process has ended: the next driver takes over",
+        "stale": f": heartbeat stale (over {ttl:g}s): the next driver takes over",
+        "held": ": heartbeat fresh"}[st]
 
 
 # ---- conditional writes (S3 through boto3) -----------------------------------------------------------
@@ -303,15 +283,11 @@ class Lease:
                 f.write(data)
         return True
 
-    def _newer(self) -> Holder | None:
-        h = current(self.store)
-        return h if h is not None and h.gen > self.gen else None
-
     def beat(self) -> bool:
         """One heartbeat: False (and `lost` set) when a newer generation exists or renewals failed for
         the whole timeout."""
         try:
-            newer = self._newer()
+            newer = successor(self.store, self.gen)
             if newer is None:
                 self.info["beat"] = time.time()
                 if self._write():
@@ -352,7 +328,7 @@ class Lease:
         if self.lost is not None:
             return
         try:
-            if self._newer() is None:
+            if successor(self.store, self.gen) is None:
                 self.info.update(state="released", beat=time.time(), released=time.time())
                 try:
                     self._write()
@@ -410,8 +386,7 @@ def acquire(store, command: str, wait: bool = False, echo=print, on_lost=None) -
         if not store.local and cas is None and not withdrawn:
             echo(f"lease: {store.root.split('?')[0]} takes no conditional writes here (boto3 missing: pip install "
                  f"'rmdm-study[s3]'; or the store ignores them): claim, wait {settle_s:g}s, list again")
-        got = _claim_local(store, gen, token, info) if store.local else \
-            _claim_object(store, cas, gen, token, info, settle_s)
+        got = _claim(store, cas, gen, token, info, settle_s)
         if got is None:  # withdrawn: the store answered too slowly for a safe claim
             withdrawn += 1
             if withdrawn >= MAX_WITHDRAWALS:
@@ -443,37 +418,29 @@ def held_by(store) -> str | None:
     return _held_message(store, h) if h is not None and h.state(ttl_s) == "held" else None
 
 
-def _claim_local(store, gen: int, token: str, info: dict):
-    """Create generation `gen` exclusively (hard link of a complete file): (its path, None), or False."""
-    d = lease_dir(store)
-    os.makedirs(d, exist_ok=True)
-    path = f"{d}/g{gen:010d}.json"
-    tmp = f"{d}/.g{gen:010d}.{token}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(info, f, sort_keys=True)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-    # a generation older than the newest can be free again (removed by a newer holder): then it is no lease
-    if newest_gen(store) > gen:
-        os.unlink(path)
-        return False
-    return path, None
-
-
-def _claim_object(store, cas, gen: int, token: str, info: dict, settle_s: float):
-    """Claim generation `gen` on an object store (see the module's doc), with conditional writes (`cas`) or
-    a settled claim: (its path, its ETag or None), False (another contender holds it) or None (withdrawn: the
+def _claim(store, cas, gen: int, token: str, info: dict, settle_s: float):
+    """Claim generation `gen` (docs/DESIGN.md): created exclusively (local disk: a complete file hard-linked
+    into place; S3 with conditional writes `cas`: If-None-Match) or, on other object stores, a claim of its
+    own token settled: (its path, its ETag or None), False (another taker holds it) or None (withdrawn: the
     store answered too slowly, or a conditional taker met a settle claim of its generation)."""
-    path = f"{lease_dir(store)}/g{gen:010d}{'' if cas is not None else '.' + token}.json"
+    d, settle = lease_dir(store), not store.local and cas is None
+    path = f"{d}/g{gen:010d}{'.' + token if settle else ''}.json"
     t0 = time.monotonic()
-    if newest_gen(store) >= gen:
+    if max(_listing(store), default=0) >= gen:
         return False
     data, etag = json.dumps(info, sort_keys=True).encode(), None
-    if cas is not None:
+    if store.local:
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{d}/.g{gen:010d}.{token}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+    elif cas is not None:
         etag = _cas_put(cas, path, data)
         if etag is None:
             return False
@@ -484,13 +451,14 @@ def _claim_object(store, cas, gen: int, token: str, info: dict, settle_s: float)
             store.fs.delete_file(path)
             return None
         time.sleep(settle_s)
+    # a generation older than the newest can be free again (removed by a newer holder): then it is no lease
     files = _listing(store)
     newer, claims = max(files, default=0) > gen, [t for t, _ in files.get(gen, [])]
-    rival = any(t is not None for t in claims) if cas is not None else \
-        (None in claims or min(claims, default=token) != token)
+    rival = not store.local and (any(t is not None for t in claims) if cas is not None else
+                                 (None in claims or min(claims, default=token) != token))
     if newer or rival:
         store.fs.delete_file(path)
-        return False if newer or cas is None else None
+        return False if newer or settle else None
     return path, etag
 
 
@@ -519,9 +487,9 @@ def fence(store, held: dict | None):
         if time.monotonic() - last["at"] < every:
             return
         last["at"] = time.monotonic()
-        if newest_gen(store) > int(held["gen"]):
-            h = current(store)
+        h = successor(store, int(held["gen"]))
+        if h is not None:
             raise LeaseLost(f"study {store.study}: this trial's driver no longer holds the lease (now held by "
-                            f"{h.describe() if h else '?'}): stopping")
+                            f"{h.describe()}): stopping")
 
     return check

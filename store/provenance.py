@@ -33,13 +33,8 @@ def _now() -> str:
 
 def record_grid(store, text: str, command: str, path: str | None = None) -> str:
     """Keep `text` (the grid as run) as grids/<sha>.yaml and log this invocation; returns the sha."""
-    sha = grid_sha(text)
-    log_path = store.path(GRIDS, LOG)
-    old = store.read_bytes(log_path)
-    if not store.exists(store.path(GRIDS, f"{sha}.yaml")):
-        store.write_text(store.path(GRIDS, f"{sha}.yaml"), text)
-    store.write_bytes(log_path, (old or b"") + _line({"grid": sha, "time": _now(), "command": command, "path": path}))
-    return sha
+    old = store.read_bytes(store.path(GRIDS, LOG)) or b""
+    return _keep(store, text.encode(), {"time": _now(), "command": command, "path": path}, old)
 
 
 def adopt_grid_yaml(store) -> str | None:
@@ -49,18 +44,19 @@ def adopt_grid_yaml(store) -> str | None:
     legacy = store.read_bytes(store.path("grid.yaml"))
     if legacy is None or store.exists(store.path(GRIDS, LOG)):
         return None
-    lsha = grid_sha(legacy.decode(errors="replace"))
-    if not store.exists(store.path(GRIDS, f"{lsha}.yaml")):
-        store.write_bytes(store.path(GRIDS, f"{lsha}.yaml"), legacy)
     info = store.fs.get_file_info(store.path("grid.yaml"))
     when = info.mtime.astimezone(dt.timezone.utc).isoformat(timespec="seconds") if info.mtime else None
-    store.write_bytes(store.path(GRIDS, LOG), _line({"grid": lsha, "time": when, "command": "adopted",
-                                                     "path": "grid.yaml"}))
-    return lsha
+    return _keep(store, legacy, {"time": when, "command": "adopted", "path": "grid.yaml"})
 
 
-def _line(entry: dict) -> bytes:
-    return (json.dumps(entry, sort_keys=True) + "\n").encode()
+def _keep(store, data: bytes, entry: dict, log: bytes = b"") -> str:
+    """Keep `data` (a grid's text) as grids/<sha>.yaml (once); write the log: `log` and `entry` appended."""
+    sha = grid_sha(data.decode(errors="replace"))
+    if not store.exists(store.path(GRIDS, f"{sha}.yaml")):
+        store.write_bytes(store.path(GRIDS, f"{sha}.yaml"), data)
+    line = json.dumps({"grid": sha, **entry}, sort_keys=True) + "\n"
+    store.write_bytes(store.path(GRIDS, LOG), log + line.encode())
+    return sha
 
 
 def read_log(store) -> tuple[list[dict], list[str]]:

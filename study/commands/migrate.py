@@ -51,14 +51,11 @@ def migrate_study(results: str, study: str, echo=print) -> list[str]:
     if found > store_format.VERSION or found < 0:
         raise MigrateError(store_format.message(store, found).split(": run")[0]
                            + ": not a format this code can migrate from (a newer code's store?)")
-    lease = acquire(store, "migrate", echo=echo)
-    try:
+    with acquire(store, "migrate", echo=echo):
         changes = (_runs_digests(store) + _evals(store) + _grid_record(store) + _task_data(store)
                    + _old_temps(store))
         store.write_bytes(store_format.path(store), store_format.stamp_bytes())
         changes.append(f"{store_format.path(store)}: format version {found} -> {store_format.VERSION}")
-    finally:
-        lease.release()
     return changes
 
 

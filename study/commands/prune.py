@@ -4,7 +4,7 @@ A store keeps every run it ever started: failed runs of a grid since fixed, runs
 changed that never finished. `study status` and `study report` would list them forever. Here:
 
 - the grids of the study are the GRID given (after its overrides) and every grid the study ran
-  (store/provenance.py: grids/log.jsonl; grid.yaml for a study from before it);
+  (store/provenance.py: grids/log.jsonl; `study migrate` adopts the grid.yaml of a study from before it);
 - a run is kept when the GRID given asks for it (whatever its state), when it is done and any grid
   of the study asks for it, or when it is a trial of a search group (`study tune`);
 - every other run is listed with why (failed, never finished, done but asked for by no grid);
@@ -46,19 +46,15 @@ class PrunePlan:
 
 
 def study_grids(store: Store, notes: list[str]) -> list[Grid]:
-    """Every grid the study recorded (provenance log, else grid.yaml), expanded; those that no longer
+    """Every grid the study recorded (its provenance log), expanded; those that no longer
     expand are named in `notes` (None in the list: what they ask for is unknown)."""
     import yaml
 
     from store import provenance
     from study.spec.grid import expand
 
-    texts = [(f"grids/{g['grid']}.yaml", g["text"]) for g in provenance.grids(store)]
-    if not texts:
-        raw = store.read_bytes(store.path("grid.yaml"))
-        texts = [("grid.yaml", raw.decode(errors="replace"))] if raw is not None else []
     out = []
-    for name, text in texts:
+    for name, text in ((f"grids/{g['grid']}.yaml", g["text"]) for g in provenance.grids(store)):
         if text is None:
             notes.append(f"{store.dir}/{name} is missing: done runs only it asked for are kept")
             out.append(None)

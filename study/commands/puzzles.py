@@ -179,8 +179,5 @@ def _open_out(out: str) -> AtomicFile:
 
 def _file_digest(path: str) -> str:
     """The first 16 hex digits of the file's SHA-256, read a block at a time."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]

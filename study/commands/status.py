@@ -68,7 +68,7 @@ def snapshot(grid: Grid, store: Store, now: float | None = None, stale_s: float 
             state = "failed"
         elif fresh:
             state = "running"
-        elif hb or store.exists(store.checkpoint_path(rid)) or store.exists(store.weights_path(rid)):
+        elif hb or trained or store.exists(store.checkpoint_path(rid)):
             state = "interrupted"  # started, then stopped: a rerun resumes it
             if trained:
                 step = steps
