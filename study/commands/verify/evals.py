@@ -26,9 +26,6 @@ def check_evals_and_samples(c: Context) -> None:
         rid, key = rel[0], stem(rel[1])
         present.setdefault(rid, set()).add(key)
         path, kind = store.path("evals", *rel), kind_of(t)
-        if any(r != rid for r in t.column("run_id").to_pylist()) or any(
-                k != key for k in t.column("eval_key").to_pylist()):
-            v.problems.append(f"{path}: rows of another run or eval point than its path says")
         metrics = t.column("metric").to_pylist()
         for m in sorted({m for m in metrics if metrics.count(m) > 1}):
             v.problems.append(f"{path}: {metrics.count(m)} rows of metric {m}, one expected")
@@ -110,7 +107,7 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
         kind.check_rows(v, path, key, rows, pt)
     if st is None:
         return  # no samples file: a problem of its own
-    srows = checked_samples(v, spath, rid, key, rows, st)
+    srows = checked_samples(v, spath, rows, st)
     scores = sample_scores(v, spath, srows) if srows is not None else None
     if scores is None:
         return

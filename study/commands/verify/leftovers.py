@@ -1,12 +1,10 @@
 """What interrupted writes and damage leave behind."""
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow.fs as pafs
 
-from atomicio import loads_json
 from study.commands.verify.context import Context
 
 
@@ -34,28 +32,6 @@ def check_leftovers(c: Context) -> None:
              if i.type == pafs.FileType.File]
     if aside:
         v.notes.append(f"{len(aside)} damaged file(s) set aside in {store.dir}/{QUARANTINE}/ (kept for inspection)")
-    runs_dir = f"{store.dir}/runs"
-    for info in store.fs.get_file_info(pafs.FileSelector(runs_dir, allow_not_found=True)):
-        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet") or info.base_name[0] in "._":
-            continue
-        t = store.read_file("runs", info.base_name)
-        rows = t.to_pylist() if t is not None else []
-        if not rows or rows[-1]["status"] != "done":
-            continue
-        rid = info.base_name[: -len(".parquet")]
-        cpath = store.path("configs", f"{rid}.json")
-        if any(cpath in p for p in v.problems):
-            continue  # said by the config checks
-        raw = store.read_bytes(cpath)
-        try:
-            cfg = loads_json(raw) if raw is not None else None
-        except ValueError as e:
-            v.problems.append(f"{cpath}: not JSON ({str(e)[:80]}); `study run` rewrites it")
-            continue
-        if raw is None and cpath not in store.unreadable:
-            v.problems.append(f"{cpath}: missing: run {rid} is done; `study run` rewrites it")
-        elif raw is not None and (not isinstance(cfg, dict) or cfg.get("run_id") != rid):
-            v.problems.append(f"{cpath}: not the config of run {rid}; `study run` rewrites it")
     for path, why in sorted(store.unreadable.items()):  # read but not parsed by the checks above
         if not any(path in p for p in v.problems):
             v.problems.append(f"unreadable file {path}: {why}")

@@ -17,7 +17,7 @@ def check_index(c: Context) -> None:
         listing = {i.path[len(store.dir) + len(table) + 2:]: i for i in index.list_files(store, table)}
         names = idx["_file"].to_pylist()
         sizes, mtimes = idx["_size"].to_pylist(), idx["_mtime_ns"].to_pylist()
-        crcs = idx["_crc"].to_pylist() if "_crc" in idx.column_names else [None] * len(names)
+        crcs = idx["_crc"].to_pylist()
         starts: dict[str, list[int]] = {}
         for r, name in enumerate(names):
             starts.setdefault(name, []).append(r)
@@ -25,8 +25,7 @@ def check_index(c: Context) -> None:
             info = listing.get(name)
             if info is None or (sizes[rs[0]], mtimes[rs[0]]) != index._ident(info):
                 continue  # stale: readers read the file itself
-            if store.local and crcs[rs[0]] is not None and hasattr(index, "_read_tail_crc") and \
-                    index._read_tail_crc(info.path, int(info.size or 0)) != crcs[rs[0]]:
+            if store.local and index._read_tail_crc(info.path, int(info.size or 0)) != crcs[rs[0]]:
                 continue  # changed in place: readers read the file itself (and so does this check)
             t = tables.get((table, tuple(name.split("/"))))
             if t is None:

@@ -9,15 +9,13 @@ from study.spec.grid import Run
 from tasks import NotRescorable
 
 
-def checked_samples(v: Verdict, spath: str, rid: str, key: str, rows: list[dict], st) -> list[dict] | None:
+def checked_samples(v: Verdict, spath: str, rows: list[dict], st) -> list[dict] | None:
     """The samples rows by example; None (a problem) when the examples are not 0..m-1 once each."""
     srows = sorted(st.to_pylist(), key=lambda s: (s["example"] is None, s["example"] or 0))
     m = len(srows)
     if [s["example"] for s in srows] != list(range(m)):
         v.problems.append(f"{spath}: examples are not 0..{m - 1}, one row each")
         return None
-    if any(s["run_id"] != rid or s["eval_key"] != key for s in srows):
-        v.problems.append(f"{spath}: rows of another run or eval point than its path says")
     for s in srows:
         for fld in ("T", "L_s"):
             if s[fld] != rows[0][fld]:
