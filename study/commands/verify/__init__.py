@@ -1,36 +1,10 @@
-"""`study verify`: check a study's store before believing a figure drawn from it.
-
-Recomputes everything the store lets it recompute, and names the file and field of each
-disagreement:
-- runs: the run id is the hash of the training config (configs/<id>.json and the row's `config`
-  agree field by field); every column a config implies (task, K, L_t, d_model, heads, schedule,
-  loss, lr, batch, steps, seed, parameter and FLOP counts) is what `study.engine.rows.run_row` and the
-  model's own counting give for that config; `status` agrees with `error`, the weights and the eval
-  points; `final_loss` is the history's last loss; `grid` names a grid the study recorded.
-- evals: each file is checked by the rules of the evaluation kind its rows name (study/engine/kinds: its
-  key, its rows' derivation, its cost; one loop over the files, never a key's shape); a sampled point's
-  key is the key of an evaluation point some grid of the study (grids/, see
-  store/provenance.py) or the run's config owes, or the key of its rows' own fields; T, L_s,
-  sampler, split and n_examples are that point's; value, ci_low and ci_high are what
-  `study.engine.rows.metric_rows` (`likelihood_rows` for a likelihood point) gives the
-  per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
-  what `study.engine.evaluate.sampling_cost`'s rule (`study.engine.rows.passes_cost`; `likelihood_cost`)
-  gives the per-example passes and steps.
-- samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
-  by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from
-  text says so (`NotRescorable`) and is named among what is not re-derived.
-- every eval point owed by every grid the study ran (and by each done run's config) is present,
-  with its samples file; a run a grid lists that has no row yet is owed (a status line naming the
-  `study run` that finishes it), not damage; the read index (_index/) agrees with the files it summarises.
-- the store's invariants: every table file parses and lies where the layout puts it, one runs
-  row per id, weights present (and loadable without running code) for every done run, histories
-  monotone within an attempt.
-What cannot be re-derived (measured times, hosts, per-example scores whose outputs were not kept)
-is named in the summary line. Reads the store only.
+"""`study verify`: check a study's store before believing a figure drawn from it: recompute everything the
+store lets it recompute, name the file and field of each disagreement, and name what cannot be re-derived
+(docs/DESIGN.md, "Verify", says what each check derives from what). Reads the store only.
 
 Each check is a function of one `Context` (context.py), run in the order of `CHECKS`: files.py (the files,
 the read index, leftovers), runs.py (rows, configs, weights, digests, histories), grids.py, evals.py
-(evals, samples, cost); deep.py evaluates again.
+(evals, samples, cost; each file by its evaluation kind, study/engine/kinds); deep.py evaluates again.
 """
 from __future__ import annotations
 
@@ -42,8 +16,8 @@ from study.commands.verify.context import Context, Verdict, stem
 from study.commands.verify.evals import check_evals_and_samples, kind_of
 from study.commands.verify.files import check_index, check_leftovers, read_tables
 from study.commands.verify.grids import check_grids, expected_points
-from study.commands.verify.runs import (check_digests, check_final_loss, check_histories, check_run_configs,
-                                        check_runs, check_weights)
+from study.commands.verify.runs import (check_digests, check_histories, check_run_configs, check_runs,
+                                        check_weights)
 from tasks import check_registered
 
 __all__ = ["PointError", "Verdict", "verify_study"]
@@ -60,7 +34,7 @@ def check_tasks(c: Context) -> None:
 
 # every check, in the order each reads what the ones before it learnt (Context)
 CHECKS = (check_runs, check_tasks, check_grids, check_run_configs, check_weights, check_digests, expected_points,
-          check_evals_and_samples, check_histories, check_final_loss, check_index, check_leftovers)
+          check_evals_and_samples, check_histories, check_index, check_leftovers)
 
 
 def verify_study(store: Store, deep: bool = False, fraction: float = 1.0, points: list[str] | None = None) -> Verdict:

@@ -5,7 +5,10 @@ a grid or a done run's config owes present."""
 from __future__ import annotations
 
 import json
+from functools import partial
+from types import SimpleNamespace
 
+from model.costs import flops_per_forward
 from study.commands.verify.context import Context, Verdict, same, stem
 from study.engine.kinds import KINDS
 from study.spec.grid import Run
@@ -109,8 +112,7 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
         kind.check_rows(v, path, key, rows, pt)
     if st is None:
         return  # no samples file: a problem of its own
-    srows = checked_samples(v, spath, rows, st)
-    scores = sample_scores(v, spath, srows) if srows is not None else None
+    srows, scores = _samples(v, spath, rows, st)
     if scores is None:
         return
     primary = kind.primary(task)
@@ -124,24 +126,20 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
         check_cost(v, path, spath, rows, srows, kind, pt, run, task)
 
 
-def checked_samples(v: Verdict, spath: str, rows: list[dict], st) -> list[dict] | None:
-    """The samples rows by example; None (a problem) when the examples are not 0..m-1 once each."""
+def _samples(v: Verdict, spath: str, rows: list[dict], st) -> tuple[list[dict], list[dict] | None]:
+    """The samples rows by example and each one's per-metric scores; scores None (a problem) when the examples
+    are not 0..m-1 once each, or at the first example whose scores are not a JSON object."""
     srows = sorted(st.to_pylist(), key=lambda s: (s["example"] is None, s["example"] or 0))
     m = len(srows)
     if [s["example"] for s in srows] != list(range(m)):
         v.problems.append(f"{spath}: examples are not 0..{m - 1}, one row each")
-        return None
+        return srows, None
     for s in srows:
         for fld in ("T", "L_s"):
             if s[fld] != rows[0][fld]:
                 v.problems.append(f"{spath} example {s['example']}: field {fld} is {s[fld]!r}, its evals rows say "
                                   f"{rows[0][fld]!r}")
                 break
-    return srows
-
-
-def sample_scores(v: Verdict, spath: str, srows: list[dict]) -> list[dict] | None:
-    """Each example's per-metric scores; None (a problem) at the first that is not a JSON object."""
     scores = []
     for s in srows:
         try:
@@ -150,9 +148,9 @@ def sample_scores(v: Verdict, spath: str, srows: list[dict]) -> list[dict] | Non
                 raise ValueError
         except ValueError:
             v.problems.append(f"{spath} example {s['example']}: field scores is not a JSON object of per-metric scores")
-            return None
+            return srows, None
         scores.append(sc)
-    return scores
+    return srows, scores
 
 
 def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: list[dict], kind, task) -> None:
@@ -223,25 +221,16 @@ def _rescore_file(v: Verdict, path: str, rows: list[dict], scores: list[dict], t
     return True
 
 
-class _Counted:
-    """What `sampling_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
-    RecursiveDenoiser.flops_per_forward is model.costs.flops_per_forward of its config and sequence spec."""
-
-    def __init__(self, run: Run, task):
-        self.cfg, self.seq_len, self.vocab = run.model, len(task.pos_ids()), task.vocab_size
-
-    def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
-        from model.costs import flops_per_forward
-
-        return flops_per_forward(self.cfg, self.seq_len, self.vocab, n_loops, heads)
-
-
 def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[dict], kind, pt, run, task):
     """forward_passes, forward_passes_mean and eval_flops derived again from the per-example cost, by its kind's rule."""
     if run is None:
         v.underived.add("evaluation cost of runs whose config is unusable")
         return
-    want = kind.cost(v, spath, _Counted(run, task), rows, srows, pt, task)
+    # what the cost rules read of a model, its FLOP counting, without building one (RecursiveDenoiser's
+    # flops_per_forward is model.costs.flops_per_forward of its config and sequence spec)
+    counted = SimpleNamespace(flops_per_forward=partial(flops_per_forward, run.model, len(task.pos_ids()),
+                                                        task.vocab_size))
+    want = kind.cost(v, spath, counted, rows, srows, pt, task)
     for r in rows if want is not None else ():
         for fld in ("forward_passes", "eval_flops", "forward_passes_mean"):
             if not same(r[fld], want[fld]):

@@ -34,20 +34,6 @@ def check_runs(c: Context) -> None:
     v.add("runs", len(runs))
 
 
-def check_final_loss(c: Context) -> None:
-    """A done run's final_loss is the loss of the last step of its history."""
-    store, v, runs, tables = c.store, c.v, c.runs, c.tables
-    for rid, row in sorted(runs.items()):
-        t = tables.get(("history", (f"{rid}.parquet",)))
-        if row["status"] != "done" or t is None or not t.num_rows:
-            continue
-        steps, losses = t.column("step").to_pylist(), t.column("loss").to_pylist()
-        last = losses[max(range(len(steps)), key=lambda i: steps[i])]
-        if not same(row["final_loss"], last):
-            v.problems.append(f"{store.path('runs', rid + '.parquet')}: field final_loss is {row['final_loss']} but "
-                              f"the last step of its history has loss {last}")
-
-
 CONFIG_COLUMNS = ("study", "group", "task", "task_params", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr",
                   "batch", "steps", "seed", "n_params", "n_params_non_embedding", "flops_per_forward", "config")
 
@@ -70,8 +56,11 @@ def check_run_configs(c: Context) -> None:
     for rid, row in sorted(runs.items()):
         rpath = store.path("runs", f"{rid}.parquet")
         cpath = store.path("configs", f"{rid}.json")
-        row_cfg = _row_config(v, row, rpath)
-        file_cfg = _stored_config(c, rid, row, cpath)
+        row_cfg = _config(v, json.loads, row["config"], f"{rpath}: field config is")
+        raw = store.read_bytes(cpath)  # configs/<run_id>.json: absent is a problem for a done run
+        file_cfg = _config(v, loads_json, raw, f"{cpath}:") if raw is not None else None
+        if raw is None and row["status"] == "done":
+            v.problems.append(f"{cpath}: missing: run {rid} is done, its config must be stored")
         sources = [(p, c) for p, c in ((cpath, file_cfg), (rpath + " field config", row_cfg)) if c is not None]
         good = _config_of_its_id(v, rid, sources)
         if file_cfg is not None and row_cfg is not None:
@@ -94,33 +83,15 @@ def check_run_configs(c: Context) -> None:
         out[rid] = run
 
 
-def _row_config(v: Verdict, row: dict, rpath: str) -> dict | None:
-    """The resolved config the runs row holds (its `config` field), or None (a problem) when it is none."""
+def _config(v: Verdict, load, text, where: str) -> dict | None:
+    """The resolved config `load(text)` gives, or None (a problem, said of `where`) when it is none."""
     try:
-        row_cfg = json.loads(row["config"])
-        if not isinstance(row_cfg, dict):
+        cfg = load(text)
+        if not isinstance(cfg, dict):
             raise ValueError("not a JSON object")
-        return row_cfg
+        return cfg
     except (TypeError, ValueError) as e:
-        v.problems.append(f"{rpath}: field config is not a resolved config ({str(e)[:80]})")
-        return None
-
-
-def _stored_config(c: Context, rid: str, row: dict, cpath: str) -> dict | None:
-    """configs/<run_id>.json, or None: absent (a problem for a done run) or not a JSON object (a problem)."""
-    store, v = c.store, c.v
-    raw = store.read_bytes(cpath)
-    if raw is None:
-        if row["status"] == "done":
-            v.problems.append(f"{cpath}: missing: run {rid} is done, its config must be stored")
-        return None
-    try:
-        file_cfg = loads_json(raw)
-        if not isinstance(file_cfg, dict):
-            raise ValueError("not a JSON object")
-        return file_cfg
-    except ValueError as e:
-        v.problems.append(f"{cpath}: not a resolved config ({str(e)[:80]})")
+        v.problems.append(f"{where} not a resolved config ({str(e)[:80]})")
         return None
 
 
@@ -223,11 +194,6 @@ def check_weights(c: Context) -> None:
         _check_shapes(c, rid, wpath, sd["model"])
 
 
-def expected_shapes(run, task) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the model a run's config makes (model.costs.param_shapes: no torch)."""
-    return param_shapes(run.model, task.vocab_size, task.pos_sizes())
-
-
 def _check_shapes(c: Context, rid: str, wpath: str, got) -> None:
     """The weights' tensors are the ones run `rid`'s config makes: the same names, each of the same shape."""
     run = c.rebuilt.get(rid)
@@ -235,7 +201,8 @@ def _check_shapes(c: Context, rid: str, wpath: str, got) -> None:
         c.v.underived.add("weights' shapes of runs whose config is unusable")
         return
     try:
-        want = expected_shapes(run, c.task_of(c.runs[rid]))
+        task = c.task_of(c.runs[rid])
+        want = param_shapes(run.model, task.vocab_size, task.pos_sizes())  # name -> shape, without torch
     except (ValueError, TypeError) as e:
         c.v.problems.append(f"run {rid}: task not rebuilt from its runs row: {str(e).splitlines()[0][:160]}")
         return
@@ -309,14 +276,21 @@ def _check_history(c: Context, rid: str, row: dict, rpath: str) -> None:
 
 
 def check_histories(c: Context) -> None:
-    """Each history file holds rows of its own run, monotone in step and time within an attempt."""
+    """Each history file monotone in step and time within an attempt; a done run's final_loss the loss of the
+    last step of its history."""
     v, tables = c.v, c.tables
     for (table, rel), t in sorted(tables.items()):
         if table != "history":
             continue
         v.add("histories")
+        rows, row = t.to_pylist(), c.runs.get(stem(rel[0]))
+        if row is not None and row["status"] == "done" and rows:
+            last_loss = max(rows, key=lambda r: r["step"])["loss"]
+            if not same(row["final_loss"], last_loss):
+                v.problems.append(f"{c.store.path('runs', rel[0])}: field final_loss is {row['final_loss']} but "
+                                  f"the last step of its history has loss {last_loss}")
         last: dict = {}
-        for r in t.to_pylist():
+        for r in rows:
             a = r["attempt"]
             prev = last.get(a)
             if prev is not None and (r["step"] <= prev["step"] or (
