@@ -18,7 +18,6 @@ from study.commands.verify.files import check_index, check_leftovers, read_table
 from study.commands.verify.grids import check_grids, expected_points
 from study.commands.verify.runs import (check_digests, check_histories, check_run_configs, check_runs,
                                         check_weights)
-from tasks import check_registered
 
 __all__ = ["PointError", "Verdict", "verify_study"]
 
@@ -27,13 +26,8 @@ class PointError(ValueError):
     """`--point` names no stored eval point: a usage error (exit 2) listing those there are."""
 
 
-def check_tasks(c: Context) -> None:
-    """Every run's task registered (a plugin's task not registered: UnknownTask, exit 2)."""
-    check_registered(r["task"] for r in c.runs.values())
-
-
 # every check, in the order each reads what the ones before it learnt (Context)
-CHECKS = (check_runs, check_tasks, check_grids, check_run_configs, check_weights, check_digests, expected_points,
+CHECKS = (check_runs, check_grids, check_run_configs, check_weights, check_digests, expected_points,
           check_evals_and_samples, check_histories, check_index, check_leftovers)
 
 

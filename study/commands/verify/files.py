@@ -11,21 +11,9 @@ from study.commands.verify.context import Context, equal
 
 
 def read_tables(c: Context) -> None:
-    """Every Parquet file of the store, parsed; one that does not parse is a problem."""
-    c.files = table_files(c)
-    for (table, rel), path in c.files.items():
-        data = c.store.read_bytes(path)
-        t = c.store._parse(path, data, SCHEMAS[table]) if data is not None else None
-        if t is None:
-            c.v.problems.append(f"unreadable file {path}: {c.store.unreadable.get(path, 'vanished while read')}")
-        else:
-            c.tables[(table, rel)] = t
-
-
-def table_files(c: Context) -> dict[tuple[str, tuple[str, ...]], str]:
-    """(table, path parts inside the table) -> path, for every Parquet file; misplaced files are problems."""
+    """c.files and c.tables: every Parquet file of the store (misplaced files are problems), parsed (one that
+    does not parse is a problem)."""
     store, v = c.store, c.v
-    out = {}
     for table in SCHEMAS:
         root = f"{store.dir}/{table}"
         for info in store.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
@@ -37,8 +25,14 @@ def table_files(c: Context) -> dict[tuple[str, tuple[str, ...]], str]:
                     or not all(is_safe_name(p) for p in rel)):
                 v.problems.append(f"orphan file {info.path}: not where the store's layout puts a {table} file")
                 continue
-            out[(table, rel)] = info.path
-    return out
+            path = c.files[(table, rel)] = info.path
+            data = store.read_bytes(path)
+            t = store._parse(path, data, SCHEMAS[table]) if data is not None else None
+            if t is None:
+                why = store.unreadable.get(path, "vanished while read")
+                v.problems.append(f"unreadable file {path}: {why}")
+            else:
+                c.tables[(table, rel)] = t
 
 
 def check_index(c: Context) -> None:

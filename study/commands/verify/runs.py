@@ -16,11 +16,11 @@ from model.costs import param_shapes
 from store.digest import edited_point, row_sha256, rows_sha256, weights_mismatch
 from study.commands.verify.context import Context, Verdict, diff, equal, flat, same, stem
 from study.spec.grid import EvalConfig, Resources, Run, config_hash
-from tasks import TASKS
+from tasks import TASKS, check_registered
 
 
 def check_runs(c: Context) -> None:
-    """One runs row per id, of its own id."""
+    """One runs row per id, of its own id; every run's task registered (UnknownTask, exit 2, where not)."""
     store, v, runs = c.store, c.v, c.runs
     for (table, rel), t in c.tables.items():
         if table != "runs":
@@ -32,6 +32,7 @@ def check_runs(c: Context) -> None:
         if rows:
             runs[rid] = rows[-1]
     v.add("runs", len(runs))
+    check_registered(r["task"] for r in runs.values())  # a plugin's task not registered
 
 
 CONFIG_COLUMNS = ("study", "group", "task", "task_params", "K", "L_t", "schedule", "loss", "d_model", "heads", "lr",
@@ -287,8 +288,8 @@ def check_histories(c: Context) -> None:
         if row is not None and row["status"] == "done" and rows:
             last_loss = max(rows, key=lambda r: r["step"])["loss"]
             if not same(row["final_loss"], last_loss):
-                v.problems.append(f"{c.store.path('runs', rel[0])}: field final_loss is {row['final_loss']} but "
-                                  f"the last step of its history has loss {last_loss}")
+                v.problems.append(f"{c.store.path('runs', rel[0])}: field final_loss is {row['final_loss']} "
+                                  f"but the last step of its history has loss {last_loss}")
         last: dict = {}
         for r in rows:
             a = r["attempt"]
