@@ -97,7 +97,7 @@ class Context:
     files: dict = field(default_factory=dict)  # (table, path parts inside the table) -> path of every Parquet file
     tables: dict = field(default_factory=dict)  # (table, path parts) -> pyarrow table of every readable file
     runs: dict = field(default_factory=dict)  # run_id -> its runs row
-    grids: list = field(default_factory=list)  # every grid the study recorded (grids.GridRec)
+    grids: list = field(default_factory=list)  # (sha, path, its runs or None) of every grid recorded
     rebuilt: dict = field(default_factory=dict)  # run_id -> the Run its config describes (configs agree)
     owed: dict = field(default_factory=dict)  # run_id -> eval keys owed
     unrun: set = field(default_factory=set)  # run ids a grid lists that have no runs row yet (owed, not damage)
