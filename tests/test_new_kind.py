@@ -49,7 +49,7 @@ def results(tiny_study, tmp_path_factory):
     """A real tiny study (conftest.py), then one `best` point of its first run written beside the grid's."""
     from store import Store
     from study.commands.puzzles import load_run_model
-    from study.commands.verify.configs import run_of_config
+    from study.commands.verify.runs import run_of_config
     from study.engine.evaluate import write
     from tasks import make_task
 

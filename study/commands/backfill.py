@@ -9,8 +9,8 @@ import torch
 
 from store import Store
 from study.commands.puzzles import load_run_model
+from study.commands.verify.runs import run_of_config
 from study.engine.evaluate import NLL_KEYS, evaluate_run, scored
-from study.commands.verify.configs import run_of_config
 from tasks import make_task
 
 NO_CHECKPOINTS = ("checkpoint numbers (history val_elbo, val_ref_nll) are not backfilled: a run's checkpoints "

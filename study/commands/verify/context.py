@@ -89,16 +89,6 @@ def same(a, b) -> bool:
     return math.isclose(a, b, rel_tol=TOL, abs_tol=TOL)
 
 
-def task_of(row: dict, cache: dict):
-    key = (row["task"], row["task_params"])
-    if key not in cache:
-        name = row["task"]
-        if name not in TASKS:
-            raise ValueError(f"task {name!r} unknown here; known: {', '.join(sorted(TASKS))}")
-        cache[key] = make_task(TASKS[name][0].model_validate(json.loads(row["task_params"])))
-    return cache[key]
-
-
 @dataclass
 class Context:
     """The store under check and what the checks learn of it, in the order `verify_study` fills it."""
@@ -107,7 +97,7 @@ class Context:
     files: dict = field(default_factory=dict)  # (table, path parts inside the table) -> path of every Parquet file
     tables: dict = field(default_factory=dict)  # (table, path parts) -> pyarrow table of every readable file
     runs: dict = field(default_factory=dict)  # run_id -> its runs row
-    grids: list = field(default_factory=list)  # every grid the study recorded (grids.GridRec)
+    grids: list = field(default_factory=list)  # (sha, path, its runs or None) of every grid recorded
     rebuilt: dict = field(default_factory=dict)  # run_id -> the Run its config describes (configs agree)
     owed: dict = field(default_factory=dict)  # run_id -> eval keys owed
     unrun: set = field(default_factory=set)  # run ids a grid lists that have no runs row yet (owed, not damage)
@@ -116,4 +106,11 @@ class Context:
     points: dict = field(default_factory=dict)  # (run_id, eval key) -> (its kind, its EvalPoint or None) checked
 
     def task_of(self, row: dict):
-        return task_of(row, self.tasks)
+        """The task of a runs row (its task and task_params), built once."""
+        name = row["task"]
+        key = (name, row["task_params"])
+        if key not in self.tasks:
+            if name not in TASKS:
+                raise ValueError(f"task {name!r} unknown here; known: {', '.join(sorted(TASKS))}")
+            self.tasks[key] = make_task(TASKS[name][0].model_validate(json.loads(row["task_params"])))
+        return self.tasks[key]

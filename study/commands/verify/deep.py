@@ -1,12 +1,7 @@
 """`study verify --deep`: chosen eval points evaluated again from the stored weights, with the stored seed and
 the run's precision, through the one evaluation path that wrote them (study.engine.evaluate); every samples
-row (text, scores, cost) and every evals row must come out the same. A consistent forgery (an output replaced
-and its scores and evals recomputed to match), swapped weights or a silently changed sampler cannot pass.
-
-Exact where the run was evaluated (the same device kind and precision: the sampler's arithmetic is the same
-sequence of operations on the same numbers); run on another device or precision, floats are compared to
-`DEEP_TOL` and a differing text is a problem all the same (docs/DESIGN.md, "study verify --deep").
-"""
+row and evals row must come out the same: exactly when the run was evaluated on the cpu, else floats to
+`DEEP_TOL` (docs/DESIGN.md, "study verify --deep")."""
 from __future__ import annotations
 
 import io
@@ -75,14 +70,9 @@ def _redo_point(c: Context, rid: str, key: str, models: dict) -> str | None:
         return None
     torch.set_num_threads(max(1, int(run.resources.cpu)))  # as the trial ran: the same reduction order
     got = kind.redo(c, rid, key, pt, run, task, model, row.get("precision") or "float32")
-    if got is not None:
-        _compare(c, rid, key, got, _exact(row))
+    if got is not None:  # exact when the run was evaluated on the cpu, as --deep is
+        _compare(c, rid, key, got, (row.get("device") or "cpu").split(":")[0] == "cpu")
     return kind.count
-
-
-def _exact(row: dict) -> bool:
-    """Whether the run was evaluated on the cpu, as --deep is: then every number must come out the same."""
-    return (row.get("device") or "cpu").split(":")[0] == "cpu"
 
 
 def _same(a, b, exact: bool) -> bool:

@@ -1,13 +1,18 @@
 """The evals files: each by the rules of its stored kind (study/engine/kinds) against the evaluation point its
-key names and its samples file, and every point a grid or a done run's config owes present."""
+key names and its samples file (one row per example, its kept outputs re-scored from their text, each evals
+value and the evaluation cost derived again from the per-example scores, passes and steps), and every point
+a grid or a done run's config owes present."""
 from __future__ import annotations
 
 import json
+from functools import partial
+from types import SimpleNamespace
 
-from study.commands.verify.context import Context, same, stem
-from study.commands.verify.cost import check_cost
-from study.commands.verify.samples import check_texts, check_values, checked_samples, sample_scores
+from model.costs import flops_per_forward
+from study.commands.verify.context import Context, Verdict, same, stem
 from study.engine.kinds import KINDS
+from study.spec.grid import Run
+from tasks import NotRescorable
 
 
 def check_evals_and_samples(c: Context) -> None:
@@ -26,9 +31,6 @@ def check_evals_and_samples(c: Context) -> None:
         rid, key = rel[0], stem(rel[1])
         present.setdefault(rid, set()).add(key)
         path, kind = store.path("evals", *rel), kind_of(t)
-        if any(r != rid for r in t.column("run_id").to_pylist()) or any(
-                k != key for k in t.column("eval_key").to_pylist()):
-            v.problems.append(f"{path}: rows of another run or eval point than its path says")
         metrics = t.column("metric").to_pylist()
         for m in sorted({m for m in metrics if metrics.count(m) > 1}):
             v.problems.append(f"{path}: {metrics.count(m)} rows of metric {m}, one expected")
@@ -110,8 +112,7 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
         kind.check_rows(v, path, key, rows, pt)
     if st is None:
         return  # no samples file: a problem of its own
-    srows = checked_samples(v, spath, rid, key, rows, st)
-    scores = sample_scores(v, spath, srows) if srows is not None else None
+    srows, scores = _samples(v, spath, rows, st)
     if scores is None:
         return
     primary = kind.primary(task)
@@ -123,3 +124,115 @@ def _check_point(c: Context, rel: tuple, rows: list[dict], st, row: dict, kind) 
     check_values(v, path, spath, rows, scores, kind, task)
     if srows:
         check_cost(v, path, spath, rows, srows, kind, pt, run, task)
+
+
+def _samples(v: Verdict, spath: str, rows: list[dict], st) -> tuple[list[dict], list[dict] | None]:
+    """The samples rows by example and each one's per-metric scores; scores None (a problem) when the examples
+    are not 0..m-1 once each, or at the first example whose scores are not a JSON object."""
+    srows = sorted(st.to_pylist(), key=lambda s: (s["example"] is None, s["example"] or 0))
+    m = len(srows)
+    if [s["example"] for s in srows] != list(range(m)):
+        v.problems.append(f"{spath}: examples are not 0..{m - 1}, one row each")
+        return srows, None
+    for s in srows:
+        for fld in ("T", "L_s"):
+            if s[fld] != rows[0][fld]:
+                v.problems.append(f"{spath} example {s['example']}: field {fld} is {s[fld]!r}, its evals rows say "
+                                  f"{rows[0][fld]!r}")
+                break
+    scores = []
+    for s in srows:
+        try:
+            sc = json.loads(s["scores"]) if s["scores"] else None
+            if not isinstance(sc, dict):
+                raise ValueError
+        except ValueError:
+            v.problems.append(f"{spath} example {s['example']}: field scores is not a JSON object of per-metric scores")
+            return srows, None
+        scores.append(sc)
+    return srows, scores
+
+
+def check_values(v: Verdict, path: str, spath: str, rows: list[dict], scores: list[dict], kind, task) -> None:
+    """Each evals row's value, ci_low and ci_high derived again from the per-example scores, by its kind's rule."""
+    m = len(scores)
+    for r in rows:
+        if r["n_examples"] != m:
+            v.problems.append(f"{path}: field n_examples is {r['n_examples']} but {spath} holds {m} evaluated "
+                              f"examples")
+            continue
+        want = kind.derive(v, path, r, scores, task)
+        if want is None:
+            v.underived.add(f"evals metric {r['metric']} (no per-example score of it)")
+            v.notes.append(f"{path}: {r['metric']} not re-derived: the samples carry no per-example {r['metric']}")
+            continue
+        v.add(kind.recomputed)
+        for fld in ("value", "ci_low", "ci_high"):
+            if not same(r[fld], want[fld]):
+                v.problems.append(f"{path}: field {fld} of {r['metric']} is {r[fld]} but the {m} per-example scores "
+                                  f"give {want[fld]}")
+
+
+def check_texts(v: Verdict, spath: str, srows: list[dict], scores: list[dict], task, row: dict, run: Run | None,
+                kind) -> None:
+    """The kept outputs: a prefix of the examples, as many as the config keeps; each re-scored (unless its kind
+    takes the scores as stored)."""
+    textual = [s for s in srows if s["output"] is not None or s["reference"] is not None]
+    k, m = len(textual), len(srows)
+    if [s["example"] for s in textual] != list(range(k)):
+        v.problems.append(f"{spath}: the examples with kept text are not the first {k}")
+    if run is not None and kind.keeps_text:
+        want = min(run.eval.n_samples_kept, m)
+        if k != want:
+            v.problems.append(f"{spath}: text kept for {k} examples but the config keeps n_samples_kept = "
+                              f"{run.eval.n_samples_kept} of {m}")
+    if kind.as_stored(v, row["task"], k, m):
+        return
+    if not _rescore_file(v, spath, [s for s in textual if s["output"] is not None], scores, task):
+        v.add("scores_as_stored", m)
+        return
+    v.add("scores_as_stored", m - k)
+    if m - k:
+        v.underived.add("per-example scores of examples whose outputs were not kept (taken as stored)")
+
+
+def _rescore_file(v: Verdict, path: str, rows: list[dict], scores: list[dict], task) -> bool:
+    """Re-score the kept outputs from their text (Task.rescore); each must match its stored per-metric
+    scores. False when the task cannot re-score from text (named among what is not re-derived)."""
+    for r in rows:
+        where = f"{path} example {r['example']}"
+        try:
+            s = task.rescore(r["input"], r["output"], r["reference"])
+        except NotRescorable as e:
+            v.underived.add(str(e))
+            return False
+        except (ValueError, IndexError, TypeError) as e:
+            v.problems.append(f"{where}: output does not re-score: {str(e).splitlines()[0][:160]}")
+            continue
+        v.add("samples")
+        stored = scores[r["example"]]
+        primary = s.get(task.primary_metric)
+        if primary is not None and not same(r["score"], primary):
+            v.problems.append(f"{where}: stored score {r['score']} but its output re-scores to {primary} "
+                              f"({task.primary_metric}; output {str(r['output'])[:60]!r})")
+        for m, val in s.items():
+            if m in stored and m != task.primary_metric and not same(stored[m], val):
+                v.problems.append(f"{where}: stored {m} {stored[m]} but re-scored {val}")
+    return True
+
+
+def check_cost(v: Verdict, path: str, spath: str, rows: list[dict], srows: list[dict], kind, pt, run, task):
+    """forward_passes, forward_passes_mean and eval_flops derived again from the per-example cost, by its kind's rule."""
+    if run is None:
+        v.underived.add("evaluation cost of runs whose config is unusable")
+        return
+    # what the cost rules read of a model, its FLOP counting, without building one (RecursiveDenoiser's
+    # flops_per_forward is model.costs.flops_per_forward of its config and sequence spec)
+    counted = SimpleNamespace(flops_per_forward=partial(flops_per_forward, run.model, len(task.pos_ids()),
+                                                        task.vocab_size))
+    want = kind.cost(v, spath, counted, rows, srows, pt, task)
+    for r in rows if want is not None else ():
+        for fld in ("forward_passes", "eval_flops", "forward_passes_mean"):
+            if not same(r[fld], want[fld]):
+                v.problems.append(f"{path}: field {fld} of {r['metric']} is {r[fld]} but the per-example cost in "
+                                  f"{spath} gives {want[fld]}")

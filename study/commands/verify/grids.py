@@ -1,8 +1,6 @@
 """Provenance: every grid the study recorded, each file's hash checked, and the eval points they owe."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow.fs as pafs
 import yaml
 
@@ -10,13 +8,6 @@ from atomicio import parse_text
 from store import provenance
 from study.commands.verify.context import Context, Verdict
 from study.spec.grid import GridError, expand
-
-
-@dataclass
-class GridRec:
-    sha: str
-    path: str
-    runs: list | None  # the grid's runs, None when it could not be expanded (or has a search)
 
 
 def check_grids(c: Context) -> None:
@@ -45,12 +36,12 @@ def check_grids(c: Context) -> None:
         if got != sha:
             v.problems.append(f"{path}: its content hashes to {got}, not to its name {sha}: the grid record was edited")
             continue
-        out.append(GridRec(sha, path, _expand(v, raw, path)))
+        out.append((sha, path, _expand(v, raw, path)))  # its runs: None when not expanded (or a search)
     last = store.read_bytes(store.path("grid.yaml"))
     if entries and last is not None and provenance.grid_sha(last.decode(errors="replace")) != entries[-1]["grid"]:
         v.problems.append(f"{store.path('grid.yaml')}: not the last grid recorded in grids/log.jsonl "
                           f"({entries[-1]['grid']}): one of the two was edited")
-    shas = {g.sha for g in out}
+    shas = {g[0] for g in out}
     for rid, row in sorted(runs.items()):
         g = row.get("grid")
         if g is not None and entries and g not in seen:
@@ -91,23 +82,22 @@ def _expand(v: Verdict, raw: bytes, path: str):
 def expected_points(c: Context) -> None:
     """c.owed (run_id -> eval keys owed) and c.known (run_id -> {key: EvalPoint} known): from every recorded
     grid and from each done run's own config."""
-    runs, owed, known = c.runs, c.owed, c.known
+    def owe(rid: str, run, row: dict | None) -> None:
+        pts = {p.key: p for p in run.eval_points()}
+        c.known.setdefault(rid, {}).update(pts)
+        if row is not None and row["status"] == "done":
+            c.owed.setdefault(rid, set()).update(pts)
+
     results = "" if c.store.root in ("results", "./results") else f" --results {c.store.root}"
-    for g in c.grids:
+    for sha, path, grid_runs in c.grids:
         todo = 0
-        for run in g.runs or ():
-            row = runs.get(run.run_id)
+        for run in grid_runs or ():
+            row = c.runs.get(run.run_id)
             if row is None and ("runs", (f"{run.run_id}.parquet",)) not in c.files:
                 todo += 1  # no row yet: owed (never started, or interrupted), not damage
                 c.unrun.add(run.run_id)
-            pts = {p.key: p for p in run.eval_points()}
-            known.setdefault(run.run_id, {}).update(pts)
-            if row is not None and row["status"] == "done":
-                owed.setdefault(run.run_id, set()).update(pts)
+            owe(run.run_id, run, row)
         if todo:
-            c.v.owed.append(f"{todo} run(s) of grid {g.sha}: `study run {g.path}{results}` finishes them")
+            c.v.owed.append(f"{todo} run(s) of grid {sha}: `study run {path}{results}` finishes them")
     for rid, run in c.rebuilt.items():
-        pts = {p.key: p for p in run.eval_points()}
-        known.setdefault(rid, {}).update(pts)
-        if runs[rid]["status"] == "done":
-            owed.setdefault(rid, set()).update(pts)
+        owe(rid, run, c.runs[rid])
