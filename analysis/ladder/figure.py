@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 import tasks
-from analysis.ladder.law import Ladder, q95, shape_of, sig
+from analysis.ladder.law import Ladder, q95, shape_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -75,17 +75,14 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     xs = np.concatenate([res["x"].to_numpy(float), np.array(list(x_of.values()), float)])
     grid = np.geomspace(xs.min() / 1.3, xs.max() * 1.3, 120)
     zg = np.log(grid / law.size_ref)
-    nT = len(law.Ts)
     shapes = sorted(res["shape"].unique())
     colour = {s: f"C{i}" for i, s in enumerate(shapes)}
     fig = figure(figsize=(3.4 * len(Ts) + 0.6, 3.4), layout="constrained")
     axes = fig.subplots(1, len(Ts), sharey=True, squeeze=False)[0]
     for ax, T in zip(axes, Ts):
         i = law.Ts.index(T)
-        tb = law.theta_b
-        curve = sig(law.theta[i] + law.theta[nT + i] * zg) * law.ceiling(law.theta, i)
-        band = sig(tb[:, i, None] + tb[:, nT + i, None] * zg[None]) * np.reshape(law.ceiling(tb, i), (-1, 1))
-        lo, hi = q95(band)
+        curve = law.at(law.theta, i, zg)
+        lo, hi = q95(law.at(law.theta_b, i, zg))
         ax.fill_between(grid, lo, hi, color="0.85", label="law, 95% band")
         ax.plot(grid, curve, color="0.2", lw=1.5, label="law")
         for s, g in res[res["T"] == T].groupby("shape"):
