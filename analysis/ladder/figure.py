@@ -35,13 +35,11 @@ def ladder_table(law: Ladder, targets: pd.DataFrame | None = None,
             parts.append(law.targets(rest).assign(role="target"))
     t = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else \
         pd.DataFrame(columns=TABLE_COLUMNS)
-    for c in TABLE_COLUMNS:
-        if c not in t:
-            t[c] = np.nan
+    t = t.reindex(columns=TABLE_COLUMNS)  # a column no part has (e.g. measured, with targets alone) is NaN
     m = t["measured"].astype(float)
     t["in_band"] = (m > BAND[0]) & (m < BAND[1])
     t["within_2"] = t["abs_error_pts"].astype(float) <= BAR_PTS
-    return t[TABLE_COLUMNS].sort_values(["role", "T", "N"], kind="stable").reset_index(drop=True)
+    return t.sort_values(["role", "T", "N"], kind="stable").reset_index(drop=True)
 
 
 def _short(v: float, _pos=None) -> str:
