@@ -1,20 +1,7 @@
-"""The pass bar of a pre-registered two-step ladder, computed, never read off a table.
-
-A ladder that is to be believed states, before it runs, what its prediction of a model never trained
-must achieve. The bar here (our choice, written into `grids/cpu/ladder_two_step.yaml`'s header before
-that ladder ran) has four parts, checked on the held-out or target models' errors
-(`TwoStep.errors`) and on the fit's residuals:
-
-1. step 1 predicts each model's loss within `REL` (2%) relative, and its error interval holds 0;
-2. the chained metric error is within max(`PTS` points, 2 x the standard error of the model's seed mean)
-   at 5 of every 6 points (at most one miss in six, rounded down) among the points whose measured
-   metric lies in `BAND` (5%..95%: outside it the metric sits at a floor or ceiling and says little);
-   with one seed the seed mean has no standard error and the bar is `PTS` points;
-3. every error interval (step 1, step 2, chained) at the checked points holds 0;
-4. the ladder's residuals are at most MISFIT (2) x the evaluation noise in both steps.
-
-A fifth part, the same bar passed by a leave-widest-rung-out backtest before the target is trained, is
-this check run on `--hold-out widest` (`study predict` prints it there too).
+"""The pass bar of a pre-registered two-step ladder (written into `grids/cpu/ladder_two_step.yaml`'s header
+before that ladder ran), computed, never read off a table: its four parts are in docs/guide/prediction.md
+("The bar, computed") and in check_bar's rows below; the leave-widest-rung-out backtest is this check on
+`--hold-out widest`.
 """
 from __future__ import annotations
 
@@ -25,9 +12,9 @@ import pandas as pd
 
 from analysis.ladder.twostep import MISFIT, TwoStep
 
-REL = 0.02
-PTS = 2.0
-BAND = (0.05, 0.95)
+REL = 0.02  # part 1: step 1's relative loss error
+PTS = 2.0  # part 2: the chained error, in points (or 2 x the seed mean's standard error, if larger) ...
+BAND = (0.05, 0.95)  # ... where the measured metric lies in this band
 
 
 def seed_se(measured: pd.DataFrame, label: str, T: int) -> float:

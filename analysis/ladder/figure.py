@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 import tasks
-from analysis.ladder.law import Ladder, q95, shape_of, sig
+from analysis.ladder.law import Ladder, q95, shape_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -35,13 +35,11 @@ def ladder_table(law: Ladder, targets: pd.DataFrame | None = None,
             parts.append(law.targets(rest).assign(role="target"))
     t = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else \
         pd.DataFrame(columns=TABLE_COLUMNS)
-    for c in TABLE_COLUMNS:
-        if c not in t:
-            t[c] = np.nan
+    t = t.reindex(columns=TABLE_COLUMNS)  # a column no part has (e.g. measured, with targets alone) is NaN
     m = t["measured"].astype(float)
     t["in_band"] = (m > BAND[0]) & (m < BAND[1])
     t["within_2"] = t["abs_error_pts"].astype(float) <= BAR_PTS
-    return t[TABLE_COLUMNS].sort_values(["role", "T", "N"], kind="stable").reset_index(drop=True)
+    return t.sort_values(["role", "T", "N"], kind="stable").reset_index(drop=True)
 
 
 def _short(v: float, _pos=None) -> str:
@@ -75,17 +73,14 @@ def ladder_figure(law: Ladder, targets: pd.DataFrame | None = None, measured: pd
     xs = np.concatenate([res["x"].to_numpy(float), np.array(list(x_of.values()), float)])
     grid = np.geomspace(xs.min() / 1.3, xs.max() * 1.3, 120)
     zg = np.log(grid / law.size_ref)
-    nT = len(law.Ts)
     shapes = sorted(res["shape"].unique())
     colour = {s: f"C{i}" for i, s in enumerate(shapes)}
     fig = figure(figsize=(3.4 * len(Ts) + 0.6, 3.4), layout="constrained")
     axes = fig.subplots(1, len(Ts), sharey=True, squeeze=False)[0]
     for ax, T in zip(axes, Ts):
         i = law.Ts.index(T)
-        tb = law.theta_b
-        curve = sig(law.theta[i] + law.theta[nT + i] * zg) * law.ceiling(law.theta, i)
-        band = sig(tb[:, i, None] + tb[:, nT + i, None] * zg[None]) * np.reshape(law.ceiling(tb, i), (-1, 1))
-        lo, hi = q95(band)
+        curve = law.at(law.theta, i, zg)
+        lo, hi = q95(law.at(law.theta_b, i, zg))
         ax.fill_between(grid, lo, hi, color="0.85", label="law, 95% band")
         ax.plot(grid, curve, color="0.2", lw=1.5, label="law")
         for s, g in res[res["T"] == T].groupby("shape"):

@@ -27,8 +27,7 @@ def _se(row) -> float:
     return float((hi - lo) / (2 * Z95)) if lo is not None and hi is not None and np.isfinite(hi - lo) else np.nan
 
 
-def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame, metric: str = "vpr",
-                 split: str = "test", checkpoint_n: int | None = None) -> pd.DataFrame:
+def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     """The frame above, from the runs, evals and history tables (finished runs only)."""
     done = runs[runs["status"] == "done"].set_index("run_id")
     rows = []
@@ -43,14 +42,14 @@ def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame,
             got = cont[cont["metric"] == m]
             fin[m] = float(got["value"].iloc[0]) if len(got) else np.nan
             fin[f"{m}_se"] = _se(got.iloc[0].to_dict()) if len(got) else np.nan
-        rate = ev[(ev["split"] == split) & (ev["metric"] == metric) & (ev["L_s"] == r["L_t"])
+        rate = ev[(ev["split"] == split) & (ev["metric"] == "vpr") & (ev["L_s"] == r["L_t"])
                   & (ev["sampler"] != "likelihood")]
         for T, g in rate.groupby("T"):
-            fin[f"{metric}_T{int(T)}"] = float(g["value"].iloc[0])
+            fin[f"vpr_T{int(T)}"] = float(g["value"].iloc[0])
         fin["n_examples"] = int(rate["n_examples"].iloc[0]) if len(rate) else np.nan
         rows.append(fin)
         val = ev[(ev["split"] == "val") & (ev["metric"] == "elbo")]
-        n_val = checkpoint_n or (int(val["n_examples"].iloc[0]) if len(val) else np.nan)
+        n_val = int(val["n_examples"].iloc[0]) if len(val) else np.nan
         val_se_rel = (_se(val.iloc[0].to_dict()) / float(val["value"].iloc[0])) if len(val) else np.nan
         for h in history[(history["run_id"] == rid) & history["val"].notna()].to_dict("records"):
             v = json.loads(h["val"])
@@ -62,7 +61,7 @@ def ladder_frame(runs: pd.DataFrame, evals: pd.DataFrame, history: pd.DataFrame,
             ck["elbo_se"] = ck["elbo"] * val_se_rel  # the checkpoint keeps no interval: the final val one's, relative
             ck["ref_nll_se"] = np.nan
             for k, x in v.items():
-                if k.startswith(f"val_{metric}_T"):
+                if k.startswith("val_vpr_T"):
                     ck[k[len("val_"):]] = float(x)
             rows.append(ck)
     return pd.DataFrame(rows)

@@ -1,50 +1,9 @@
-"""Scaling-law ladders: predict a model that was not trained from a ladder of small ones that were.
-
-Two laws (one fit per study: one task variant, one family of models equal in everything but their
-size, their loop and the amount of training data). The pre-registered law (grids/cpu/ladder.yaml's
-header, the default):
-
-    z   = ln(N / N_ref) + beta * ln L [+ delta * ln(D / D_ref)]
-    VPR_T = sigmoid(a_T + b_T * z)                  at each evaluated T
-
-N is the model's non-embedding parameter count (the K shared layers: a loop adds none), L its
-training depth (it is sampled at L_s = L), D the training examples it saw (steps x batch); N_ref and
-D_ref are the ladder's geometric means (centring only). beta and delta are shared by every T: one
-effective scale N_eff = N * L^beta * (D / D_ref)^delta orders every model, and T only moves and
-steepens the sigmoid along it. delta is fitted only when the ladder's runs differ in D; otherwise
-the law is conditional on the ladder's D and a target trained on another D is flagged.
-
-The depth-width law (`--law depth-width`, chosen after the CPU ladder's first prediction missed:
-post-hoc, docs/DESIGN.md says why) gives width, distinct layers and loops their own exponents and
-each T a ceiling:
-
-    z   = ln(d / d_ref) + kappa * ln K + lambda * ln L [+ delta * ln(D / D_ref)]
-    VPR_T = c_T * sigmoid(a_T + b_T * z)
-
-d_eff = d_ref e^z is the width of a (1 x 1) model that scores the same; c_T in (0, 1) is the share
-of test examples T denoising steps can solve at all, however large the model.
-
-Why a logistic in log-scale (docs/DESIGN.md says more): the primary metric is a rate in [0, 1] that
-is 0 for the smallest CPU models at T = 1 and saturates near 1 at T = 8, so a power law in N for the
-rate itself cannot hold, while a logistic in log-scale is what OLMo's task laws end with (their
-second step, loss -> accuracy, is a sigmoid with a ceiling; ours goes straight from log-scale, one
-step fewer to fit on a ladder of ~16 models). m = L^beta is the effective-parameter exponent of
-analysis/effective.py, here estimated jointly with the size curve so that it can extrapolate.
-
-Fit: binomial maximum likelihood (each run's rate at each T as successes of n_examples), by
-Levenberg-Marquardt-damped Fisher scoring written in numpy, batched over bootstrap replicates.
-
-Intervals: a bootstrap (N_BOOT replicates, fixed seed). Each replicate resamples the ladder's runs
-with replacement (cases: a run with all its T), and each drawn run's test examples (its per-example
-scores from the samples table when it keeps every example; else a binomial draw from value and
-n_examples), refits, and predicts. A held-out model's measured value is resampled the same way
-(its seeds, then its examples; its interval is at least the Wilson interval of its pooled counts);
-the error's interval adds the prediction's and the measurement's half-widths in quadrature (they
-are independent: the held-out runs are not in the fit). Intervals are the 2.5%
-and 97.5% quantiles. `analysis` never imports `study`: the CLI hands in targets and candidates with
-their parameter counts and training FLOPs from study/spec/cost.py.
-
-Models reach the law as frames with columns N, K, L, d_model, D (one row per model).
+"""The one-step ladder law: VPR per T as a sigmoid of an effective log-scale (the pre-registered form
+z = ln(N / N_ref) + beta ln L, and the post-hoc depth-width form with a ceiling per T), fitted by binomial
+maximum likelihood. docs/DESIGN.md#predicting-from-a-ladder gives both forms, why they were chosen, the fit
+and the bootstrap's intervals. `analysis` never imports `study`: the CLI hands in targets and candidates
+with their parameter counts and training FLOPs from study/spec/cost.py. Models reach the law as frames
+with columns N, K, L, d_model, D (one row per model).
 """
 from __future__ import annotations
 
@@ -163,19 +122,16 @@ class Ladder:
             return 1.0
         return sig(theta[..., 2 * len(self.Ts) + len(self.terms) + i])
 
+    def at(self, theta: np.ndarray, i: int, z: np.ndarray) -> np.ndarray:
+        """The metric at the i-th T and log-scales z (..., points) under theta (..., P)."""
+        c = np.asarray(self.ceiling(theta, i))[..., None]
+        return sig(theta[..., i, None] + theta[..., len(self.Ts) + i, None] * z) * c
+
     def predict(self, models) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """T -> (estimate per model, bootstrap values (replicates, models))."""
         models = {c: np.atleast_1d(np.asarray(models[c], float)) for c in ("N", "K", "L", "d_model", "D")}
-        nT, tb = len(self.Ts), self.theta_b
-        z, zb = self.z(models, self.theta), self.z(models, tb)
-        out = {}
-        for i, T in enumerate(self.Ts):
-            est = sig(self.theta[i] + self.theta[nT + i] * z)
-            boot = sig(tb[:, i, None] + tb[:, nT + i, None] * zb)
-            if self.form.ceiling:
-                est, boot = est * self.ceiling(self.theta, i), boot * self.ceiling(tb, i)[:, None]
-            out[T] = (est, boot)
-        return out
+        z, zb = self.z(models, self.theta), self.z(models, self.theta_b)
+        return {T: (self.at(self.theta, i, z), self.at(self.theta_b, i, zb)) for i, T in enumerate(self.Ts)}
 
     def scale(self, models) -> np.ndarray:
         """The effective scale size_ref e^z at the estimate: N_eff = N L^beta, or d_eff (form.scale)."""

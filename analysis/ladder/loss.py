@@ -32,7 +32,6 @@ import numpy as np
 HUBER = 1e-3  # Hoffmann et al.'s (and Besiroglu et al.'s) delta, on log residuals
 N_STARTS = 12  # best grid points refined
 CHI2_1 = 3.84
-NAMES = ("E", "A", "alpha", "B", "beta", "phi", "kappa")
 # starting values: log E, log A, alpha, log B, beta, phi (kappa starts at 0)
 START_GRID = dict(e=(-2.0, -1.0, 0.0), a=(-3.0, -1.5, 0.0), alpha=(0.2, 0.5, 1.0, 1.5), b=(-3.0, -1.5, 0.0),
                   beta=(0.2, 0.5, 1.0, 1.5), phi=(0.0, 0.5, 1.0))
@@ -57,11 +56,6 @@ class LossFit:
         """The law's loss at (N, L, D[, K]); theta (..., 7) batches parameter sets -> (..., points)."""
         th = self.theta if theta is None else theta
         return np.exp(log_loss(th, *self.covariates(N, L, D, K)))
-
-    def n_eff(self, N, L, K=None) -> np.ndarray:
-        """N_eff = N L^phi [K^kappa] at the estimate."""
-        x, lL, _, lK = self.covariates(N, L, np.ones_like(np.asarray(N, float)), K)
-        return self.N_ref * np.exp(x + self.theta[5] * lL + self.theta[6] * lK)
 
     def covariates(self, N, L, D, K=None):
         N, L, D = (np.asarray(v, float) for v in (N, L, D))
@@ -98,7 +92,7 @@ def _objective(th, cov, ll, w, free):
     return float((w * huber(log_loss(full, *cov) - ll)).sum())
 
 
-def fit_loss(N, L, D, loss, K=None, weights=None, with_kappa: bool = False, start: np.ndarray | None = None,
+def fit_loss(N, L, D, loss, K=None, with_kappa: bool = False, start: np.ndarray | None = None,
              N_ref: float | None = None, D_ref: float | None = None) -> LossFit:
     """Fit the loss law to points (N, L, D, loss[, K]); `start` (7,) refines from one point only (a
     bootstrap replicate starts from the full fit) instead of the grid."""
@@ -110,7 +104,7 @@ def fit_loss(N, L, D, loss, K=None, weights=None, with_kappa: bool = False, star
     fit = LossFit(np.zeros(7), N_ref, D_ref, with_kappa, False, np.inf)
     cov = fit.covariates(N, L, D, K)
     ll = np.log(loss)
-    w = np.ones_like(ll) if weights is None else np.asarray(weights, float)
+    w = np.ones_like(ll)
     free = np.array([0, 1, 2, 3, 4, 5] + ([6] if with_kappa else []))
     if start is not None:
         starts = [np.asarray(start, float)[free]]

@@ -74,11 +74,7 @@ class MetricFit:
     notes: list[str] = field(default_factory=list)
 
     def theta_for(self, shape: str) -> np.ndarray:
-        if not self.per_shape:
-            return self.curves["*"]
-        if shape not in self.curves:
-            raise KeyError(shape)
-        return self.curves[shape]
+        return self.curves[shape if self.per_shape else "*"]
 
     def predict(self, loss, shapes) -> np.ndarray:
         shapes = np.atleast_1d(np.asarray(shapes, object))

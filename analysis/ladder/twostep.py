@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from analysis.ladder.frame import Z95
 from analysis.ladder.law import q95, shape_of, sig
 from analysis.ladder.loss import LossFit, fit_loss, fit_with_kappa_if_needed, one_thread
 from analysis.ladder.metric import MetricFit, curve, fit_metric, pearson
 
 MISFIT = 2.0
 N_BOOT_TWO_STEP = 200
-Z95 = 1.959964
 
 
 def vpr_Ts(frame: pd.DataFrame) -> list[int]:
@@ -58,8 +58,7 @@ class TwoStep:
         return bool((self.residuals["rms_z"] > MISFIT).any())
 
     def _curve_b(self, T: int, shape: str) -> np.ndarray:
-        b = self.metric_b[T]
-        return b["*"] if not self.metric[T].per_shape else b[shape]
+        return self.metric_b[T][shape if self.metric[T].per_shape else "*"]
 
     def predict_loss(self, targets: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """(estimate (targets,), replicates (B, targets)) of the loss law at targets' N, L, D (K)."""
@@ -74,13 +73,12 @@ class TwoStep:
         llo, lhi = q95(boot)
         rows = []
         for T in Ts or self.Ts:
+            m, mb = self.metric_boot(targets, T)
+            lo, hi = q95(mb)
             for j, r in enumerate(targets.to_dict("records")):
-                shape = shape_of(r["K"], r["L"])
-                m = float(curve(self.metric[T].theta_for(shape), [est[j]])[0])
-                mb = _paired(self._curve_b(T, shape), boot[:, j])
-                lo, hi = q95(mb[:, None])
                 rows.append({**r, "T": T, "loss": float(est[j]), "loss_low": float(llo[j]),
-                             "loss_high": float(lhi[j]), "predicted": m, "low": float(lo[0]), "high": float(hi[0]),
+                             "loss_high": float(lhi[j]), "predicted": float(m[j]), "low": float(lo[j]),
+                             "high": float(hi[j]),
                              "loss_inside": bool(self.loss_range[0] <= est[j] <= self.loss_range[1])})
         return pd.DataFrame(rows)
 

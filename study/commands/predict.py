@@ -1,16 +1,6 @@
-"""`study predict`: the ladder law of analysis/ladder/, printed; targets and candidates priced with
+"""`study predict`: the ladder law of analysis/ladder/ printed, with its three modes (held-out models,
+`--target GRID`, `--budget FLOPS`; docs/guide/prediction.md); targets and candidates priced with
 study/spec/cost.py's cost model (analysis never imports study, so the prices are made here).
-
-Three modes, all from one fit:
-- the held-out table: the models left out of the fit (by default the largest parameter count),
-  predicted vs measured at each T with intervals and the absolute error in points;
-- `--target GRID`: every model of a grid that was never trained (expanded as `study plan` does),
-  its predicted metric at each T with an interval and its training FLOPs;
-- `--budget FLOPS`: among candidates (the grid's models with --target, else the ladder's (K, L)
-  shapes at its widths and wider ones), the best (K, L, width) that trains within the budget at
-  each T, per shape, and the best against the runner-up shape (paired bootstrap difference).
-`--law` picks the law's form (analysis.ladder.LAWS; the pre-registered one by default) and `--plot`
-saves analysis.ladder.ladder_figure.
 """
 from __future__ import annotations
 
@@ -80,18 +70,14 @@ def grid_models(grid) -> tuple[pd.DataFrame, list]:
     return pd.DataFrame(rows), runs
 
 
-def candidate_widths(ladder_widths, heads: int) -> list[int]:
-    """The ladder's widths and wider ones (its largest times WIDTH_STEPS), each a multiple of 16 and of the
-    heads: the widths a budget's candidates take."""
-    quantum = 16 * heads // math.gcd(16, heads)
+def priced(base, shapes, ladder_widths, steps=(None,)) -> pd.DataFrame:
+    """A budget's candidates: run `base` (its training recipe) at each (K, L) shape, width and step count (None:
+    the base's, the row labelled by its model alone), priced with study/spec/cost.py's cost model. Widths:
+    the ladder's and wider ones (its largest times WIDTH_STEPS), each a multiple of 16 and of the heads."""
+    quantum = 16 * base.model.n_heads // math.gcd(16, base.model.n_heads)
     top = int(max(ladder_widths))
     wider = {max(quantum, round(top * s / quantum) * quantum) for s in WIDTH_STEPS}
-    return sorted({int(w) for w in ladder_widths} | wider)
-
-
-def priced(base, shapes, widths, steps=(None,)) -> pd.DataFrame:
-    """A budget's candidates: run `base` (its training recipe) at each (K, L) shape, width and step count (None:
-    the base's, the row labelled by its model alone), priced with study/spec/cost.py's cost model."""
+    widths = sorted({int(w) for w in ladder_widths} | wider)
     rows = []
     for (K, L), d, s in itertools.product(shapes, widths, steps):
         r = dataclasses.replace(base, model=base.model.model_copy(update={"K": K, "L": L, "d_model": d}))
@@ -106,13 +92,6 @@ def priced(base, shapes, widths, steps=(None,)) -> pd.DataFrame:
 def ladder_ids(law: Ladder) -> list[str]:
     """The run ids of the ladder's models (every seed), in the law's order."""
     return [r for ids in law.models.loc[law.models["role"] == "ladder", "run_ids"] for r in ids]
-
-
-def ladder_flops(law: Ladder, runs_by_id: dict) -> tuple[float, int, int]:
-    """(training FLOPs of the ladder's runs, runs priced, runs in the ladder) from the study's grid."""
-    ids = ladder_ids(law)
-    priced = [runs_by_id[r].train_flops() for r in ids if r in runs_by_id]
-    return float(sum(priced)), len(priced), len(ids)
 
 
 def header(law: Ladder, data: StudyData, echo: Callable[[str], None]) -> None:
@@ -192,10 +171,11 @@ def residuals(law: Ladder, echo, worst: int = 5) -> None:
                                    for r in big.itertuples()))
 
 
-def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo,
+def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, runs_by_id: dict, echo,
             trained=None) -> pd.DataFrame | None:
-    """`trained`: the StudyData of the target grid's own study when it is in the store (trained once to
-    check): its finished runs are then compared with the prediction, and returned (measured_targets)."""
+    """`runs_by_id`: the study's grid (ladder_runs), to price the ladder's runs; `trained`: the StudyData of
+    the target grid's own study when it is in the store (trained once to check): its finished runs are then
+    compared with the prediction, and returned (measured_targets)."""
     for r, run in zip(models.itertuples(), runs):
         bad = family_mismatch(law, training_fields({}, run.training_config))
         if bad:
@@ -215,7 +195,9 @@ def targets(law: Ladder, models: pd.DataFrame, runs: list, Ts, ladder_cost, echo
                          f"{r['train_flops']:.3g}",
                          *(f"{pct(x.predicted)} [{pct(x.low)}, {pct(x.high)}]"
                            for x in g.sort_values("T").itertuples())))
-    flops, priced, total = ladder_cost
+    ids = ladder_ids(law)
+    ladder = [runs_by_id[r].train_flops() for r in ids if r in runs_by_id]
+    flops, priced, total = float(sum(ladder)), len(ladder), len(ids)
     if priced:
         tf = float((models["train_flops"] * models["seeds"]).sum())
         echo(f"training compute: ladder {flops:.3g} FLOPs ({priced} of {total} runs priced from the study's grid), "
@@ -277,7 +259,7 @@ def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | No
     if target_grid is not None:
         models, runs = grid_models(target_grid)
         trained = trained_study(results, target_grid.study) if target_grid.study != data.name else None
-        measured = targets(law, models, runs, Ts, ladder_flops(law, runs_by_id), echo, trained)
+        measured = targets(law, models, runs, Ts, runs_by_id, echo, trained)
     if flops is not None:
         if models is not None:
             budget(law, models, flops, Ts, f"the models of {target_grid.path}", echo)
@@ -288,7 +270,7 @@ def predict(data: StudyData, hold_out: list[str], target_grid, flops: float | No
                                   "(absent, or no longer expands); give them with --target GRID")
             lad = law.models[law.models["role"] == "ladder"]  # every K with every L it trained
             cands = priced(base, list(itertools.product(sorted(set(lad["K"])), sorted(set(lad["L"])))),
-                           candidate_widths(lad["d_model"], base.model.n_heads))
+                           lad["d_model"])
             budget(law, cands, flops, Ts,
                    "the ladder's (K x L) shapes at its widths and up to 4x its widest, its training recipe", echo)
     if plot:

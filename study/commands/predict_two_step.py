@@ -1,12 +1,5 @@
-"""`study predict --law two-step`: the two-step ladder law of analysis/ladder/twostep.py fitted on a study's
-runs and their checkpoints (analysis.ladder.frame), printed with its errors per step.
-
-The held-out models (by default the largest parameter count; every seed of a model, its checkpoints too)
-are left out of the fit; for each, per T, the step-1 error (predicted vs measured loss, relative), the
-step-2 error (the metric curve at the measured loss) and the chained error (the metric at the predicted
-loss), in points, with 95% intervals, as the OLMo ladder reports them. Then the residuals of both
-steps against the evaluation noise and the misfit flags; with --target, each target's predicted loss
-and metric. A study whose runs lack the continuous quantities gets one line naming `study backfill`.
+"""`study predict --law two-step`: the two-step law of analysis/ladder/twostep.py fitted on a study's runs
+and their checkpoints, printed with its errors per step, its bar and `--budget` (docs/guide/prediction.md).
 """
 from __future__ import annotations
 
@@ -18,9 +11,9 @@ import pandas as pd
 from analysis.ladder import LadderError
 from analysis.ladder.frame import split_holdout, study_frame
 from analysis.ladder.law import q95
-from analysis.ladder.twostep import MISFIT, fit_two_step
+from analysis.ladder.twostep import MISFIT, fit_two_step, vpr_Ts
 from analysis.load import StudyData
-from study.commands.predict import candidate_widths, fmt_n, grid_models, ladder_runs, pct, priced
+from study.commands.predict import fmt_n, grid_models, ladder_runs, pct, priced
 
 def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list[int] | None, n_boot: int,
                      echo: Callable[[str], None], plot: str | None = None, trained: StudyData | None = None,
@@ -29,7 +22,7 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
     against the prediction and held to the bar); `flops`: a training budget (`budget` below)."""
     f = study_frame(data)
     lad, held = split_holdout(f, hold_out)
-    have = sorted(int(c[len("vpr_T"):]) for c in f.columns if c.startswith("vpr_T"))
+    have = vpr_Ts(f)
     for T in Ts or []:
         if T not in have:
             raise LadderError(f"--T {T}: T = {T} was not evaluated (evaluated: {', '.join(map(str, have))})")
@@ -49,7 +42,7 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
         echo(f"step 2, T={T}: VPR = c sigmoid(k (l0 - l)), "
              + ("one curve per shape" if m.per_shape else "one curve for every shape"))
     echo(f"intervals: 95%, {law.n_boot} bootstrap replicates over the ladder's runs, checkpoints and examples")
-    _errors(law, held, echo)
+    errors = _errors(law, held, echo)
     echo(f"residuals, x the evaluation noise (misfit above {MISFIT:g}):")
     for r in law.residuals.itertuples():
         what = "step 1 (loss)" if r.step == 1 else f"step 2 (T={int(r.T)})"
@@ -58,7 +51,7 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
     for note in law.notes:
         echo(f"note: {note}")
     if not held.empty:
-        _bar(law, law.errors(held), held, "held-out models", echo)
+        _bar(law, errors, held, "held-out models", echo)
     if target_grid is not None:
         _targets(law, target_grid, Ts, echo)
         if trained is not None:
@@ -72,10 +65,11 @@ def predict_two_step(data: StudyData, hold_out: list[str], target_grid, Ts: list
         echo(f"figure: {plot}")
 
 
-def _errors(law, held: pd.DataFrame, echo, what: str = "held-out models") -> None:
+def _errors(law, held: pd.DataFrame, echo, what: str = "held-out models") -> pd.DataFrame | None:
+    """Prints the errors per step of `held` (TwoStep.errors) and returns them (None when `held` is empty)."""
     if held.empty:
         echo("held out: none (the fit used every model)")
-        return
+        return None
     e = law.errors(held)
     echo(f"{what}, errors per step (step 1: loss, % relative; step 2 and chained: VPR, points; 95%):")
     cols = "  {:<18} {:>3} {:<24} {:<10} {:<22} {:<22}"
@@ -87,6 +81,7 @@ def _errors(law, held: pd.DataFrame, echo, what: str = "held-out models") -> Non
                          pct(r.measured),
                          f"{r.step2_error_pts:+.1f} [{r.step2_err_low:+.1f}, {r.step2_err_high:+.1f}]",
                          f"{r.chained_error_pts:+.1f} [{r.chained_err_low:+.1f}, {r.chained_err_high:+.1f}]").rstrip() + flag)
+    return e
 
 
 def _bar(law, errors: pd.DataFrame, measured: pd.DataFrame, what: str, echo) -> None:
@@ -116,8 +111,7 @@ def _measured_targets(law, trained: StudyData, grid, echo) -> None:
         echo(f"measured: study {trained.name!r} holds no finished run of these targets yet")
         return
     echo(f"measured: {fin['label'].nunique()} targets, {len(fin)} runs trained in study {trained.name!r}")
-    _errors(law, fin, echo, "targets")
-    _bar(law, law.errors(fin), fin, "targets", echo)
+    _bar(law, _errors(law, fin, echo, "targets"), fin, "targets", echo)
 
 
 def _targets(law, grid, Ts, echo) -> None:
@@ -160,12 +154,7 @@ def design_check(data: StudyData, design_grid, target_grid, Ts: list[int] | None
     echo("design: " + ("passes" if not got["warnings"] else f"{len(got['warnings'])} warning(s)"))
 
 
-# ---- --budget: the (K x L, width, steps) that the two-step law predicts reaches the best metric within a
-# training budget, at each T, with its interval and the runner-up shape. Candidates (our choice): the ladder's
-# (K x L) shapes at its widths and wider ones (as the one-step --budget takes them), trained for each of the
-# ladder's step counts and 2x and 4x its longest, each priced with the ladder's own training recipe (its grid's
-# first run). A candidate outside the ladder's N or D is an extrapolation of step 1, one whose predicted loss
-# lies outside the ladder's losses an extrapolation of step 2: both are named.
+# ---- --budget: the candidates and their choice are in docs/guide/prediction.md ("A budget")
 STEP_STEPS = (2, 4)  # longer training than the ladder's longest, as multiples of it
 
 
@@ -180,8 +169,7 @@ def candidates(data: StudyData, lad: pd.DataFrame) -> pd.DataFrame:
     fin = lad[~lad["is_checkpoint"]]
     longest = int(fin["step"].max())
     steps = sorted(set(fin["step"].astype(int)) | {longest * m for m in STEP_STEPS})
-    return priced(base, sorted(set(zip(lad["K"].astype(int), lad["L"].astype(int)))),
-                  candidate_widths(lad["d_model"], base.model.n_heads), steps)
+    return priced(base, sorted(set(zip(lad["K"].astype(int), lad["L"].astype(int)))), lad["d_model"], steps)
 
 
 def budget_two_step(law, data: StudyData, lad: pd.DataFrame, flops: float, Ts: list[int] | None,
