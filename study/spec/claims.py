@@ -13,8 +13,7 @@ from pydantic import Field, model_validator
 import tasks
 from model.config import Strict
 from stats.sequential import KINDS, SPENDING
-from study.spec.grid import LOOP_ONLY_TRAIN
-from study.spec.sections import Err, canon_key, field_of, refuse, short, validate
+from study.spec.sections import LOOP_ONLY_TRAIN, Err, canon_key, field_of, refuse, short, validate
 
 # fields that only shape the loop: an iso-parameter or iso-FLOP partner need not match them (as analysis/tables.py)
 LOOP_ONLY = {*(f"train.{k}" for k in LOOP_ONLY_TRAIN), "model.step_emb", "model.reinject_input"}

@@ -23,8 +23,8 @@ from study.spec.bounds import BOUNDS, MAX_RUNS_ENV, MAX_STEP_BYTES, check_bounds
 from study.spec.gridfile import MAX_GRID_DEPTH, read_yaml, too_deep
 from study.spec.points import check_keys, count_points, deep_update, mapping, points, satisfies
 from study.spec.search import Search, load_best
-from study.spec.sections import (GROUP_KEYS, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig, GridError,
-                                 Resources, aliases, canon_key, cut, short, validate)
+from study.spec.sections import (GROUP_KEYS, LOOP_ONLY_TRAIN, SECTIONS, TOP_KEYS, TRAIN_BOOKKEEPING, Err, EvalConfig,
+                                 GridError, Resources, aliases, canon_key, cut, short, validate)
 from tasks import TASKS, TaskConfig, how_to_register, make_task
 
 
@@ -32,8 +32,6 @@ def sampling_depth(value: int | str, L: int) -> int:
     """A depth as a grid writes it (`eval.L_s`, `adaptive.max_loops`, `search.metric.L_s`): an integer, or
     'train' for the run's training depth L."""
     return L if value == "train" else value
-
-LOOP_ONLY_TRAIN = ("loss", "loss_weights", "truncate_k", "schedule", "min_depth")
 
 
 def single_loop(train: TrainConfig) -> TrainConfig:

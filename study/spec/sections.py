@@ -109,6 +109,7 @@ TOP_KEYS = {"study", "description", "retries", "axes", "couple", "constraints", 
 # study/spec/search.py; claims / seeds / claims_alpha: study/spec/claims.py
 GROUP_KEYS = {"name", "axes", "couple", "constraints", "include", "exclude", "defaults_from", *SECTIONS}
 TRAIN_BOOKKEEPING = {"checkpoint_every", "log_every"}  # do not change the trained weights
+LOOP_ONLY_TRAIN = ("loss", "loss_weights", "truncate_k", "schedule", "min_depth")  # shape only the loop
 
 
 class Err:
