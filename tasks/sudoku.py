@@ -8,8 +8,8 @@ column and box keeps its digits (cells move only within a column and a band) and
 its set of digits (a cycle is closed under the permutation), so the grid stays valid, yet a
 cycle shorter than the row changes the symmetry class (symmetries only ever move whole rows,
 columns or digit labels). Rows and columns alternate. The chain is vectorized over a batch of
-independent chains in numpy; the old randomized MRV search (`random_solution`) is kept as the
-reference the benchmark compares against (it cannot make 25x25 grids in useful time).
+independent chains in numpy (benchmarks/sudoku_gen.py keeps the randomized MRV search it replaced,
+which cannot make 25x25 grids in useful time).
 
 Train and test grids are kept in different symmetry classes with `fingerprint`, an invariant of
 digit relabeling, transposition, band/stack and row/column-within-band permutations (equal
@@ -41,7 +41,7 @@ from tasks.base import (DataBound, EvalSet, Inputs, Metric, Task, TaskConfig, ca
 # the grids and the puzzle files live in their own modules; every public name is re-exported here
 from tasks.sudoku_files import (CSV_HEADERS, MAX_LINE, PuzzleFile, PuzzleFileError, format_puzzles, iter_puzzles)
 from tasks.sudoku_grids import (CHAINS_PER_BATCH, DIGITS, REACHABLE, cycle_swap, fingerprint, generate_solutions,
-                                is_valid_solution, iter_solutions, pattern_grid, random_solution, random_symmetry,
+                                is_valid_solution, iter_solutions, pattern_grid, random_symmetry,
                                 split_grids, swap_chain, symmetry_np, val_grids)
 from tasks.sudoku_grids import TRAIN_TEST_STREAM, VAL_STREAM  # noqa: F401
 
