@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model.config import ModelConfig
-from model.costs import flops_per_forward  # noqa: F401 (model.rmdm.flops_per_forward: the API)
+from model.costs import flops_per_forward, param_counts
 from model.precision import autocast
 
 
@@ -202,17 +202,9 @@ class RecursiveDenoiser(nn.Module):
 
     # ---- cost accounting -------------------------------------------------------------------
     def param_counts(self) -> dict[str, int]:
-        """Total and non-embedding parameters; independent of L by construction."""
-        parts = {
-            "embedding": sum(p.numel() for p in self.tok_emb.parameters())
-            + sum(p.numel() for p in self.pos_embs.parameters()),
-            "step_embedding": sum(p.numel() for p in self.step_emb.parameters()),
-            "block": sum(p.numel() for p in self.block.parameters()),
-            "head": sum(p.numel() for p in self.norm.parameters()) + sum(p.numel() for p in self.head.parameters()),
-        }
-        total = sum(p.numel() for p in self.parameters())
-        assert sum(parts.values()) == total, (parts, total)
-        return {"total": total, "non_embedding": total - parts["embedding"], **parts}
+        """Total and non-embedding parameters; independent of L by construction (model.costs.param_counts,
+        whose shapes tests/test_imports.py checks against this model's tensors)."""
+        return param_counts(self.cfg, self.spec.vocab_size, self.spec.pos_sizes)
 
     def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
         """Matmul FLOPs of one forward pass of one sequence through n_loops loops.
