@@ -48,13 +48,6 @@ def loss_weights_problem(cfg: TrainConfig, max_depth: int) -> str | None:
     return None
 
 
-def check_loss_weights(cfg: TrainConfig, max_depth: int) -> None:
-    """loss_weights_problem, raised (ValueError)."""
-    problem = loss_weights_problem(cfg, max_depth)
-    if problem:
-        raise ValueError(f"loss_weights {problem}")
-
-
 def loop_weights(n_loops: int, cfg: TrainConfig) -> list[float]:
     """Weight of each loop's loss (sums to 1) for a forward of n_loops loops."""
     # not the length rule (loss_weights_problem) but what this forward needs of any list it is given

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from model.checkpoint_meta import CheckpointError, checked_load  # noqa: F401 (CheckpointError: re-exported)
 from model.config import ModelConfig, TrainConfig
-from model.costs import (check_loss_weights, depth_at, derive_seed, loop_weights, lr_at, train_flops_per_step,
+from model.costs import (depth_at, derive_seed, loop_weights, loss_weights_problem, lr_at, train_flops_per_step,
                          train_flops_total)
 from model.precision import autocast, choose, cpu_bf16_native
 from model.rmdm import RecursiveDenoiser, SeqSpec
@@ -93,7 +93,8 @@ class Trainer:
     ):
         self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
         self._untimed = 0.0  # seconds spent in `untimed` blocks since `train` started its clock
-        check_loss_weights(train_cfg, model_cfg.L)
+        if problem := loss_weights_problem(train_cfg, model_cfg.L):
+            raise ValueError(f"loss_weights {problem}")
         self.device = torch.device(device)
         torch.manual_seed(derive_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
         self.model = RecursiveDenoiser(model_cfg, spec).to(self.device)
