@@ -207,12 +207,7 @@ class RecursiveDenoiser(nn.Module):
         return param_counts(self.cfg, self.spec.vocab_size, self.spec.pos_sizes)
 
     def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
-        """Matmul FLOPs of one forward pass of one sequence through n_loops loops.
-
-        2 FLOPs per multiply-add; per layer and token: the four d x d projections, the MLP,
-        and attention scores + weighted sum (2 * 2 * N * d). `heads` is how many times the
-        output head runs (1 when sampling; n_loops when training with a loss on every loop).
-        """
+        """model.costs.flops_per_forward of this model."""
         return flops_per_forward(self.cfg, self.spec.seq_len, self.spec.vocab_size, n_loops, heads)
 
 
