@@ -148,12 +148,11 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
     return {"attention": att, "precision": prec, "how": "measured", "times": times}
 
 
-def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], float], reps: int = 2,
-                 budget_s: float = MEASURE_BUDGET_S) -> dict:
-    """Best of up to `reps` steps per path after one warm-up each, the paths interleaved so that
-    a busy neighbour slows them all alike; further rounds only while within `budget_s`. A path
+def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], float]) -> dict:
+    """Best of up to two steps per path after one warm-up each, the paths interleaved so that a busy
+    neighbour slows them all alike; the second round only while within MEASURE_BUDGET_S. A path
     whose step raises (a kernel this build or device lacks) is timed as inf, unless all do."""
-    t_end = time.perf_counter() + budget_s
+    t_end = time.perf_counter() + MEASURE_BUDGET_S
     best = {c: float("inf") for c in cands}
     ok, error = [], None
     for c in cands:
@@ -164,7 +163,7 @@ def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], flo
             error = e
     if not ok:
         raise RuntimeError(f"every attention/precision path failed its measurement step: {error}") from error
-    for r in range(reps):
+    for r in range(2):
         if r > 0 and time.perf_counter() > t_end:
             break
         for c in ok:
