@@ -304,13 +304,10 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
-        token = {ch: i for i, ch in enumerate(digits)}
-
-        def tokens(text: str, blank: int) -> np.ndarray:
-            if text.isascii():  # as below, by a table of the ASCII codes: `study verify` re-scores every kept output
-                t = _ascii_tokens(digits)[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
-                return np.where(t < 0, blank, t)[None]
-            return np.array([[token.get(ch, blank) for ch in text]], dtype=np.int64)
+        def tokens(text: str, blank: int) -> np.ndarray:  # by a table: `study verify` re-scores every kept output
+            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # one per character
+            t = _ascii_tokens(digits)[np.minimum(codes, 127)]  # any code past ASCII: no digit, as DEL (127)
+            return np.where(t < 0, blank, t)[None]
 
         cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
         has_ref = reference_text is not None
