@@ -125,7 +125,6 @@ class Sudoku(Task):
         self.blank_range = (max(1, round(lo * cfg.n * cfg.n)), max(1, round(hi * cfg.n * cfg.n)))
         self.train_grids: torch.Tensor | None = None
         self.test: EvalSet | None = None
-        self.val: EvalSet | None = None  # made on first use (tuning, selection): training never waits for it
         self._test_grids: np.ndarray | None = None
         self._data_path: str | None = None  # the cache file train and test came from
 
@@ -227,7 +226,9 @@ class Sudoku(Task):
         gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919)
         self.test = EvalSet(test_x0, self._givens(test_x0.shape[0], gen))
 
-    def _make_val(self) -> EvalSet:
+    @functools.cached_property
+    def val(self) -> EvalSet:
+        """The validation split, made on first use (tuning, selection): training never waits for it."""
         c = self.cfg
         path = val_path(self._data_path, c.val_size)
         want = {"n_val": c.val_size, "split_by": c.split_by, "stream": VAL_STREAM,
@@ -260,11 +261,7 @@ class Sudoku(Task):
         return x0, self._givens(batch_size, gen)
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        if self.cfg.split_of(split) == "test":
-            return self.test
-        if self.val is None:
-            self.val = self._make_val()
-        return self.val
+        return self.test if self.cfg.split_of(split) == "test" else self.val
 
     def max_examples(self) -> DataBound | None:
         """4x4 (split by grid): the 192 grids the chain reaches. Larger sizes: no bound a split meets
