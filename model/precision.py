@@ -80,7 +80,8 @@ def machine_summary() -> str:
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in have]
     return (f"{model}; flags {' '.join(flags) or 'none of avx2/avx512/amx'}; "
             f"torch {torch.__version__} capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"{torch.get_num_threads()} threads; native bf16: {cpu_bf16_native()} (AMX: {'amx_bf16' in have})")
+            f"{torch.get_num_threads()} threads; native bf16: {cpu_bf16_native()} "
+            f"(AMX: {'amx_bf16' in have})")
 
 
 # ---- the choice --------------------------------------------------------------------------------

@@ -333,7 +333,8 @@ def sample_steps(
                 step_loops[:, i] = used.cpu()
         probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1) if temperature > 0 else torch.softmax(logits, -1)
         if temperature > 0:
-            pred = torch.multinomial(probs.view(-1, probs.shape[-1]).cpu(), 1, generator=gen).view(x.shape).to(x.device)
+            pred = torch.multinomial(probs.view(-1, probs.shape[-1]).cpu(), 1, generator=gen)
+            pred = pred.view(x.shape).to(x.device)
         else:
             pred = probs.argmax(-1)
         conf = probs.gather(-1, pred.unsqueeze(-1)).squeeze(-1)  # (B, N)

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from model.checkpoint_meta import CheckpointError, checked_load  # noqa: F401 (CheckpointError: re-exported)
 from model.config import ModelConfig, TrainConfig
-from model.costs import (depth_at, derive_seed, loop_weights, loss_weights_problem, lr_at, train_flops_per_step,
-                         train_flops_total)
+from model.costs import (depth_at, derive_seed, loop_weights, loss_weights_problem, lr_at,
+                         train_flops_per_step, train_flops_total)
 from model.precision import autocast, choose, cpu_bf16_native
 from model.rmdm import RecursiveDenoiser, SeqSpec
 

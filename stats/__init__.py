@@ -108,9 +108,10 @@ def logit_normal_mean(m: float, tau: float) -> float:
 
 
 # ---- intervals across seeds ------------------------------------------------------------------
-# How a model's number is summarised over its seeds (every seed scored on the same test examples): the mean of
-# the seed values, its 95% interval built from the seed values alone (seeds x examples are never pooled as
-# independent trials). Each method (SEED_METHOD's keys), why and what it covers: docs/DESIGN.md, "Across seeds".
+# How a model's number is summarised over its seeds (every seed scored on the same test examples): the
+# mean of the seed values, its 95% interval built from the seed values alone (seeds x examples are never
+# pooled as independent trials). Each method (SEED_METHOD's keys), why and what it covers: docs/DESIGN.md,
+# "Across seeds".
 LOGIT_TAU_P = 0.15  # the lower chi-square quantile of the logit s.d.'s upper bound (an 85% one-sided bound)
 SEED_METHOD = {
     "one": "1 seed: the evaluation's interval over its examples",

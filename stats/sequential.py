@@ -1,11 +1,12 @@
 """Claims decided with as few seeds as they need: a group-sequential t design for the mean of the matched
 per-seed differences d_1, d_2, ... (A - B, one per seed), looked at after n_1 < n_2 < ... <= n_max seeds.
 
-The method, its references and its guarantees are in docs/DESIGN.md ("Claims": "Method", "Stopping undecided"):
-repeated confidence intervals (Jennison & Turnbull) with the two-sided alpha spent over the looks by a Lan-DeMets
-function (O'Brien-Fleming- or Pocock-type); the critical values c_k of the Student t statistics themselves, found
-by simulating their joint law once (seeded, CALIBRATION_PATHS paths); differences equal within the metric's
-resolution are tied; a claim stops undecided where its arms are constant or a decision is futile (FUTILE).
+The method, its references and its guarantees: docs/DESIGN.md ("Claims": "Method", "Stopping undecided").
+Repeated confidence intervals (Jennison & Turnbull) with the two-sided alpha spent over the looks by a
+Lan-DeMets function (O'Brien-Fleming- or Pocock-type); the critical values c_k of the Student t statistics
+themselves, found by simulating their joint law once (seeded, CALIBRATION_PATHS paths); differences equal
+within the metric's resolution are tied; a claim stops undecided where its arms are constant or a decision
+is futile (FUTILE).
 tests/test_claims_sim.py checks the error rate by simulation.
 
 A leaf module: numpy and scipy only, no project imports.

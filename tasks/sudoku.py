@@ -301,9 +301,10 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
-        def tokens(text: str, blank: int) -> np.ndarray:  # by a table: `study verify` re-scores every kept output
-            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # one per character
-            t = _ascii_tokens(digits)[np.minimum(codes, 127)]  # any code past ASCII: no digit, as DEL (127)
+        # by a table of code points, one a character: `study verify` re-scores every kept output
+        def tokens(text: str, blank: int) -> np.ndarray:
+            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            t = _ascii_tokens(digits)[np.minimum(codes, 127)]  # past ASCII: no digit, as DEL (127)
             return np.where(t < 0, blank, t)[None]
 
         cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
