@@ -78,26 +78,37 @@ class _Unpickler(pickle.Unpickler):
         return self.storages[key]
 
 
-def read_state_meta(data: bytes, name: str = "checkpoint") -> dict:
-    """The state dict in the weights bytes `data`, tensors as `TensorMeta`; CheckpointError (the wording of
-    model.train.load_state) for a file that would run code, is not a torch file, is damaged or is not this
-    project's."""
+def checked_load(name: str, load, damaged: tuple[type[Exception], ...]) -> dict:
+    """`load()`'s state dict, its failures as CheckpointError (the wording `read_state_meta` and
+    model.train.load_state share): refused (it would run code), unreadable (`damaged`, or not a torch
+    file) or not this project's."""
     try:
-        z = zipfile.ZipFile(io.BytesIO(data))
-        pkl = [n for n in z.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-        if len(pkl) != 1:
-            raise ValueError("no data.pkl in the archive")
-        sd = _Unpickler(z.read(pkl[0]), z, pkl[0][:-len("data.pkl")]).load()
+        sd = load()
     except pickle.UnpicklingError as e:
-        why = str(e).strip().splitlines()[0][:160] if str(e).strip() else "not a torch checkpoint"
+        # torch's own message goes on to suggest weights_only=False: keep only what it found
+        lines = [ln.strip() for ln in str(e).splitlines()
+                 if ln.strip() and not ln.startswith(("Weights only load failed", "Please file", "Check the doc"))]
+        why = lines[0][:160] if lines else "not a torch checkpoint"
         raise CheckpointError(f"{name}: refused: holds objects other than tensors, numbers, strings, lists "
                               f"and dicts (a crafted or foreign file?): {why}") from None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+    except damaged as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{name}: not a readable checkpoint (truncated or damaged?): {first}") from None
-    except Exception as e:  # other bytes the unpickler trips on (IndexError, TypeError...)
+    except Exception as e:  # other bytes the unpickler trips on (KeyError, IndexError, TypeError...)
         raise CheckpointError(f"{name}: not a readable checkpoint (not a torch file: {type(e).__name__} "
                               f"{str(e)[:100]})") from None
     if not isinstance(sd, dict) or "model" not in sd:
         raise CheckpointError(f"{name}: not a checkpoint of this project (no 'model' entry)")
     return sd
+
+
+def read_state_meta(data: bytes, name: str = "checkpoint") -> dict:
+    """The state dict in the weights bytes `data`, tensors as `TensorMeta` (see `checked_load`)."""
+    def load():
+        z = zipfile.ZipFile(io.BytesIO(data))
+        pkl = [n for n in z.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+        if len(pkl) != 1:
+            raise ValueError("no data.pkl in the archive")
+        return _Unpickler(z.read(pkl[0]), z, pkl[0][:-len("data.pkl")]).load()
+
+    return checked_load(name, load, (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError))

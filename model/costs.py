@@ -48,13 +48,6 @@ def loss_weights_problem(cfg: TrainConfig, max_depth: int) -> str | None:
     return None
 
 
-def check_loss_weights(cfg: TrainConfig, max_depth: int) -> None:
-    """loss_weights_problem, raised (ValueError)."""
-    problem = loss_weights_problem(cfg, max_depth)
-    if problem:
-        raise ValueError(f"loss_weights {problem}")
-
-
 def loop_weights(n_loops: int, cfg: TrainConfig) -> list[float]:
     """Weight of each loop's loss (sums to 1) for a forward of n_loops loops."""
     # not the length rule (loss_weights_problem) but what this forward needs of any list it is given
@@ -97,6 +90,12 @@ def derive_seed(*xs: int) -> int:
 
 # ---- parameters and FLOPs per forward ------------------------------------------------------------
 def flops_per_forward(cfg: ModelConfig, seq_len: int, vocab_size: int, n_loops: int | None = None, heads: int = 1) -> int:
+    """Matmul FLOPs of one forward pass of one sequence through n_loops loops.
+
+    2 FLOPs per multiply-add; per layer and token: the four d x d projections, the MLP,
+    and attention scores + weighted sum (2 * 2 * N * d). `heads` is how many times the
+    output head runs (1 when sampling; n_loops when training with a loss on every loop).
+    """
     n_loops = n_loops or cfg.L
     d, N = cfg.d_model, seq_len
     hidden = int(cfg.mlp_ratio * d)

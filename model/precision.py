@@ -66,32 +66,22 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return model or platform.processor() or platform.machine(), flags
 
 
-def cpu_model() -> str:
-    return _cpuinfo()[0]
-
-
-def cpu_flags() -> frozenset[str]:
-    return _cpuinfo()[1]
-
-
-def cpu_amx() -> bool:
-    return "amx_bf16" in cpu_flags()
-
-
 def cpu_bf16_native() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AMX or AVX512-BF16).
 
     Without it (e.g. AVX2-only CPUs) oneDNN emulates bf16 matmuls, many times slower than float32.
     """
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
 
 
 def machine_summary() -> str:
     """One line: CPU model, the flags that decide the fastest path, torch's CPU capability."""
-    flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in cpu_flags()]
-    return (f"{cpu_model()}; flags {' '.join(flags) or 'none of avx2/avx512/amx'}; "
+    model, have = _cpuinfo()
+    flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in have]
+    return (f"{model}; flags {' '.join(flags) or 'none of avx2/avx512/amx'}; "
             f"torch {torch.__version__} capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"{torch.get_num_threads()} threads; native bf16: {cpu_bf16_native()} (AMX: {cpu_amx()})")
+            f"{torch.get_num_threads()} threads; native bf16: {cpu_bf16_native()} "
+            f"(AMX: {'amx_bf16' in have})")
 
 
 # ---- the choice --------------------------------------------------------------------------------
@@ -114,8 +104,9 @@ def candidates(device: torch.device, attention: str, precision: str,
 def machine_key(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda|{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
-    return (f"cpu|{cpu_model()}|{torch.backends.cpu.get_cpu_capability()}|bf16 {cpu_bf16_native()}|"
-            f"amx {cpu_amx()}|{torch.get_num_threads()} threads|torch {torch.__version__}")
+    model, flags = _cpuinfo()
+    return (f"cpu|{model}|{torch.backends.cpu.get_cpu_capability()}|bf16 {cpu_bf16_native()}|"
+            f"amx {'amx_bf16' in flags}|{torch.get_num_threads()} threads|torch {torch.__version__}")
 
 
 def cache_path() -> str:
@@ -158,12 +149,11 @@ def choose(device: torch.device, attention: str, precision: str, shape: dict,
     return {"attention": att, "precision": prec, "how": "measured", "times": times}
 
 
-def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], float], reps: int = 2,
-                 budget_s: float = MEASURE_BUDGET_S) -> dict:
-    """Best of up to `reps` steps per path after one warm-up each, the paths interleaved so that
-    a busy neighbour slows them all alike; further rounds only while within `budget_s`. A path
+def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], float]) -> dict:
+    """Best of up to two steps per path after one warm-up each, the paths interleaved so that a busy
+    neighbour slows them all alike; the second round only while within MEASURE_BUDGET_S. A path
     whose step raises (a kernel this build or device lacks) is timed as inf, unless all do."""
-    t_end = time.perf_counter() + budget_s
+    t_end = time.perf_counter() + MEASURE_BUDGET_S
     best = {c: float("inf") for c in cands}
     ok, error = [], None
     for c in cands:
@@ -174,7 +164,7 @@ def _measure_all(cands: list[tuple[str, str]], measure: Callable[[str, str], flo
             error = e
     if not ok:
         raise RuntimeError(f"every attention/precision path failed its measurement step: {error}") from error
-    for r in range(reps):
+    for r in range(2):
         if r > 0 and time.perf_counter() > t_end:
             break
         for c in ok:

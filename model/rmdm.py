@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from model.config import ModelConfig
-from model.costs import flops_per_forward  # noqa: F401 (model.rmdm.flops_per_forward: the API)
+from model.costs import flops_per_forward, param_counts
 from model.precision import autocast
 
 
@@ -202,25 +202,12 @@ class RecursiveDenoiser(nn.Module):
 
     # ---- cost accounting -------------------------------------------------------------------
     def param_counts(self) -> dict[str, int]:
-        """Total and non-embedding parameters; independent of L by construction."""
-        parts = {
-            "embedding": sum(p.numel() for p in self.tok_emb.parameters())
-            + sum(p.numel() for p in self.pos_embs.parameters()),
-            "step_embedding": sum(p.numel() for p in self.step_emb.parameters()),
-            "block": sum(p.numel() for p in self.block.parameters()),
-            "head": sum(p.numel() for p in self.norm.parameters()) + sum(p.numel() for p in self.head.parameters()),
-        }
-        total = sum(p.numel() for p in self.parameters())
-        assert sum(parts.values()) == total, (parts, total)
-        return {"total": total, "non_embedding": total - parts["embedding"], **parts}
+        """Total and non-embedding parameters; independent of L by construction (model.costs.param_counts,
+        whose shapes tests/test_imports.py checks against this model's tensors)."""
+        return param_counts(self.cfg, self.spec.vocab_size, self.spec.pos_sizes)
 
     def flops_per_forward(self, n_loops: int | None = None, heads: int = 1) -> int:
-        """Matmul FLOPs of one forward pass of one sequence through n_loops loops.
-
-        2 FLOPs per multiply-add; per layer and token: the four d x d projections, the MLP,
-        and attention scores + weighted sum (2 * 2 * N * d). `heads` is how many times the
-        output head runs (1 when sampling; n_loops when training with a loss on every loop).
-        """
+        """model.costs.flops_per_forward of this model."""
         return flops_per_forward(self.cfg, self.spec.seq_len, self.spec.vocab_size, n_loops, heads)
 
 
@@ -346,8 +333,8 @@ def sample_steps(
                 step_loops[:, i] = used.cpu()
         probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1) if temperature > 0 else torch.softmax(logits, -1)
         if temperature > 0:
-            flat = torch.multinomial(probs.view(-1, probs.shape[-1]).cpu(), 1, generator=gen).view(x.shape).to(x.device)
-            pred = flat
+            pred = torch.multinomial(probs.view(-1, probs.shape[-1]).cpu(), 1, generator=gen)
+            pred = pred.view(x.shape).to(x.device)
         else:
             pred = probs.argmax(-1)
         conf = probs.gather(-1, pred.unsqueeze(-1)).squeeze(-1)  # (B, N)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import pickle
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,10 +17,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from model.checkpoint_meta import CheckpointError
+from model.checkpoint_meta import CheckpointError, checked_load  # noqa: F401 (CheckpointError: re-exported)
 from model.config import ModelConfig, TrainConfig
-from model.costs import (check_loss_weights, depth_at, derive_seed, loop_weights, lr_at, train_flops_per_step,
-                         train_flops_total)
+from model.costs import (depth_at, derive_seed, loop_weights, loss_weights_problem, lr_at,
+                         train_flops_per_step, train_flops_total)
 from model.precision import autocast, choose, cpu_bf16_native
 from model.rmdm import RecursiveDenoiser, SeqSpec
 
@@ -94,7 +93,8 @@ class Trainer:
     ):
         self.model_cfg, self.cfg, self.spec, self.batch_fn = model_cfg, train_cfg, spec, batch_fn
         self._untimed = 0.0  # seconds spent in `untimed` blocks since `train` started its clock
-        check_loss_weights(train_cfg, model_cfg.L)
+        if problem := loss_weights_problem(train_cfg, model_cfg.L):
+            raise ValueError(f"loss_weights {problem}")
         self.device = torch.device(device)
         torch.manual_seed(derive_seed(train_cfg.seed, 0xB0071))  # initial weights depend on the seed only
         self.model = RecursiveDenoiser(model_cfg, spec).to(self.device)
@@ -281,24 +281,8 @@ def load_state(src, map_location="cpu", name: str | None = None) -> dict:
     loads it) is refused before it runs; so is a file that is not a checkpoint at all.
     """
     name = name or (src if isinstance(src, (str, os.PathLike)) else "checkpoint")
-    try:
-        sd = torch.load(src, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's own message goes on to suggest weights_only=False: keep only what it found
-        lines = [ln.strip() for ln in str(e).splitlines()
-                 if ln.strip() and not ln.startswith(("Weights only load failed", "Please file", "Check the doc"))]
-        why = lines[0][:160] if lines else "not a torch checkpoint"
-        raise CheckpointError(f"{name}: refused: holds objects other than tensors, numbers, strings, lists "
-                              f"and dicts (a crafted or foreign file?): {why}") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{name}: not a readable checkpoint (truncated or damaged?): {first}") from None
-    except Exception as e:  # text or other bytes the weights-only unpickler trips on (KeyError, IndexError...)
-        raise CheckpointError(f"{name}: not a readable checkpoint (not a torch file: {type(e).__name__} "
-                              f"{str(e)[:100]})") from None
-    if not isinstance(sd, dict) or "model" not in sd:
-        raise CheckpointError(f"{name}: not a checkpoint of this project (no 'model' entry)")
-    return sd
+    return checked_load(name, lambda: torch.load(src, map_location=map_location, weights_only=True),
+                        (RuntimeError, EOFError, OSError, ValueError))
 
 
 # ---- the NLL bound of likelihood-scored tasks ------------------------------------------------------

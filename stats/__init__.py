@@ -108,26 +108,10 @@ def logit_normal_mean(m: float, tau: float) -> float:
 
 
 # ---- intervals across seeds ------------------------------------------------------------------
-# How a model's number is summarised over its seeds (every seed scored on the same test examples):
-# the value is the mean of the seed values; the 95% interval is built from the seed values alone (each
-# already carries its own test-set noise, so their spread measures both sources: which seed was trained
-# and which examples were drawn; seeds x examples are never pooled as independent trials).
-# - Rates ('logit'): each seed's rate on the logit scale, log((k + 1/2) / (n - k + 1/2)); Student's t
-#   over those (n_seeds - 1 df) bounds the centre m of the seeds' logit rates, and the recipe's mean rate
-#   E expit(m + tau Z) is taken over m in that interval and tau from the seeds' logit s.d. s up to its
-#   upper 85% bound s sqrt((S - 1) / chi2_{0.15, S-1}) (near 0 or 1 the mean rate depends on the spread as
-#   much as on the centre). Near a floor or ceiling a rate interval on the raw scale is symmetric where
-#   the seeds are not, and covers 79-91% there; this one covers 93-97% (tests/test_inference.py).
-# - Other metrics ('t'): Student's t over the seed means, clipped to the metric's declared range.
-# - One seed ('one'): that evaluation's own interval over its examples (about that seed only).
-# - Rates whose seeds split ('split'): some seeds learned (scored above 0 of n), at least two of them and
-#   not all alike, and some did not. The mean is q r (q: the share that learned, r: the learned seeds' mean
-#   rate), and the interval is [q_lo r_lo, q_hi r_hi] from Clopper-Pearson's q and the 'logit' interval of the
-#   learned seeds, each at SPLIT_LEVEL (together >= 95%). With one learned seed, r has no seed spread to
-#   bound it (that seed's own interval covered 78% at 2 seeds near a floor): 'logit' over all the seeds.
-# - Every seed scored the same value ('agree'): no interval; the spread between seeds is what measures
-#   the seed-to-seed variation, and with none seen no width is honest (pooling the examples of the
-#   seeds, as before, gave [0, 0.046] to two seeds at 0/40 that would differ on a third seed).
+# How a model's number is summarised over its seeds (every seed scored on the same test examples): the
+# mean of the seed values, its 95% interval built from the seed values alone (seeds x examples are never
+# pooled as independent trials). Each method (SEED_METHOD's keys), why and what it covers: docs/DESIGN.md,
+# "Across seeds".
 LOGIT_TAU_P = 0.15  # the lower chi-square quantile of the logit s.d.'s upper bound (an 85% one-sided bound)
 SEED_METHOD = {
     "one": "1 seed: the evaluation's interval over its examples",

@@ -1,25 +1,13 @@
 """Claims decided with as few seeds as they need: a group-sequential t design for the mean of the matched
 per-seed differences d_1, d_2, ... (A - B, one per seed), looked at after n_1 < n_2 < ... <= n_max seeds.
 
-The method (docs/DESIGN.md, "Claims"): repeated confidence intervals (Jennison & Turnbull 1989, "Interim
-analyses: the repeated confidence interval approach", JRSS B 51:305-361; the book "Group Sequential Methods
-with Applications to Clinical Trials", 2000, ch. 9) with the two-sided alpha spent over the looks by a
-Lan-DeMets spending function (Lan & DeMets 1983, Biometrika 70:659-663): O'Brien-Fleming-type
-alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) by default, or Pocock-type alpha * ln(1 + (e - 1) t), t = n_k / n_max
-the information fraction. At look k the interval is mean +- c_k * s / sqrt(n_k) (s the sample s.d.); the
-critical values c_k are those of the Student t statistics themselves, not of their normal limit: for
-normal seed differences the joint law of (t_1, ..., t_K) at the true mean is free of the mean and the
-spread, so c_k are found by simulating it once (seeded, CALIBRATION_PATHS paths): P(no earlier crossing,
-|t_k| > c_k) = alpha(t_k) - alpha(t_{k-1}). That holds with 2 seeds, where a normal-theory or asymptotic
-confidence sequence does not. All intervals together cover the true mean with probability >= 1 - alpha,
-whatever look the study stops at, so a claim decided at the first look whose interval settles it is
-wrong at most alpha of the time (tests/test_claims_sim.py checks it by simulation).
-
-Seed differences equal within the metric's resolution (1/n for a rate over n examples) are tied: a tied set
-has no spread to build an interval from, and is never decided on float noise. A claim also stops, undecided,
-at the look where its two arms are constant (every seed of both models the same value) or where it is
-futile: the chance of a decision by the last look, were the current mean and s.d. the truth, is below
-FUTILE. Stopping undecided never adds a wrong decision, so neither changes the error rate.
+The method, its references and its guarantees: docs/DESIGN.md ("Claims": "Method", "Stopping undecided").
+Repeated confidence intervals (Jennison & Turnbull) with the two-sided alpha spent over the looks by a
+Lan-DeMets function (O'Brien-Fleming- or Pocock-type); the critical values c_k of the Student t statistics
+themselves, found by simulating their joint law once (seeded, CALIBRATION_PATHS paths); differences equal
+within the metric's resolution are tied; a claim stops undecided where its arms are constant or a decision
+is futile (FUTILE).
+tests/test_claims_sim.py checks the error rate by simulation.
 
 A leaf module: numpy and scipy only, no project imports.
 """

@@ -93,13 +93,10 @@ def make_task(cfg: TaskConfig) -> Task:
     return task_class(getattr(cfg, "name", None))(cfg)
 
 
-_UNSET = object()
-
-
-def metric(name: str, task: str | None = None, default=_UNSET) -> Metric | None:
+def metric(name: str, task: str | None = None) -> Metric:
     """The declaration of metric `name`: task `task`'s (each task names its metrics in a namespace of its
     own), else the first registered task's that declares one of that name, else a generic one; unknown names
-    get a plain 'mean' metric labelled by its name (or `default`, when given)."""
+    get a plain 'mean' metric labelled by its name."""
     own = TASKS[task][1].metric_of(name) if task in TASKS else None
     if own is not None:
         return own
@@ -109,7 +106,7 @@ def metric(name: str, task: str | None = None, default=_UNSET) -> Metric | None:
             return m
     if name in GENERIC_METRICS:
         return GENERIC_METRICS[name]
-    return Metric(str(name), str(name)) if default is _UNSET else default
+    return Metric(str(name), str(name))
 
 
 def is_rate(name: str, task: str | None = None) -> bool:

@@ -264,7 +264,6 @@ class Countdown(Task):
         self.slot = 3 * self.W + 2
         self.train_x0: torch.Tensor | None = None
         self.test: EvalSet | None = None
-        self.val: EvalSet | None = None  # made on first use (tuning, selection): training never waits for it
         self._data_path: str | None = None
 
     # ---- declarations ----------------------------------------------------------------------
@@ -361,7 +360,8 @@ class Countdown(Task):
             data[f"{split}_operands"].tolist(), data[f"{split}_targets"].tolist(), data[f"{split}_steps"].tolist())],
             dtype=torch.long)
 
-    def _make_val(self) -> EvalSet:
+    @functools.cached_property
+    def val(self) -> EvalSet:
         """The n_val instances after the test ones (made, and cached beside the data, on first use)."""
         data = cached_npz(val_path(self._data_path, self.cfg.val_size), lambda: {
             k: v for k, v in generate_split(self.cfg, val=True).items() if k.startswith("val_")})
@@ -374,11 +374,7 @@ class Countdown(Task):
         return x0, self.cond_mask().expand_as(x0).clone()
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        if self.cfg.split_of(split) == "test":
-            return self.test
-        if self.val is None:
-            self.val = self._make_val()
-        return self.val
+        return self.test if self.cfg.split_of(split) == "test" else self.val
 
     def max_examples(self) -> DataBound:
         """The distinct (operand multiset, target) instances the generator can make (train, test and val

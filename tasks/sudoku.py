@@ -8,8 +8,8 @@ column and box keeps its digits (cells move only within a column and a band) and
 its set of digits (a cycle is closed under the permutation), so the grid stays valid, yet a
 cycle shorter than the row changes the symmetry class (symmetries only ever move whole rows,
 columns or digit labels). Rows and columns alternate. The chain is vectorized over a batch of
-independent chains in numpy; the old randomized MRV search (`random_solution`) is kept as the
-reference the benchmark compares against (it cannot make 25x25 grids in useful time).
+independent chains in numpy (benchmarks/sudoku_gen.py keeps the randomized MRV search it replaced,
+which cannot make 25x25 grids in useful time).
 
 Train and test grids are kept in different symmetry classes with `fingerprint`, an invariant of
 digit relabeling, transposition, band/stack and row/column-within-band permutations (equal
@@ -41,7 +41,7 @@ from tasks.base import (DataBound, EvalSet, Inputs, Metric, Task, TaskConfig, ca
 # the grids and the puzzle files live in their own modules; every public name is re-exported here
 from tasks.sudoku_files import (CSV_HEADERS, MAX_LINE, PuzzleFile, PuzzleFileError, format_puzzles, iter_puzzles)
 from tasks.sudoku_grids import (CHAINS_PER_BATCH, DIGITS, REACHABLE, cycle_swap, fingerprint, generate_solutions,
-                                is_valid_solution, iter_solutions, pattern_grid, random_solution, random_symmetry,
+                                is_valid_solution, iter_solutions, pattern_grid, random_symmetry,
                                 split_grids, swap_chain, symmetry_np, val_grids)
 from tasks.sudoku_grids import TRAIN_TEST_STREAM, VAL_STREAM  # noqa: F401
 
@@ -125,7 +125,6 @@ class Sudoku(Task):
         self.blank_range = (max(1, round(lo * cfg.n * cfg.n)), max(1, round(hi * cfg.n * cfg.n)))
         self.train_grids: torch.Tensor | None = None
         self.test: EvalSet | None = None
-        self.val: EvalSet | None = None  # made on first use (tuning, selection): training never waits for it
         self._test_grids: np.ndarray | None = None
         self._data_path: str | None = None  # the cache file train and test came from
 
@@ -227,7 +226,9 @@ class Sudoku(Task):
         gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919)
         self.test = EvalSet(test_x0, self._givens(test_x0.shape[0], gen))
 
-    def _make_val(self) -> EvalSet:
+    @functools.cached_property
+    def val(self) -> EvalSet:
+        """The validation split, made on first use (tuning, selection): training never waits for it."""
         c = self.cfg
         path = val_path(self._data_path, c.val_size)
         want = {"n_val": c.val_size, "split_by": c.split_by, "stream": VAL_STREAM,
@@ -260,11 +261,7 @@ class Sudoku(Task):
         return x0, self._givens(batch_size, gen)
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        if self.cfg.split_of(split) == "test":
-            return self.test
-        if self.val is None:
-            self.val = self._make_val()
-        return self.val
+        return self.test if self.cfg.split_of(split) == "test" else self.val
 
     def max_examples(self) -> DataBound | None:
         """4x4 (split by grid): the 192 grids the chain reaches. Larger sizes: no bound a split meets
@@ -304,13 +301,11 @@ class Sudoku(Task):
             if text is not None and len(text) != cells:
                 raise ValueError(f"{what} has {len(text)} cells, a {self.n}x{self.n} grid has {cells}")
 
-        token = {ch: i for i, ch in enumerate(digits)}
-
+        # by a table of code points, one a character: `study verify` re-scores every kept output
         def tokens(text: str, blank: int) -> np.ndarray:
-            if text.isascii():  # as below, by a table of the ASCII codes: `study verify` re-scores every kept output
-                t = _ascii_tokens(digits)[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
-                return np.where(t < 0, blank, t)[None]
-            return np.array([[token.get(ch, blank) for ch in text]], dtype=np.int64)
+            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            t = _ascii_tokens(digits)[np.minimum(codes, 127)]  # past ASCII: no digit, as DEL (127)
+            return np.where(t < 0, blank, t)[None]
 
         cond = np.array([[ch != "." for ch in input_text]], dtype=bool)
         has_ref = reference_text is not None

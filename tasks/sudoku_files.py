@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
@@ -114,6 +115,7 @@ def _open_lines(path: str):
 
 
 CSV_HEADERS = ("quizzes,solutions", "quizzes")
+_CELLS = re.compile(r"[^\s#]*")  # a puzzle line's cells: up to the first whitespace or '#'
 
 
 def iter_puzzles(path: str, n: int = 9, chunk: int = 4096) -> Iterator[PuzzleFile]:
@@ -132,7 +134,7 @@ def iter_puzzles(path: str, n: int = 9, chunk: int = 4096) -> Iterator[PuzzleFil
         raise PuzzleFileError(f"{path}: no puzzles")
     head_ln, head_raw = first
     head = head_raw.strip().lower().replace(" ", "")
-    cells0 = _cut_comment(head_raw.strip())  # a puzzle line's trailing comment may hold commas
+    cells0 = _CELLS.match(head_raw.strip())[0]  # a puzzle line's trailing comment may hold commas
     csv = head.startswith("quizzes") or "," in cells0 or ("," in head and not _is_cells(cells0, n, blanks))
     if csv and head not in CSV_HEADERS:
         ask = " or ".join(repr(h) for h in CSV_HEADERS)
@@ -173,7 +175,7 @@ def iter_puzzles(path: str, n: int = 9, chunk: int = 4096) -> Iterator[PuzzleFil
                                       f"got {len(parts)}")
             cells, comment = parts[0], ""
         else:
-            cells = _cut_comment(s)
+            cells = _CELLS.match(s)[0]
             comment = s[len(cells):]
         g = _cells(cells, n, at, blanks)
         if csv and len(cols) == 2:
@@ -192,14 +194,6 @@ def iter_puzzles(path: str, n: int = 9, chunk: int = 4096) -> Iterator[PuzzleFil
         yield make(givens, sols, comments, where)
     elif state["start"] == 0:
         raise PuzzleFileError(f"{path}: no puzzles")
-
-
-def _cut_comment(s: str) -> str:
-    """The cells of a stripped line: up to the first whitespace or '#'."""
-    for k, ch in enumerate(s):
-        if ch.isspace() or ch == "#":
-            return s[:k]
-    return s
 
 
 def _is_cells(text: str, n: int, blanks: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import random
 from typing import Iterator, Literal
 
 import numpy as np
@@ -99,11 +98,8 @@ def iter_solutions(n: int, seed: int, steps: int | None = None, stream: int = TR
                 yield g.astype(np.int64)
 
 
-def generate_solutions(n: int, count: int, seed: int, method: Literal["swap", "search"] = "swap",
-                       steps: int | None = None) -> np.ndarray:
+def generate_solutions(n: int, count: int, seed: int, steps: int | None = None) -> np.ndarray:
     """The first `count` distinct solved grids of `iter_solutions`, shape (count, n*n)."""
-    if method == "search":
-        return _generate_by_search(n, count, seed)
     _check_reachable(n, count, "count")
     it = iter_solutions(n, seed, steps)
     return np.stack([next(it) for _ in range(count)]).reshape(count, n * n)
@@ -113,69 +109,6 @@ def _check_reachable(n: int, asked: int, what: str) -> None:
     if asked > REACHABLE.get(n, asked):
         raise ValueError(f"the {n}x{n} generator makes {REACHABLE[n]} distinct solved grids: {what} = {asked} "
                          f"is too many")
-
-
-def random_solution(n: int, rng: random.Random, max_nodes: int = 200_000) -> list[int] | None:
-    """One solved grid (row-major digits 0..n-1) by randomized MRV search; None if the node
-    budget runs out (the caller restarts with fresh randomness). The benchmark's reference."""
-    b = math.isqrt(n)
-    full = (1 << n) - 1
-    rows, cols, boxes = [0] * n, [0] * n, [0] * n
-    grid = [-1] * (n * n)
-    box_of = [(i // n // b) * b + (i % n) // b for i in range(n * n)]
-    empty = set(range(n * n))
-    nodes = 0
-
-    def solve() -> bool:
-        nonlocal nodes
-        nodes += 1
-        if nodes > max_nodes:
-            return False
-        if not empty:
-            return True
-        best, best_cand, best_cnt = -1, 0, n + 1
-        for i in empty:
-            cand = full & ~(rows[i // n] | cols[i % n] | boxes[box_of[i]])
-            cnt = cand.bit_count()
-            if cnt < best_cnt:
-                best, best_cand, best_cnt = i, cand, cnt
-                if cnt <= 1:
-                    break
-        if best_cnt == 0:
-            return False
-        r, c, bx = best // n, best % n, box_of[best]
-        digits = [d for d in range(n) if best_cand >> d & 1]
-        rng.shuffle(digits)
-        empty.discard(best)
-        for d in digits:
-            bit = 1 << d
-            rows[r] |= bit; cols[c] |= bit; boxes[bx] |= bit
-            grid[best] = d
-            if solve():
-                return True
-            rows[r] &= ~bit; cols[c] &= ~bit; boxes[bx] &= ~bit
-            if nodes > max_nodes:
-                break
-        grid[best] = -1
-        empty.add(best)
-        return False
-
-    return grid if solve() else None
-
-
-def _generate_by_search(n: int, count: int, seed: int) -> np.ndarray:
-    rng = random.Random(seed)
-    seen: set[bytes] = set()
-    out = []
-    while len(out) < count:
-        g = random_solution(n, rng)
-        if g is None:
-            continue
-        key = bytes(g)
-        if key not in seen:
-            seen.add(key)
-            out.append(g)
-    return np.asarray(out, dtype=np.int64)
 
 
 def is_valid_solution(grid: np.ndarray, n: int) -> bool:

@@ -19,6 +19,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import zipfile
 from typing import Literal
 
@@ -35,6 +36,7 @@ TEXT8_ZIP_BYTES = 31_344_016  # size of text8.zip as published (also checked by 
 TEXT8_CHARS = 100_000_000
 SPLITS = ("train", "valid", "test")
 _DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_SPELLED = {ord("0") + i: f" {w} " for i, w in enumerate(_DIGIT_WORDS)}  # str.translate: digit -> " word "
 
 
 class Text8Config(TaskConfig):
@@ -88,15 +90,7 @@ def decode_text(ids) -> str:
 
 def normalize(text: str) -> str:
     """text8's normalization: lower case, digits spelled out, everything else a space, spaces collapsed."""
-    out = []
-    for ch in text.lower():
-        if "a" <= ch <= "z":
-            out.append(ch)
-        elif "0" <= ch <= "9":
-            out.append(f" {_DIGIT_WORDS[ord(ch) - 48]} ")
-        else:
-            out.append(" ")
-    return " ".join("".join(out).split())
+    return " ".join(re.sub("[^a-z0-9]", " ", text.lower()).translate(_SPELLED).split())
 
 
 def offline_corpus() -> str:
