@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from study.engine.rows import NLL_KEYS, NLL_SAMPLER
 from study.engine.options import TrialOptions
-from study.engine.raytune import ray_dir, trial_run
+from study.engine.raytune import ray_dir, run_of
 
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
@@ -159,7 +159,7 @@ STORE_NAMES = {"task.name": "task", "model.K": "K", "model.L": "L_t", "model.d_m
 def run_params(config: dict) -> dict:
     """A trial's parameters, flat: the run's resolved config (K, L_t, lr, model.mlp_ratio, ...: the runs table's
     names where it has the field) and its run id."""
-    run = trial_run(config)
+    run = run_of(config)
     flat = _flat({k: v for k, v in run.resolved().items() if k != "run_id"})
     return {"run_id": run.run_id, **{STORE_NAMES.get(k, k): v for k, v in flat.items()}}
 
@@ -256,6 +256,16 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
     return out, tags
 
 
+def final_metrics(trial, result: dict) -> tuple[dict, dict]:
+    """tracker_metrics of a trial's run once `result` says it is evaluated (its final one), else ({}, {})."""
+    if result.get("phase") != "final" and "final_loss" not in result:
+        return {}, {}
+    from store import Store
+
+    run = run_of(trial.config)
+    return tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
+
+
 def _mlflow_class():
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 
@@ -269,11 +279,11 @@ def _mlflow_class():
                 return
             params = run_params(trial.config)
             tags = {**self.tags, "trial_name": str(trial), "run_id": params["run_id"]}
-            run = self.mlflow_util.start_run(tags=tags, run_name=run_label(trial_run(trial.config)))
+            run = self.mlflow_util.start_run(tags=tags, run_name=run_label(run_of(trial.config)))
             self._trial_runs[trial] = run.info.run_id
             self.mlflow_util.log_params(run_id=run.info.run_id,
                                         params_to_log={k: _param(v) for k, v in params.items()})
-            self._client().log_dict(run.info.run_id, trial_run(trial.config).resolved(), "config.json")
+            self._client().log_dict(run.info.run_id, run_of(trial.config).resolved(), "config.json")
 
         def _client(self):
             from mlflow.tracking import MlflowClient
@@ -292,15 +302,11 @@ def _mlflow_class():
             metrics = mlflow_metrics(result)
             step = result_step(result)
             step = step if step is not None else result.get("training_iteration", 0)
-            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
-                from store import Store
-
-                run = trial_run(trial.config)
-                evals, tags = tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
-                metrics.update(evals)
-                client = self._client()
-                for k, v in tags.items():
-                    client.set_tag(self._trial_runs[trial], k, v)
+            evals, tags = final_metrics(trial, result)
+            metrics.update(evals)
+            client = self._client() if tags else None
+            for k, v in tags.items():
+                client.set_tag(self._trial_runs[trial], k, v)
             if metrics:
                 self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
 
@@ -356,11 +362,7 @@ def _tbx_class():
                 self.log_trial_start(trial)
             step = result_step(result)
             ours = mlflow_metrics(result)
-            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
-                from store import Store
-
-                run = trial_run(trial.config)
-                ours.update(tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)[0])
+            ours.update(final_metrics(trial, result)[0])
             for k, v in ours.items():
                 self._trial_writer[trial].add_scalar(f"study/{k}", v, global_step=step)
             ray_own = {k: result[k] for k in RAY_KEYS if k in result}
