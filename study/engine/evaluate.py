@@ -167,14 +167,10 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     """NLL bound / bpc of the sequences of `ev` at depth L_s, and min(keep, n_generate) unconditional
     samples at (T, L_s): the point's generations (when any) then the point itself, in the order they
     are written (see the module docstring for the two keys)."""
-    device = next(model.parameters()).device
     t_values = task.t_values()
     t0 = time.perf_counter()
-    per_char = []
-    for i in range(0, len(ev), NLL_BATCH):
-        x, c = ev.x0[i:i + NLL_BATCH].to(device), ev.cond[i:i + NLL_BATCH].to(device)
-        nats = nll_bound(model, x, c, t_values, n_loops=pt.L_s, seed=pt.seed + i, precision=precision)
-        per_char += (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
+    per_char = [v for _, _, nll in nll_batches(model, ev.x0, ev.cond, t_values, pt.L_s, pt.seed, precision)
+                for v in nll]
     seconds = time.perf_counter() - t0
     n, n_t = len(per_char), len(t_values)
     n_gen = min(keep, n_generate, len(ev))
@@ -202,6 +198,17 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     for r in gen.samples:
         r.input = ""
     return [gen, point]
+
+
+def nll_batches(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, n_loops: int,
+                seed: int, precision: str):
+    """Per batch of NLL_BATCH sequences (the batch at i seeded seed + i): its (x, cond) on the model's device and
+    the NLL bound of each sequence per position not given, in nats."""
+    device = next(model.parameters()).device
+    for i in range(0, len(x0), NLL_BATCH):
+        x, c = x0[i:i + NLL_BATCH].to(device), cond[i:i + NLL_BATCH].to(device)
+        nats = nll_bound(model, x, c, t, n_loops=n_loops, seed=seed + i, precision=precision)
+        yield x, c, (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
 
 
 def sample_rows(run_id: str, key: str, pt: EvalPoint, task, x, cond, got: Sampled, ref, scores: list[dict],
@@ -275,14 +282,10 @@ def ref_nll(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, n_lo
 def example_values(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, n_loops: int, seed: int,
                    precision: str = "float32") -> list[dict[str, float]]:
     """Per example, {'elbo', 'ref_nll'} in nats per blank (see the section's head)."""
-    device = next(model.parameters()).device
     out = []
-    for i in range(0, len(x0), NLL_BATCH):
-        x, c = x0[i:i + NLL_BATCH].to(device), cond[i:i + NLL_BATCH].to(device)
-        nats = nll_bound(model, x, c, t_values(), n_loops=n_loops, seed=seed + i, precision=precision)
-        elbo = nats / (~c).sum(1).clamp(min=1).double().cpu()
+    for x, c, elbo in nll_batches(model, x0, cond, t_values(), n_loops, seed, precision):
         ref = ref_nll(model, x, c, n_loops, precision)
-        out += [{"elbo": float(e), "ref_nll": float(r)} for e, r in zip(elbo.tolist(), ref.tolist())]
+        out += [{"elbo": float(e), "ref_nll": float(r)} for e, r in zip(elbo, ref.tolist())]
     return out
 
 

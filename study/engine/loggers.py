@@ -1,30 +1,11 @@
-"""`--log mlflow[=URI]`, `--log wandb`, `--log tensorboard` on `study run` and `study tune`.
-
-Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig(callbacks=...):
-
-- mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its model and
-  seed (`(1 x 2) d128 seed 0`; the run id is its `run_id` tag and parameter), in the MLflow experiment named
-  after the study; its parameters are the run's resolved config, named as the store's runs table names them
-  where it has the field (K, L_t, d_model, heads, lr, batch, steps, seed, task...; model.mlp_ratio and the
-  others dotted), its artifact config.json the resolved config whole, its metrics the training loss at every logged step
-  (the step is the training step) and, at the end, `final_loss`, `train_seconds` and every metric of every
-  eval point with its interval, from the store, named by what runs share (`vpr/T4`, `vpr/T4/ci_low`; see
-  metric_name), with tags saying which L_s and sampler the names hold. Once the sweep ends, one more MLflow run,
-  `study <name>`, holds the study's figures (`study report --figure all`'s PNGs) as artifacts. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
-  Tune's state, sqlite:///<results>/<study>/.ray/mlflow.db.
-- wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
-  <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
-  $WANDB_PROJECT or the study's name.
-- tensorboard: ray.tune.logger.TBXLoggerCallback, with the training step as TensorBoard's step; the study's
-  metrics are the tags `study/<name>` (MLflow's names: study/loss, study/final_loss, study/train_seconds,
-  study/vpr/T4, study/vpr/T4/ci_low, ...), Ray Tune's bookkeeping the tags `ray/tune/<key>`
-  (time_this_iter_s, ...), Tune's trial parameters in TensorBoard's HParams records (_hparams_/). Without the option Tune writes its own event files (every key of each report
-  under ray/tune/, the step there being the report's number). Either way they are under
-  <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*, <trial> being `<run_id>_<Tune's trial id>`.
+"""`--log mlflow[=URI]`, `--log wandb`, `--log tensorboard` on `study run` and `study tune` (what each records,
+where, and how to look: docs/guide/running.md). Each is one of Ray Tune's own logger callbacks (MLflowLoggerCallback,
+WandbLoggerCallback, TBXLoggerCallback), subclassed below, handed to the Tuner in RunConfig(callbacks=...).
 
 The callbacks run in the driver and only read what trials report to Tune (study/engine/trial.py: `loss` at each
-logged step; study.engine.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
-are untouched. A missing package or a bad value is a LogError: one line, exit 2, naming the extra to install.
+logged step; study.engine.raytune.final_metrics once a run is evaluated) and, once a run is final, the store:
+training, its numbers and its random streams are untouched. A missing package or a bad value is a LogError: one
+line, exit 2, naming the extra to install.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ summary line and the one ETA (`eta`) it shares with `study status` (study/comman
 failed run's trial started again since its row was written (a `--retry-failed` under way)."""
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import sys
@@ -14,7 +15,7 @@ from store import Store
 def retried_since(store: Store, run_id: str, row: dict | None) -> bool:
     """Whether the run's trial started again (logs/<run_id>.attempts) after its failed row was written:
     a `--retry-failed` that is running or was interrupted. The row's error is then the previous attempt's."""
-    import datetime as dt
+    import pandas as pd
 
     if not row or row.get("created_at") is None:
         return False
@@ -23,14 +24,8 @@ def retried_since(store: Store, run_id: str, row: dict | None) -> bool:
         return False
     try:
         last = float(raw.decode(errors="replace").strip().splitlines()[-1].split()[-1])
-        at = row["created_at"]
-        if not isinstance(at, dt.datetime):
-            import pandas as pd
-
-            at = pd.Timestamp(at).to_pydatetime()
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=dt.timezone.utc)
-        return last > at.timestamp()
+        at = pd.Timestamp(row["created_at"]).to_pydatetime()
+        return last > (at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)).timestamp()
     except (ValueError, IndexError, TypeError, OverflowError):
         return False
 
