@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from study.engine.rows import NLL_KEYS, NLL_SAMPLER
 from study.engine.options import TrialOptions
-from study.engine.raytune import ray_dir, run_of
+from study.engine.raytune import ray_dir, run_evals, run_of
 
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
@@ -69,17 +69,18 @@ def parse(values: list[str] | None, results: str | None = None) -> list[Sink]:
 
 def reachable(uri: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """An http(s) tracking URI accepts TCP connections (MLflow itself retries for minutes)."""
-    import socket
     from urllib.parse import urlsplit
+
+    from study.engine.raystart import unreachable
 
     if not uri or not uri.lower().startswith(("http://", "https://")):
         return
     u = urlsplit(uri)
     try:
-        port = u.port or (443 if u.scheme.lower() == "https" else 80)
-        socket.create_connection((u.hostname or "", port), timeout=timeout_s).close()
-    except (OSError, ValueError) as e:
-        why = "timed out" if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or str(e))
+        why = unreachable(u.hostname or "", u.port or (443 if u.scheme.lower() == "https" else 80), timeout_s)
+    except ValueError as e:  # a port out of range
+        why = str(e)
+    if why:
         raise LogError(f"--log mlflow={uri}: cannot reach the MLflow tracking server ({why}); is it started "
                        f"(`mlflow server --host 127.0.0.1 --port {u.port or 5000}`)?") from None
 
@@ -217,12 +218,8 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
     secs = row.get("train_seconds")
     if isinstance(secs, (int, float)) and math.isfinite(secs):
         out["train_seconds"] = float(secs)
-    try:
-        ev = store.read("evals", filter_run=run.run_id)
-    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
-        ev = None
     keys = {pt.key for pt in run.eval_points()} | set(NLL_KEYS.values())  # the sampled points and the ELBO's
-    for r in ([] if ev is None or not len(ev) else ev[ev.eval_key.isin(keys)].itertuples(index=False)):
+    for r in run_evals(store, run.run_id, keys):
         name = metric_name(r.metric, r.T, r.L_s, r.sampler, r.split, run)
         lo, hi = clipped(r.ci_low, r.ci_high, task.metric_of(r.metric))  # a store written before rows were clipped
         for suffix, v in (("", r.value), ("/ci_low", lo), ("/ci_high", hi)):

@@ -129,16 +129,16 @@ class LiveView:
 
     BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of training steps done of steps owed
 
-    def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None,
-                 beats=None, clock=time.time):
+    def __init__(self, total: int, steps: dict[str, int], beats, echo=print, every_s: float = 30.0,
+                 tty: bool | None = None, clock=time.time):
         self.total, self.steps, self.echo, self.every_s = total, steps, echo, every_s
         self.clock, self.read_beats = clock, beats
         self.t0 = self.last = clock()
-        self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat (or, without `beats`, its reports)
+        self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat
         self.read_at: float | None = None
         self.running: set[str] = set()
         self.peak = 0  # the most runs seen running at once: the sweep's slots
-        self.since: dict[str, float] = {}  # when each run started here (with `beats`)
+        self.since: dict[str, float] = {}  # when each run started here
         self.ended: set[str] = set()
         self.done = self.failed = 0
         self.waiting = None  # () -> why the pending runs wait ('' when they do not); set by the runner
@@ -147,7 +147,7 @@ class LiveView:
 
     def _refresh(self) -> None:
         now = self.clock()
-        if self.read_beats is not None and (self.read_at is None or now - self.read_at >= 1.0):
+        if self.read_at is None or now - self.read_at >= 1.0:
             self.read_at = now
             try:
                 self.beats = self.read_beats()
@@ -199,8 +199,7 @@ class LiveView:
     def started(self, run_id: str) -> None:
         self.running.add(run_id)
         self.peak = max(self.peak, len(self.running))
-        if self.read_beats is not None:
-            self.since[run_id] = self.clock()
+        self.since[run_id] = self.clock()
         self.show()
 
     def result(self, run_id: str, step: int | None = None) -> None:

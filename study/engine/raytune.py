@@ -76,16 +76,20 @@ def final_metrics(store: Store, run: Run, row: dict | None) -> dict:
     if isinstance(loss, (int, float)) and math.isfinite(loss):
         out["final_loss"] = float(loss)
     primary = TASKS[run.task.name][1].primary_metric
-    keys = {pt.key for pt in run.eval_points()}
-    try:
-        ev = store.read("evals", filter_run=run.run_id)
-    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
-        return out
-    if ev is None or not len(ev):
-        return out
-    for r in ev[(ev.metric == primary) & ev.eval_key.isin(keys)].itertuples(index=False):
-        out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
+    for r in run_evals(store, run.run_id, {pt.key for pt in run.eval_points()}):
+        if r.metric == primary:
+            out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
     return out
+
+
+def run_evals(store: Store, run_id: str, keys: set[str]) -> list:
+    """The evals rows (tuples) of a run at eval keys `keys`; [] when there are none or they do not read (the
+    store's own checks name damage; what reports a run only reports)."""
+    try:
+        ev = store.read("evals", filter_run=run_id)
+    except Exception:  # noqa: BLE001
+        return []
+    return [] if ev is None or not len(ev) else list(ev[ev.eval_key.isin(keys)].itertuples(index=False))
 
 
 # ---- the trainable ---------------------------------------------------------------------------
