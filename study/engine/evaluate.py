@@ -1,28 +1,13 @@
-"""The one evaluation path: sample a model on examples, score the outputs with the task, and build
-the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
+"""The one evaluation path: sample a model on examples, score the outputs with the task, and build the
+`evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`; columns: docs/guide/schema.md).
 
 `evaluate` samples and scores; every caller goes through it: a run's eval points (by their kind:
-study.engine.trial.evaluate_point), the generations of a likelihood point, `study eval --puzzles`
-(study/commands/puzzles.py, a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
-
-A task's `eval_mode` names the evaluation kind of its points (study/engine/kinds):
-- 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
-  of the samples rows' per-example scores (95% interval: Wilson for 0/1 scores, else normal), and a
-  samples row per example: its scores and cost (block passes, denoising steps), its text for the
-  first `eval.n_samples_kept` examples only.
-- 'likelihood': the NLL bound per position of the evaluation sequences in each unit the task's likelihood
-  metrics declare (Metric.likelihood: nats, bits), and a few unconditional samples (T steps, L_s loops)
-  for a look. Two eval keys per point: `<key>`: one evals row per likelihood metric; samples, one row
-  per evaluated sequence, `scores` = {metric: its NLL bound per position in that metric's unit},
-  `score` = the task's `sample_score` of them, `reference` = its text for the first n_samples_kept
-  sequences (input and output null: nothing is generated). A transform of the mean that is not a mean
-  itself (a perplexity, exp of the nats) is a derived metric (Metric.stored False): the analysis's.
-  `<key>-gen` (when any sample is kept): the evals row known_words of min(n_samples_kept, 16)
-  unconditional generations (no interval), and their samples rows (text, scores, cost).
-
-`forward_passes` keeps the store's one meaning, block passes per example (a model call at L_s loops
-is L_s of them; see model/rmdm.py): the most any example ran when sampling; the NLL bound calls
-the model once per noise level, so its rows say n_t * L_s whatever T is.
+study/engine/kinds, study.engine.trial.evaluate_point), the generations of a likelihood point, `study eval
+--puzzles` (study/commands/puzzles.py, a chunk of the file at a time) and a search's scores
+(study/engine/tune.py, nothing written). A likelihood point (`evaluate_likelihood`) stores the NLL bound per
+position in each unit its task's likelihood metrics declare, under `<key>`, and a few unconditional
+generations under `<key>-gen`. `forward_passes` keeps the store's one meaning, block passes per example
+(docs/DESIGN.md): the NLL bound calls the model once per noise level, so its rows say n_t * L_s whatever T is.
 """
 from __future__ import annotations
 
@@ -127,7 +112,7 @@ def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id:
     key = key or pt.key
     base = {"run_id": run_id, "eval_key": key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
             "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), "kind": kind,
-            **sampling_cost(model, got)}
+            **passes_cost(model, got.passes.tolist(), got.head_calls)}
     evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base, task)]
     samples = sample_rows(run_id, key, pt, task, x, ev.cond, got, ev.x0 if reference else None, scores, keep,
                           start, primary or task.primary_metric)
@@ -223,14 +208,6 @@ def sample_rows(run_id: str, key: str, pt: EvalPoint, task, x, cond, got: Sample
                       reference=task.render(ref[i]) if i < keep and ref is not None else None,
                       score=s[primary], scores=json.dumps(s), passes=int(passes[i]), steps=int(steps[i]))
             for i, s in enumerate(scores)]
-
-
-def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
-    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling
-    eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
-    above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
-    eval_flops: every block pass, plus the head each time it read predictions."""
-    return passes_cost(model, got.passes.tolist(), got.head_calls)
 
 
 # ---- the continuous quantities ------------------------------------------------------------------

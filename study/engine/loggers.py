@@ -86,14 +86,10 @@ def reachable(uri: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
 
 
 def mlflow_uri(sink: Sink, store) -> str:
-    """The tracking URI a sink logs to: given, $MLFLOW_TRACKING_URI, or an SQLite file under the study's .ray/."""
-    uri = sink.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    if not store.local:
-        raise LogError(f"--log mlflow: the results store {store.dir} is not local: give a tracking URI "
-                       "(--log mlflow=http://HOST:PORT) or set MLFLOW_TRACKING_URI")
-    return f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
+    """The tracking URI a sink logs to: given, $MLFLOW_TRACKING_URI, or an SQLite file under the study's .ray/
+    (a local store: `parse` refused a remote one without a URI)."""
+    default = f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
+    return sink.uri or os.environ.get("MLFLOW_TRACKING_URI") or default
 
 
 def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:

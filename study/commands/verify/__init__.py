@@ -14,7 +14,7 @@ disagreement:
   sampler, split and n_examples are that point's; value, ci_low and ci_high are what
   `study.engine.rows.metric_rows` (`likelihood_rows` for a likelihood point) gives the
   per-example scores of its samples file; forward_passes, forward_passes_mean and eval_flops are
-  what `study.engine.evaluate.sampling_cost`'s rule (`study.engine.rows.passes_cost`; `likelihood_cost`)
+  what the sampling cost rule (`study.engine.rows.passes_cost`; `likelihood_cost`)
   gives the per-example passes and steps.
 - samples: one row per evaluated example (0..n-1); the outputs kept are re-scored from their text
   by the task (`Task.rescore`) and must match the stored scores; a task that cannot re-score from

@@ -7,7 +7,7 @@ from study.spec.grid import Run
 
 
 class _Counted:
-    """What `sampling_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
+    """What `passes_cost` / `likelihood_cost` read of a model, its FLOP counting, without building one:
     RecursiveDenoiser.flops_per_forward is model.costs.flops_per_forward of its config and sequence spec."""
 
     def __init__(self, run: Run, task):
