@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from store import Store
+from study.engine.errors import root_cause
 from study.engine.raytune import run_of
 from study.engine.trial import attempts_so_far
 from study.spec.grid import Run
@@ -196,8 +197,6 @@ def trial_error(trial) -> str:
     """The root cause of a Tune trial's last error, one line, from the error text Tune keeps beside the trial
     on the driver (written before its callbacks are called): its last line that reads as an exception (an
     actor that died at start quotes the worker's traceback, whose last such line is the import's)."""
-    from study.engine.errors import root_cause
-
     try:
         with open(trial.error_file, encoding="utf-8", errors="replace") as f:
             return root_cause(f.read()) or "no error recorded"
