@@ -79,7 +79,7 @@ class SweepWatch:
       A trial failed before its code ran when its run's attempts file (logs/<run_id>.attempts, one line per
       start of the trainable) did not grow; after NEVER_STARTED_LIMIT such failures in a row (a trial
       reporting a result resets the count) the experiment stops (`never_started` says why in one line);
-    - node losses (`watch`, below: retried without spending the run's `retries`);
+    - node losses (below: retried without spending the run's `retries`);
     - Ctrl-C: the SIGINT handler of the sweep (`sigint`): a first one stops every trial (they keep their
       checkpoints, the sweep's outcome is said, exit 130: `interrupted`); a second raises KeyboardInterrupt.
     `stopper()` ends the whole experiment once one of those reasons is set."""
@@ -168,7 +168,8 @@ class SweepWatch:
                 run = run_of(trial.config)
                 view.steps.setdefault(run.run_id, run.train.steps)
                 view.started(run.run_id)
-                watch(trial.trial_id, sweep.store, run.run_id)
+                _patch_tune()  # its node losses counted apart from its genuine failures (see below)
+                _watched.setdefault(trial.trial_id, [sweep.store, run.run_id, 0])
                 sweep.run_id(trial)
 
             def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -266,12 +267,6 @@ def node_dead(node_id: str, wait_s: float = 0.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.5)
-
-
-def watch(trial_id: str, store: Store, run_id: str) -> None:
-    """Count this trial's node losses apart from its genuine failures (see the section's head)."""
-    _patch_tune()
-    _watched.setdefault(trial_id, [store, run_id, 0])
 
 
 def unwatch_all() -> None:
