@@ -137,7 +137,7 @@ def test_a_cluster_that_shrinks_under_waiting_runs_ends_the_run(tmp_path, monkey
         return real(ray) if len(calls) == 1 else []  # the pre-dispatch check sees the node; later, it is gone
 
     monkeypatch.setattr(placement, "node_resources", shrinking)
-    monkeypatch.setattr(placement.PlacementWatch, "EVERY_S", 0.0)
+    monkeypatch.setattr(placement.SweepWatch, "EVERY_S", 0.0)
     g = tmp_path / "g.yaml"
     g.write_text("study: shrink\n" + TINY.replace("steps: 2", "steps: 30") + "axes:\n  seed: [0, 1, 2]\n")
     lines: list[str] = []

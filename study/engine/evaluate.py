@@ -1,28 +1,13 @@
-"""The one evaluation path: sample a model on examples, score the outputs with the task, and build
-the `evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`).
+"""The one evaluation path: sample a model on examples, score the outputs with the task, and build the
+`evals` and `samples` rows the store keeps (typed: `EvalRow`, `SampleRow`; columns: docs/guide/schema.md).
 
 `evaluate` samples and scores; every caller goes through it: a run's eval points (by their kind:
-study.engine.trial.evaluate_point), the generations of a likelihood point, `study eval --puzzles`
-(study/commands/puzzles.py, a chunk of the file at a time) and a search's scores (study/engine/tune.py, nothing written).
-
-A task's `eval_mode` names the evaluation kind of its points (study/engine/kinds):
-- 'sample': `evaluate` on the point's examples; one evals row per metric of the task, each the mean
-  of the samples rows' per-example scores (95% interval: Wilson for 0/1 scores, else normal), and a
-  samples row per example: its scores and cost (block passes, denoising steps), its text for the
-  first `eval.n_samples_kept` examples only.
-- 'likelihood': the NLL bound per position of the evaluation sequences in each unit the task's likelihood
-  metrics declare (Metric.likelihood: nats, bits), and a few unconditional samples (T steps, L_s loops)
-  for a look. Two eval keys per point: `<key>`: one evals row per likelihood metric; samples, one row
-  per evaluated sequence, `scores` = {metric: its NLL bound per position in that metric's unit},
-  `score` = the task's `sample_score` of them, `reference` = its text for the first n_samples_kept
-  sequences (input and output null: nothing is generated). A transform of the mean that is not a mean
-  itself (a perplexity, exp of the nats) is a derived metric (Metric.stored False): the analysis's.
-  `<key>-gen` (when any sample is kept): the evals row known_words of min(n_samples_kept, 16)
-  unconditional generations (no interval), and their samples rows (text, scores, cost).
-
-`forward_passes` keeps the store's one meaning, block passes per example (a model call at L_s loops
-is L_s of them; see model/rmdm.py): the most any example ran when sampling; the NLL bound calls
-the model once per noise level, so its rows say n_t * L_s whatever T is.
+study/engine/kinds, study.engine.trial.evaluate_point), the generations of a likelihood point, `study eval
+--puzzles` (study/commands/puzzles.py, a chunk of the file at a time) and a search's scores
+(study/engine/tune.py, nothing written). A likelihood point (`evaluate_likelihood`) stores the NLL bound per
+position in each unit its task's likelihood metrics declare, under `<key>`, and a few unconditional
+generations under `<key>-gen`. `forward_passes` keeps the store's one meaning, block passes per example
+(docs/DESIGN.md): the NLL bound calls the model once per noise level, so its rows say n_t * L_s whatever T is.
 """
 from __future__ import annotations
 
@@ -127,7 +112,7 @@ def evaluate(model: RecursiveDenoiser, task, pt: EvalPoint, ev: EvalSet, run_id:
     key = key or pt.key
     base = {"run_id": run_id, "eval_key": key, "T": pt.T, "L_s": pt.L_s, "sampler": pt.label,
             "split": split or pt.split, "eval_seconds": seconds, "created_at": now(), "kind": kind,
-            **sampling_cost(model, got)}
+            **passes_cost(model, got.passes.tolist(), got.head_calls)}
     evals = [EvalRow(**r) for r in metric_rows(scores, metrics or task.metric_names, base, task)]
     samples = sample_rows(run_id, key, pt, task, x, ev.cond, got, ev.x0 if reference else None, scores, keep,
                           start, primary or task.primary_metric)
@@ -167,14 +152,10 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     """NLL bound / bpc of the sequences of `ev` at depth L_s, and min(keep, n_generate) unconditional
     samples at (T, L_s): the point's generations (when any) then the point itself, in the order they
     are written (see the module docstring for the two keys)."""
-    device = next(model.parameters()).device
     t_values = task.t_values()
     t0 = time.perf_counter()
-    per_char = []
-    for i in range(0, len(ev), NLL_BATCH):
-        x, c = ev.x0[i:i + NLL_BATCH].to(device), ev.cond[i:i + NLL_BATCH].to(device)
-        nats = nll_bound(model, x, c, t_values, n_loops=pt.L_s, seed=pt.seed + i, precision=precision)
-        per_char += (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
+    per_char = [v for _, _, nll in nll_batches(model, ev.x0, ev.cond, t_values, pt.L_s, pt.seed, precision)
+                for v in nll]
     seconds = time.perf_counter() - t0
     n, n_t = len(per_char), len(t_values)
     n_gen = min(keep, n_generate, len(ev))
@@ -204,6 +185,17 @@ def evaluate_likelihood(run_id: str, pt: EvalPoint, model: RecursiveDenoiser, ta
     return [gen, point]
 
 
+def nll_batches(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, n_loops: int,
+                seed: int, precision: str):
+    """Per batch of NLL_BATCH sequences (the batch at i seeded seed + i): its (x, cond) on the model's device and
+    the NLL bound of each sequence per position not given, in nats."""
+    device = next(model.parameters()).device
+    for i in range(0, len(x0), NLL_BATCH):
+        x, c = x0[i:i + NLL_BATCH].to(device), cond[i:i + NLL_BATCH].to(device)
+        nats = nll_bound(model, x, c, t, n_loops=n_loops, seed=seed + i, precision=precision)
+        yield x, c, (nats / (~c).sum(1).clamp(min=1).double().cpu()).tolist()
+
+
 def sample_rows(run_id: str, key: str, pt: EvalPoint, task, x, cond, got: Sampled, ref, scores: list[dict],
                 keep: int, start: int, primary: str) -> list[SampleRow]:
     """One samples row per evaluated example (number `start` + i): its per-metric scores and its cost
@@ -216,14 +208,6 @@ def sample_rows(run_id: str, key: str, pt: EvalPoint, task, x, cond, got: Sample
                       reference=task.render(ref[i]) if i < keep and ref is not None else None,
                       score=s[primary], scores=json.dumps(s), passes=int(passes[i]), steps=int(steps[i]))
             for i, s in enumerate(scores)]
-
-
-def sampling_cost(model: RecursiveDenoiser, got: Sampled) -> dict:
-    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling
-    eval, from the steps and loops the sampler actually ran (it stops once nothing is masked, so a T
-    above the number of blanks costs less than T * L_s; adaptive depth stops looping once settled).
-    eval_flops: every block pass, plus the head each time it read predictions."""
-    return passes_cost(model, got.passes.tolist(), got.head_calls)
 
 
 # ---- the continuous quantities ------------------------------------------------------------------
@@ -275,14 +259,10 @@ def ref_nll(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, n_lo
 def example_values(model: RecursiveDenoiser, x0: torch.Tensor, cond: torch.Tensor, n_loops: int, seed: int,
                    precision: str = "float32") -> list[dict[str, float]]:
     """Per example, {'elbo', 'ref_nll'} in nats per blank (see the section's head)."""
-    device = next(model.parameters()).device
     out = []
-    for i in range(0, len(x0), NLL_BATCH):
-        x, c = x0[i:i + NLL_BATCH].to(device), cond[i:i + NLL_BATCH].to(device)
-        nats = nll_bound(model, x, c, t_values(), n_loops=n_loops, seed=seed + i, precision=precision)
-        elbo = nats / (~c).sum(1).clamp(min=1).double().cpu()
+    for x, c, elbo in nll_batches(model, x0, cond, t_values(), n_loops, seed, precision):
         ref = ref_nll(model, x, c, n_loops, precision)
-        out += [{"elbo": float(e), "ref_nll": float(r)} for e, r in zip(elbo.tolist(), ref.tolist())]
+        out += [{"elbo": float(e), "ref_nll": float(r)} for e, r in zip(elbo, ref.tolist())]
     return out
 
 

@@ -22,21 +22,21 @@ class Plan:
     why: dict[str, str] = field(default_factory=dict)
 
 
-def classify(grid: Grid, store: Store, retry_failed: bool = False, deep: bool = True) -> Plan:
+def classify(grid: Grid, store: Store, retry_failed: bool = False) -> Plan:
     """Done, to do, failed. A run is done only when everything a done run must have is there and readable:
-    its row says done, every eval point's evals (and samples) parse, its history parses, and (`deep`)
+    its row says done, every eval point's evals (and samples) parse, its history parses, and
     its final weights load and configs/<run_id>.json parses and matches the run. Otherwise its trial redoes
     what is missing: re-evaluates from the weights, or retrains when they are damaged (`why` says which)."""
     done, todo, failed = [], [], []
     why: dict[str, str] = {}
-    seen = store.summary(histories=deep)  # one pass over the store, not a few reads per run and point
+    seen = store.summary(histories=True)  # one pass over the store, not a few reads per run and point
     for run in grid.runs:
         row = seen.run_row(run.run_id)
         status = row["status"] if row else None
         missing = {p.key for p in run.eval_points()} - seen.eval_keys(run.run_id, whole=True)
         missing |= seen.half_keys(run.run_id) & set(NLL_KEYS.values())  # a continuous point half there
         if status == "done":
-            problem = (not_whole(store, run) or digest.recorded_weights_problem(store, row)) if deep else None
+            problem = not_whole(store, run) or digest.recorded_weights_problem(store, row)
             if problem is None and missing:
                 problem = f"re-evaluate: eval point(s) {', '.join(sorted(missing))} missing or unreadable"
             if problem is None and not seen.has_history(run.run_id):

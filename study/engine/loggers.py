@@ -1,30 +1,11 @@
-"""`--log mlflow[=URI]`, `--log wandb`, `--log tensorboard` on `study run` and `study tune`.
-
-Each is one of Ray Tune's own logger callbacks, handed to the Tuner in RunConfig(callbacks=...):
-
-- mlflow: ray.air.integrations.mlflow.MLflowLoggerCallback. One MLflow run per trial, named by its model and
-  seed (`(1 x 2) d128 seed 0`; the run id is its `run_id` tag and parameter), in the MLflow experiment named
-  after the study; its parameters are the run's resolved config, named as the store's runs table names them
-  where it has the field (K, L_t, d_model, heads, lr, batch, steps, seed, task...; model.mlp_ratio and the
-  others dotted), its artifact config.json the resolved config whole, its metrics the training loss at every logged step
-  (the step is the training step) and, at the end, `final_loss`, `train_seconds` and every metric of every
-  eval point with its interval, from the store, named by what runs share (`vpr/T4`, `vpr/T4/ci_low`; see
-  metric_name), with tags saying which L_s and sampler the names hold. Once the sweep ends, one more MLflow run,
-  `study <name>`, holds the study's figures (`study report --figure all`'s PNGs) as artifacts. URI: the one given, else $MLFLOW_TRACKING_URI, else an SQLite file beside
-  Tune's state, sqlite:///<results>/<study>/.ray/mlflow.db.
-- wandb: ray.air.integrations.wandb.WandbLoggerCallback. Offline (WANDB_MODE=offline, files under
-  <results>/<study>/.ray/wandb/) unless WANDB_API_KEY is set or WANDB_MODE says otherwise; project
-  $WANDB_PROJECT or the study's name.
-- tensorboard: ray.tune.logger.TBXLoggerCallback, with the training step as TensorBoard's step; the study's
-  metrics are the tags `study/<name>` (MLflow's names: study/loss, study/final_loss, study/train_seconds,
-  study/vpr/T4, study/vpr/T4/ci_low, ...), Ray Tune's bookkeeping the tags `ray/tune/<key>`
-  (time_this_iter_s, ...), Tune's trial parameters in TensorBoard's HParams records (_hparams_/). Without the option Tune writes its own event files (every key of each report
-  under ray/tune/, the step there being the report's number). Either way they are under
-  <results>/<study>/.ray/<experiment>/<trial>/events.out.tfevents.*, <trial> being `<run_id>_<Tune's trial id>`.
+"""`--log mlflow[=URI]`, `--log wandb`, `--log tensorboard` on `study run` and `study tune` (what each records,
+where, and how to look: docs/guide/running.md). Each is one of Ray Tune's own logger callbacks (MLflowLoggerCallback,
+WandbLoggerCallback, TBXLoggerCallback), subclassed below, handed to the Tuner in RunConfig(callbacks=...).
 
 The callbacks run in the driver and only read what trials report to Tune (study/engine/trial.py: `loss` at each
-logged step; study.engine.raytune.final_metrics once a run is evaluated): training, its numbers and its random streams
-are untouched. A missing package or a bad value is a LogError: one line, exit 2, naming the extra to install.
+logged step; study.engine.raytune.final_metrics once a run is evaluated) and, once a run is final, the store:
+training, its numbers and its random streams are untouched. A missing package or a bad value is a LogError: one
+line, exit 2, naming the extra to install.
 """
 from __future__ import annotations
 
@@ -35,7 +16,7 @@ from dataclasses import dataclass
 
 from study.engine.rows import NLL_KEYS, NLL_SAMPLER
 from study.engine.options import TrialOptions
-from study.engine.raytune import ray_dir, trial_run
+from study.engine.raytune import ray_dir, run_evals, run_of
 
 KINDS = ("mlflow", "wandb", "tensorboard")
 PACKAGES = {"mlflow": ("mlflow", "pip install 'rmdm-study[mlflow]'"),
@@ -88,30 +69,27 @@ def parse(values: list[str] | None, results: str | None = None) -> list[Sink]:
 
 def reachable(uri: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """An http(s) tracking URI accepts TCP connections (MLflow itself retries for minutes)."""
-    import socket
     from urllib.parse import urlsplit
+
+    from study.engine.raystart import unreachable
 
     if not uri or not uri.lower().startswith(("http://", "https://")):
         return
     u = urlsplit(uri)
     try:
-        port = u.port or (443 if u.scheme.lower() == "https" else 80)
-        socket.create_connection((u.hostname or "", port), timeout=timeout_s).close()
-    except (OSError, ValueError) as e:
-        why = "timed out" if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or str(e))
+        why = unreachable(u.hostname or "", u.port or (443 if u.scheme.lower() == "https" else 80), timeout_s)
+    except ValueError as e:  # a port out of range
+        why = str(e)
+    if why:
         raise LogError(f"--log mlflow={uri}: cannot reach the MLflow tracking server ({why}); is it started "
                        f"(`mlflow server --host 127.0.0.1 --port {u.port or 5000}`)?") from None
 
 
 def mlflow_uri(sink: Sink, store) -> str:
-    """The tracking URI a sink logs to: given, $MLFLOW_TRACKING_URI, or an SQLite file under the study's .ray/."""
-    uri = sink.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    if not store.local:
-        raise LogError(f"--log mlflow: the results store {store.dir} is not local: give a tracking URI "
-                       "(--log mlflow=http://HOST:PORT) or set MLFLOW_TRACKING_URI")
-    return f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
+    """The tracking URI a sink logs to: given, $MLFLOW_TRACKING_URI, or an SQLite file under the study's .ray/
+    (a local store: `parse` refused a remote one without a URI)."""
+    default = f"sqlite:///{os.path.abspath(ray_dir(store))}/mlflow.db"
+    return sink.uri or os.environ.get("MLFLOW_TRACKING_URI") or default
 
 
 def callbacks(sinks: list[Sink], store, command: str, echo=print) -> list:
@@ -159,7 +137,7 @@ STORE_NAMES = {"task.name": "task", "model.K": "K", "model.L": "L_t", "model.d_m
 def run_params(config: dict) -> dict:
     """A trial's parameters, flat: the run's resolved config (K, L_t, lr, model.mlp_ratio, ...: the runs table's
     names where it has the field) and its run id."""
-    run = trial_run(config)
+    run = run_of(config)
     flat = _flat({k: v for k, v in run.resolved().items() if k != "run_id"})
     return {"run_id": run.run_id, **{STORE_NAMES.get(k, k): v for k, v in flat.items()}}
 
@@ -236,12 +214,8 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
     secs = row.get("train_seconds")
     if isinstance(secs, (int, float)) and math.isfinite(secs):
         out["train_seconds"] = float(secs)
-    try:
-        ev = store.read("evals", filter_run=run.run_id)
-    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
-        ev = None
     keys = {pt.key for pt in run.eval_points()} | set(NLL_KEYS.values())  # the sampled points and the ELBO's
-    for r in ([] if ev is None or not len(ev) else ev[ev.eval_key.isin(keys)].itertuples(index=False)):
+    for r in run_evals(store, run.run_id, keys):
         name = metric_name(r.metric, r.T, r.L_s, r.sampler, r.split, run)
         lo, hi = clipped(r.ci_low, r.ci_high, task.metric_of(r.metric))  # a store written before rows were clipped
         for suffix, v in (("", r.value), ("/ci_low", lo), ("/ci_high", hi)):
@@ -254,6 +228,16 @@ def tracker_metrics(store, run) -> tuple[dict, dict]:
         tags[f"interval.{m.name}"] = ("95% Wilson interval over the test examples" if m.kind == "rate"
                                       else "95% Student t interval over the test examples")
     return out, tags
+
+
+def final_metrics(trial, result: dict) -> tuple[dict, dict]:
+    """tracker_metrics of a trial's run once `result` says it is evaluated (its final one), else ({}, {})."""
+    if result.get("phase") != "final" and "final_loss" not in result:
+        return {}, {}
+    from store import Store
+
+    run = run_of(trial.config)
+    return tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
 
 
 def _mlflow_class():
@@ -269,11 +253,11 @@ def _mlflow_class():
                 return
             params = run_params(trial.config)
             tags = {**self.tags, "trial_name": str(trial), "run_id": params["run_id"]}
-            run = self.mlflow_util.start_run(tags=tags, run_name=run_label(trial_run(trial.config)))
+            run = self.mlflow_util.start_run(tags=tags, run_name=run_label(run_of(trial.config)))
             self._trial_runs[trial] = run.info.run_id
             self.mlflow_util.log_params(run_id=run.info.run_id,
                                         params_to_log={k: _param(v) for k, v in params.items()})
-            self._client().log_dict(run.info.run_id, trial_run(trial.config).resolved(), "config.json")
+            self._client().log_dict(run.info.run_id, run_of(trial.config).resolved(), "config.json")
 
         def _client(self):
             from mlflow.tracking import MlflowClient
@@ -292,15 +276,11 @@ def _mlflow_class():
             metrics = mlflow_metrics(result)
             step = result_step(result)
             step = step if step is not None else result.get("training_iteration", 0)
-            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
-                from store import Store
-
-                run = trial_run(trial.config)
-                evals, tags = tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)
-                metrics.update(evals)
-                client = self._client()
-                for k, v in tags.items():
-                    client.set_tag(self._trial_runs[trial], k, v)
+            evals, tags = final_metrics(trial, result)
+            metrics.update(evals)
+            client = self._client() if tags else None
+            for k, v in tags.items():
+                client.set_tag(self._trial_runs[trial], k, v)
             if metrics:
                 self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
 
@@ -356,11 +336,7 @@ def _tbx_class():
                 self.log_trial_start(trial)
             step = result_step(result)
             ours = mlflow_metrics(result)
-            if result.get("phase") == "final" or "final_loss" in result:  # evaluated: the store's metrics
-                from store import Store
-
-                run = trial_run(trial.config)
-                ours.update(tracker_metrics(Store(TrialOptions.of_config(trial.config).results, run.study), run)[0])
+            ours.update(final_metrics(trial, result)[0])
             for k, v in ours.items():
                 self._trial_writer[trial].add_scalar(f"study/{k}", v, global_step=step)
             ray_own = {k: result[k] for k in RAY_KEYS if k in result}

@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 
 from store import Store
+from study.engine.errors import root_cause
+from study.engine.raytune import run_of
+from study.engine.trial import attempts_so_far
 from study.spec.grid import Run
 
 
@@ -61,137 +64,140 @@ def waiting_note(asks: list[tuple[float, float]], free: dict, total: dict) -> st
     return f"waiting for {', '.join(short)}" if short else ""
 
 
-def waiting_note_of(ray, trials: list):
-    """The live line's note on why runs wait (waiting_note), asked of Ray at most every WAITING_EVERY_S."""
-    from study.engine.raytune import run_of
-
-    note = {"at": 0.0, "text": ""}
-
-    def waiting() -> str:
-        if time.time() - note["at"] < WAITING_EVERY_S:  # the terminal bar redraws every Tune step
-            return note["text"]
-        note["at"], note["text"] = time.time(), ""
-        if any(t.status == "RUNNING" for t in trials):  # Tune reserves the first trials' resources before they start
-            asks = [(r.cpu, r.gpu) for r in (run_of(t.config).resources for t in trials if t.status == "PENDING")]
-            if asks:
-                note["text"] = waiting_note(asks, ray.available_resources(), ray.cluster_resources())
-        return note["text"]
-
-    return waiting
-
-
-class PlacementWatch:
-    """Checks, while trials wait, that each pending one still fits on some alive node (the cluster
-    can shrink under a run); one that never can ends the experiment with a message instead of
-    pending forever. Tune calls `callback()` every step; stop_on_reason stops all on its `reason`."""
-
-    EVERY_S = 10.0
-
-    def __init__(self, ray):
-        self.ray, self.reason, self.last = ray, None, time.time()
-
-    def check(self, trials) -> None:
-        if self.reason or time.time() - self.last < self.EVERY_S:
-            return
-        self.last = time.time()
-        from study.engine.raytune import run_of
-
-        pending = [run_of(t.config) for t in trials if t.status == "PENDING"]
-        if pending:
-            never = unplaceable(pending, node_resources(self.ray))
-            self.reason = "; ".join(never) or None
-
-    def callback(self):
-        from ray.tune import Callback
-
-        watch = self
-
-        class PlacementCheck(Callback):
-            def on_step_end(self, iteration, trials, **info):
-                watch.check(trials)
-
-        return PlacementCheck()
-
-
-def stop_on_reason(*watches):
-    """A Tune stopper that ends the whole experiment once a watch's `reason` is set (a watch of the sweep that
-    found why it cannot go on: a trial no node can hold, trials that cannot start, a Ctrl-C)."""
-    from ray.tune import Stopper
-
-    class StopOnReason(Stopper):
-        def __call__(self, trial_id, result):
-            return False
-
-        def stop_all(self):
-            return any(w.reason is not None for w in watches)
-
-    return StopOnReason()
-
-
 NEVER_STARTED_LIMIT = 3  # trials in a row that fail before their code runs: the sweep stops
 
 
-class StartFailures:
-    """Trials that fail before their code runs (a worker that cannot import the project, a broken worker
-    environment): Tune takes them as any failed trial, retries them and starts the next, and every one
-    fails alike. A trial failed before its code ran when its run's attempts file (logs/<run_id>.attempts,
-    one line per start of the trainable) did not grow; after NEVER_STARTED_LIMIT such failures in a row
-    (a trial reporting a result resets the count) the experiment stops, and `reason` says why in one line."""
+class SweepWatch:
+    """What watches one sweep (`dispatch`), fed by Ray Tune's trial events through one callback (`callback`):
 
-    def __init__(self, store):
-        from study.engine.trial import attempts_so_far
+    - the live view (`view`: study/engine/progress.py), and Tune's trials as of its last step (`trials`);
+    - placement: every EVERY_S while trials wait, that each pending one still fits on some alive node (the
+      cluster can shrink under a run); one that never can ends the experiment (`unplaceable`) instead of
+      pending forever;
+    - start failures: trials that fail before their code runs (a worker that cannot import the project, a
+      broken worker environment) are taken by Tune as any failed trial, retried, and every one fails alike.
+      A trial failed before its code ran when its run's attempts file (logs/<run_id>.attempts, one line per
+      start of the trainable) did not grow; after NEVER_STARTED_LIMIT such failures in a row (a trial
+      reporting a result resets the count) the experiment stops (`never_started` says why in one line);
+    - node losses (below: retried without spending the run's `retries`);
+    - Ctrl-C: the SIGINT handler of the sweep (`sigint`): a first one stops every trial (they keep their
+      checkpoints, the sweep's outcome is said, exit 130: `interrupted`); a second raises KeyboardInterrupt.
+    `stopper()` ends the whole experiment once one of those reasons is set."""
 
-        self.store, self.attempts = store, attempts_so_far
+    EVERY_S = 10.0
+
+    def __init__(self, ray, store: Store, view):
+        self.ray, self.store, self.view = ray, store, view
+        self.trials: list = []
+        self.unplaceable = self.never_started = self.interrupted = None
+        self.last = time.time()
         self.starts: dict[str, int] = {}  # run id -> its attempts when Tune first started a trial of it
-        self.in_a_row, self.reason = 0, None
+        self.in_a_row = 0
+        self.note = {"at": 0.0, "text": ""}
+        view.waiting = self.waiting
+
+    def waiting(self) -> str:
+        """The live line's note on why runs wait (waiting_note), asked of Ray at most every WAITING_EVERY_S."""
+        note = self.note
+        if time.time() - note["at"] < WAITING_EVERY_S:  # the terminal bar redraws every Tune step
+            return note["text"]
+        note["at"], note["text"] = time.time(), ""
+        trials = self.trials
+        if any(t.status == "RUNNING" for t in trials):  # Tune reserves the first trials' resources before they start
+            asks = [(r.cpu, r.gpu) for r in (run_of(t.config).resources for t in trials if t.status == "PENDING")]
+            if asks:
+                note["text"] = waiting_note(asks, self.ray.available_resources(), self.ray.cluster_resources())
+        return note["text"]
+
+    def check_placement(self, trials) -> None:
+        if self.unplaceable or time.time() - self.last < self.EVERY_S:
+            return
+        self.last = time.time()
+        pending = [run_of(t.config) for t in trials if t.status == "PENDING"]
+        if pending:
+            never = unplaceable(pending, node_resources(self.ray))
+            self.unplaceable = "; ".join(never) or None
 
     def run_id(self, trial) -> str:
-        from study.engine.raytune import run_of
-
         rid = run_of(trial.config).run_id
         if rid not in self.starts:
-            self.starts[rid] = self.attempts(self.store, rid)
+            self.starts[rid] = attempts_so_far(self.store, rid)
         return rid
 
     def failed(self, trial) -> None:
         rid = self.run_id(trial)
-        now = self.attempts(self.store, rid)
+        now = attempts_so_far(self.store, rid)
         if now > self.starts[rid]:  # its code ran: the run's own failure, not the workers'
             self.starts[rid] = now
             self.in_a_row = 0
             return
         self.in_a_row += 1
-        if self.in_a_row >= NEVER_STARTED_LIMIT and self.reason is None:
-            self.reason = (f"{self.in_a_row} trials in a row failed before their code started (the last, run {rid}: "
-                           f"{trial_error(trial)})")
+        if self.in_a_row >= NEVER_STARTED_LIMIT and self.never_started is None:
+            self.never_started = (f"{self.in_a_row} trials in a row failed before their code started (the last, run "
+                                  f"{rid}: {trial_error(trial)})")
+
+    def sigint(self, signum, frame) -> None:
+        if self.interrupted is not None:
+            raise KeyboardInterrupt
+        self.interrupted = "interrupted"
+
+    def stopper(self):
+        """A Tune stopper that ends the whole experiment once a reason to stop is set."""
+        from ray.tune import Stopper
+
+        sweep = self
+
+        class StopOnReason(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return any(r is not None for r in (sweep.unplaceable, sweep.never_started, sweep.interrupted))
+
+        return StopOnReason()
 
     def callback(self):
+        """The Ray Tune callback that feeds this watch; the live view keyed by run id (a search's trial owes
+        its run's steps from its start)."""
         from ray.tune import Callback
 
-        watch = self
+        sweep, view = self, self.view
 
-        class StartCheck(Callback):
+        class SweepEvents(Callback):
             def on_trial_start(self, iteration, trials, trial, **info):  # before its code runs
-                watch.run_id(trial)
+                run = run_of(trial.config)
+                view.steps.setdefault(run.run_id, run.train.steps)
+                view.started(run.run_id)
+                _patch_tune()  # its node losses counted apart from its genuine failures (see below)
+                _watched.setdefault(trial.trial_id, [sweep.store, run.run_id, 0])
+                sweep.run_id(trial)
 
             def on_trial_result(self, iteration, trials, trial, result, **info):
-                watch.in_a_row = 0
+                view.result(run_of(trial.config).run_id)
+                sweep.in_a_row = 0
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                view.finished(run_of(trial.config).run_id, ok=True)
 
             def on_trial_recover(self, iteration, trials, trial, **info):
-                watch.failed(trial)
+                sweep.failed(trial)
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                watch.failed(trial)
+                view.finished(run_of(trial.config).run_id, ok=False)
+                sweep.failed(trial)
 
-        return StartCheck()
+            def on_step_end(self, iteration, trials, **info):
+                sweep.trials[:] = trials
+                view.show(force=False)
+                sweep.check_placement(trials)
+
+        return SweepEvents()
 
 
 def trial_error(trial) -> str:
     """The root cause of a Tune trial's last error, one line, from the error text Tune keeps beside the trial
     on the driver (written before its callbacks are called): its last line that reads as an exception (an
     actor that died at start quotes the worker's traceback, whose last such line is the import's)."""
-    from study.engine.errors import root_cause
-
     try:
         with open(trial.error_file, encoding="utf-8", errors="replace") as f:
             return root_cause(f.read()) or "no error recorded"
@@ -200,7 +206,6 @@ def trial_error(trial) -> str:
 
 
 # ---- a trial whose Ray node died is retried elsewhere without spending its run's `retries` -------------
-# A trial whose Ray node died is retried elsewhere without spending its run's `retries`.
 #
 # What Ray (2.60) reports. When a node dies (its raylet killed, the instance gone) every trial
 # actor on it dies with it. Tune's driver receives a `RayActorError`: often first
@@ -264,12 +269,6 @@ def node_dead(node_id: str, wait_s: float = 0.0) -> bool:
         time.sleep(0.5)
 
 
-def watch(trial_id: str, store: Store, run_id: str) -> None:
-    """Count this trial's node losses apart from its genuine failures (see the section's head)."""
-    _patch_tune()
-    _watched.setdefault(trial_id, [store, run_id, 0])
-
-
 def unwatch_all() -> None:
     _watched.clear()
 
@@ -300,15 +299,3 @@ def _patch_tune() -> None:
     Trial._handle_ray_actor_error = _handle_ray_actor_error
     Trial._rmdm_node_loss = True
 
-
-def watcher(store: Store):
-    """A Tune callback that watches every trial of a sweep (`study run`, `study tune`) as it starts."""
-    from ray.tune import Callback
-
-    from study.engine.raytune import run_of
-
-    class NodeLossWatch(Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            watch(trial.trial_id, store, run_of(trial.config).run_id)
-
-    return NodeLossWatch()

@@ -3,6 +3,7 @@ summary line and the one ETA (`eta`) it shares with `study status` (study/comman
 failed run's trial started again since its row was written (a `--retry-failed` under way)."""
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import sys
@@ -14,7 +15,7 @@ from store import Store
 def retried_since(store: Store, run_id: str, row: dict | None) -> bool:
     """Whether the run's trial started again (logs/<run_id>.attempts) after its failed row was written:
     a `--retry-failed` that is running or was interrupted. The row's error is then the previous attempt's."""
-    import datetime as dt
+    import pandas as pd
 
     if not row or row.get("created_at") is None:
         return False
@@ -23,14 +24,8 @@ def retried_since(store: Store, run_id: str, row: dict | None) -> bool:
         return False
     try:
         last = float(raw.decode(errors="replace").strip().splitlines()[-1].split()[-1])
-        at = row["created_at"]
-        if not isinstance(at, dt.datetime):
-            import pandas as pd
-
-            at = pd.Timestamp(at).to_pydatetime()
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=dt.timezone.utc)
-        return last > at.timestamp()
+        at = pd.Timestamp(row["created_at"]).to_pydatetime()
+        return last > (at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)).timestamp()
     except (ValueError, IndexError, TypeError, OverflowError):
         return False
 
@@ -134,16 +129,16 @@ class LiveView:
 
     BAR_FORMAT = "{desc} |{bar:12}|"  # the line, then a bar of training steps done of steps owed
 
-    def __init__(self, total: int, steps: dict[str, int], echo=print, every_s: float = 30.0, tty: bool | None = None,
-                 beats=None, clock=time.time):
+    def __init__(self, total: int, steps: dict[str, int], beats, echo=print, every_s: float = 30.0,
+                 tty: bool | None = None, clock=time.time):
         self.total, self.steps, self.echo, self.every_s = total, steps, echo, every_s
         self.clock, self.read_beats = clock, beats
         self.t0 = self.last = clock()
-        self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat (or, without `beats`, its reports)
+        self.beats: dict[str, dict] = {}  # run_id -> its latest heartbeat
         self.read_at: float | None = None
         self.running: set[str] = set()
         self.peak = 0  # the most runs seen running at once: the sweep's slots
-        self.since: dict[str, float] = {}  # when each run started here (with `beats`)
+        self.since: dict[str, float] = {}  # when each run started here
         self.ended: set[str] = set()
         self.done = self.failed = 0
         self.waiting = None  # () -> why the pending runs wait ('' when they do not); set by the runner
@@ -152,7 +147,7 @@ class LiveView:
 
     def _refresh(self) -> None:
         now = self.clock()
-        if self.read_beats is not None and (self.read_at is None or now - self.read_at >= 1.0):
+        if self.read_at is None or now - self.read_at >= 1.0:
             self.read_at = now
             try:
                 self.beats = self.read_beats()
@@ -204,8 +199,7 @@ class LiveView:
     def started(self, run_id: str) -> None:
         self.running.add(run_id)
         self.peak = max(self.peak, len(self.running))
-        if self.read_beats is not None:
-            self.since[run_id] = self.clock()
+        self.since[run_id] = self.clock()
         self.show()
 
     def result(self, run_id: str, step: int | None = None) -> None:

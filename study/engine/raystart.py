@@ -159,9 +159,7 @@ def _join(ray, address: str, kw: dict) -> None:
         sys.stdout.flush()
         os._exit(130)  # the join thread cannot be stopped, and Ray's exit hooks would wait on it
     if "error" in box:
-        raise box["error"]
-    if threading.current_thread() is threading.main_thread():  # what ray.init does on the main thread
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        raise box["error"]  # (the driver's SIGTERM handler is set after the join: sigterm_as_ctrl_c)
 
 
 class ClusterError(ValueError):
@@ -173,20 +171,26 @@ REACH_TIMEOUT_S = 10.0  # TCP connect to --address; Ray's own join retries for m
 
 def reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """A HOST:PORT (or ray://HOST:PORT) address accepts TCP connections, checked within `timeout_s`."""
-    import socket
-
     shown = address
     if address == "auto":  # the GCS address Ray would join (RAY_ADDRESS, `ray start`'s file, a local GCS),
         address = _auto_address()  # checked like HOST:PORT: a stale one would hang ray.init for minutes
         shown = f"auto ({address})"
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    host = host.strip("[]")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+    why = unreachable(host.strip("[]"), int(port), timeout_s)
+    if why:
         raise ClusterError(f"--address {shown}: cannot reach the Ray cluster ({why} after at most "
-                           f"{timeout_s:g}s); is it started (`ray start --head`) and is the port open?") from None
+                           f"{timeout_s:g}s); is it started (`ray start --head`) and is the port open?")
+
+
+def unreachable(host: str, port: int, timeout_s: float) -> str | None:
+    """Why `host`:`port` does not accept a TCP connection within `timeout_s` ("timed out", ...), or None."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        return "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+    return None
 
 
 def _auto_address() -> str:

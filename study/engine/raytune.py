@@ -41,23 +41,17 @@ def with_values(run: Run, values: dict) -> Run:
                                train=type(run.train).model_validate(train))
 
 
-def trial_run(config: dict) -> Run:
-    """The Run a trial's config stands for: `study run`'s (config["run"]) or `study tune`'s (the search
-    group's base run with the trial's sampled values)."""
-    if "run" in config:
-        return run_from_resolved(config["run"])
-    return with_values(run_from_resolved(config["base"]), {k: config[k] for k in config["param_keys"]})
-
-
-_runs: dict = {}  # a trial's Run by what identifies it: Tune's callbacks ask at every step
+_runs: dict = {}  # a trial's Run by its config's run: Tune's callbacks ask at every step
 
 
 def run_of(config: dict) -> Run:
-    """trial_run(config), built once per run (a sweep's config names its run id; a search's, its values)."""
-    key = config["run"]["run_id"] if "run" in config else (
-        config["base"]["run_id"], *(repr(config[k]) for k in config["param_keys"]))
+    """The Run a trial's config stands for (built once): `study run`'s (config["run"]) or `study tune`'s (the
+    search group's base run with the trial's sampled values)."""
+    values = {k: config[k] for k in config.get("param_keys", ())}
+    key = repr((config.get("run"), config.get("base"), values))
     if key not in _runs:
-        _runs[key] = trial_run(config)
+        _runs[key] = run_from_resolved(config["run"]) if "run" in config else \
+            with_values(run_from_resolved(config["base"]), values)
     return _runs[key]
 
 
@@ -82,16 +76,20 @@ def final_metrics(store: Store, run: Run, row: dict | None) -> dict:
     if isinstance(loss, (int, float)) and math.isfinite(loss):
         out["final_loss"] = float(loss)
     primary = TASKS[run.task.name][1].primary_metric
-    keys = {pt.key for pt in run.eval_points()}
-    try:
-        ev = store.read("evals", filter_run=run.run_id)
-    except Exception:  # noqa: BLE001 -- the store's own checks name damage; a logger only reports
-        return out
-    if ev is None or not len(ev):
-        return out
-    for r in ev[(ev.metric == primary) & ev.eval_key.isin(keys)].itertuples(index=False):
-        out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
+    for r in run_evals(store, run.run_id, {pt.key for pt in run.eval_points()}):
+        if r.metric == primary:
+            out[f"{EVAL_PREFIX}{r.eval_key}/{r.metric}"] = float(r.value)
     return out
+
+
+def run_evals(store: Store, run_id: str, keys: set[str]) -> list:
+    """The evals rows (tuples) of a run at eval keys `keys`; [] when there are none or they do not read (the
+    store's own checks name damage; what reports a run only reports)."""
+    try:
+        ev = store.read("evals", filter_run=run_id)
+    except Exception:  # noqa: BLE001
+        return []
+    return [] if ev is None or not len(ev) else list(ev[ev.eval_key.isin(keys)].itertuples(index=False))
 
 
 # ---- the trainable ---------------------------------------------------------------------------
@@ -103,7 +101,7 @@ def trainable(config: dict, objective=None) -> None:
 
     from store.lease import fence
 
-    run, options = trial_run(config), TrialOptions.of_config(config)
+    run, options = run_of(config), TrialOptions.of_config(config)
     store = Store(options.results, run.study)
     held = fence(store, options.lease)  # a trial whose driver lost the study's lease stops (store/lease.py)
     held()
@@ -154,7 +152,7 @@ def trial_dirname(trial) -> str:
     """A trial's folder under the experiment: `<run_id>_<Tune's trial id>` (Tune's own name strings the whole
     config together, 200 characters cut short)."""
     try:
-        rid = trial_run(trial.config).run_id
+        rid = run_of(trial.config).run_id
     except Exception:  # noqa: BLE001 -- a config without a run (never ours): Tune's id alone names it
         return str(trial.trial_id)
     return f"{rid}_{trial.trial_id}"

@@ -138,9 +138,11 @@ def likelihood_cost(model, n_t: int, L_s: int, n: int) -> dict:
 
 
 def passes_cost(model, passes: list[int], head_calls: int) -> dict:
-    """forward_passes, forward_passes_mean and eval_flops of a sampling eval from each example's forward passes
-    and the head's applications (model.rmdm.Sampled's passes and head_calls): what
-    study.engine.evaluate.sampling_cost returns (it calls this)."""
+    """forward_passes (the most any example ran), forward_passes_mean and eval_flops of a sampling eval from
+    each example's block passes and the head's applications (model.rmdm.Sampled's passes and head_calls: the
+    steps and loops the sampler actually ran; it stops once nothing is masked, so a T above the number of
+    blanks costs less than T * L_s; adaptive depth stops looping once settled). eval_flops: every block pass,
+    plus the head each time it read predictions."""
     total = sum(passes)
     flops = model.flops_per_forward(total, heads=head_calls) if total else 0
     return {"forward_passes": max(passes) if passes else 0,

@@ -19,8 +19,7 @@ from study.spec.grid import Grid, Run
 from study.engine.health import classify, heal_and_plan, quarantined, todo_note
 from study.engine.loggers import callbacks as logger_callbacks
 from study.engine.options import RunOptions, TrialOptions
-from study.engine.placement import (PlacementWatch, StartFailures, refuse_unplaceable, stop_on_reason, unwatch_all,
-                                    waiting_note_of, watcher)
+from study.engine.placement import SweepWatch, refuse_unplaceable, unwatch_all
 from study.engine.raystart import ClusterError, init_ray, sigterm_as_ctrl_c
 from study.engine.raytune import fit, make_tuner, record_unfinished, run_of
 from study.engine.progress import LiveView
@@ -197,17 +196,14 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
     else None; Tune's ResultGrid)."""
     import signal
 
-    echo, trials = options.echo, []  # Tune's trials as of its last step (their status is live)
-    placement, starts, ctrl_c = PlacementWatch(ray), StartFailures(store), CtrlC()
-    view.waiting = waiting_note_of(ray, trials)
+    echo, sweep = options.echo, SweepWatch(ray, store, view)
     tuner = make_tuner(
         name, store, param_space,
         # a trial lost with its node is retried without spending `retries` (study/engine/placement.py)
-        callbacks=[run_events(view, trials), watcher(store), placement.callback(), starts.callback(),
-                   *logger_callbacks(list(options.log), store, command, echo)],  # --log (study/engine/loggers.py)
-        max_failures=max_failures, stop=stop_on_reason(placement, starts, ctrl_c), **search)
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is ctrl_c's (and SIGTERM: sigterm_as_ctrl_c)
-    before = signal.signal(signal.SIGINT, ctrl_c)
+        callbacks=[sweep.callback(), *logger_callbacks(list(options.log), store, command, echo)],  # --log
+        max_failures=max_failures, stop=sweep.stopper(), **search)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C is the sweep's (and SIGTERM: sigterm_as_ctrl_c)
+    before = signal.signal(signal.SIGINT, sweep.sigint)
     try:
         aside = quarantined(store)
         result_grid = fit(tuner, store)
@@ -217,31 +213,19 @@ def dispatch(name: str, store: Store, ray, lease, view: LiveView, options: RunOp
         if lease.lost is not None:  # a newer driver owns the study now: its rows are its own to write
             echo(f"study {store.study}: stopped: the lease was taken over by {lease.lost.describe()}")
             return 1, result_grid
-        if starts.reason:
-            echo(f"error: {starts.reason}; is the project installed alike where Ray runs its workers? "
+        if sweep.never_started:
+            echo(f"error: {sweep.never_started}; is the project installed alike where Ray runs its workers? "
                  f"(nothing of these runs was recorded: fix it, then run again)")
             return 2, result_grid
-        if placement.reason:
-            echo(f"error: {store.study}: {placement.reason}; the cluster changed during the run: add nodes or "
+        if sweep.unplaceable:
+            echo(f"error: {store.study}: {sweep.unplaceable}; the cluster changed during the run: add nodes or "
                  f"lower `resources`, then run again (finished runs are kept)")
             return 2, result_grid
-        return (130 if ctrl_c.reason else None), result_grid
+        return (130 if sweep.interrupted else None), result_grid
     finally:
         signal.signal(signal.SIGINT, before)
         view.close()
         unwatch_all()
-
-
-class CtrlC:
-    """The SIGINT handler of a sweep: a first Ctrl-C stops every trial (stop_on_reason: they keep their
-    checkpoints, the sweep's outcome is said, exit 130); a second one raises KeyboardInterrupt."""
-
-    reason = None
-
-    def __call__(self, signum, frame) -> None:
-        if self.reason is not None:
-            raise KeyboardInterrupt
-        self.reason = "interrupted"
 
 
 def _outcome(grid: Grid, store: Store, echo) -> int:
@@ -262,29 +246,3 @@ def _outcome(grid: Grid, store: Store, echo) -> int:
         print_result(store, echo)
     return 1 if (final.failed or final.todo) else 0
 
-
-def run_events(view: LiveView, seen: list):
-    """A Ray Tune callback feeding `view` with the trials of a sweep, keyed by run id (a search's trial owes
-    its run's steps from its start), and keeping Tune's list of trials in `seen`."""
-    from ray.tune import Callback
-
-    class RunEvents(Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            run = run_of(trial.config)
-            view.steps.setdefault(run.run_id, run.train.steps)
-            view.started(run.run_id)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            view.result(run_of(trial.config).run_id)
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            view.finished(run_of(trial.config).run_id, ok=True)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            view.finished(run_of(trial.config).run_id, ok=False)
-
-        def on_step_end(self, iteration, trials, **info):
-            seen[:] = trials
-            view.show(force=False)
-
-    return RunEvents()

@@ -143,29 +143,24 @@ def score_state(run: Run, metric: SearchMetric, model_state: dict, data_dir: str
 
 
 # ---- the trial -----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass
 class Objective:
     """What a search adds to its trials (study.engine.raytune.trainable): the search metric, scored once the
-    run is trained and evaluated, and with pruning on it, scored every `every` steps for ASHA."""
+    run is trained and evaluated, and with pruning on it, scored every `every` steps for ASHA. `trial` gives
+    one trial's copy, which turns its results into what the searcher (`objective`) and ASHA (`loss`, or `step`
+    and `score`) read; every result carries the run id, which the searcher stores with its Optuna trial."""
 
     metric: SearchMetric
     every: int | None  # steps between intermediate evaluations (ASHA on the objective), or None
+    run: Run | None = None  # one trial's (`trial`)
+    store: Store | None = None
+    scored: int | None = None  # the modification time of the checkpoint scored last
 
-    def trial(self, run: Run, store: Store) -> "ScoredTrial":
+    def trial(self, run: Run, store: Store) -> "Objective":
         if self.every:  # the trainer checkpoints every `every` steps and each checkpoint is scored;
             # checkpoint_every is bookkeeping: it leaves the run id as it is
             run = dataclasses.replace(run, train=run.train.model_copy(update={"checkpoint_every": self.every}))
-        return ScoredTrial(self, run, store)
-
-
-class ScoredTrial:
-    """One search trial's results as the searcher (`objective`) and ASHA (`loss`, or `step` and `score`) read
-    them; every result carries the run id, which the searcher stores with its Optuna trial."""
-
-    def __init__(self, objective: Objective, run: Run, store: Store):
-        self.metric, self.every, self.run, self.store = objective.metric, objective.every, run, store
-        self.ckpt_path = store.checkpoint_path(run.run_id)
-        self.scored = None  # the modification time of the checkpoint scored last
+        return dataclasses.replace(self, run=run, store=store)
 
     def progress(self, result: dict) -> dict | None:
         """A training result as Tune gets it; None for the others (evaluations)."""
@@ -177,11 +172,12 @@ class ScoredTrial:
             # ASHA reads `step` and `score`: a result without a fresh score carries neither
             # (a NaN score at a rung's step would let the trial pass that rung unjudged)
             out.update(train_step=out.pop("step"), score=math.nan)
-            info = self.store.fs.get_file_info(self.ckpt_path)
+            path = self.store.checkpoint_path(self.run.run_id)
+            info = self.store.fs.get_file_info(path)
             stamp = info.mtime_ns if info.type.name == "File" else None
             if stamp is not None and stamp != self.scored:
                 self.scored = stamp
-                sd = load_state(io.BytesIO(self.store.read_bytes(self.ckpt_path)), "cpu", self.ckpt_path)
+                sd = load_state(io.BytesIO(self.store.read_bytes(path)), "cpu", path)
                 out.update(step=sd["step"], score=score_state(self.run, self.metric, sd["model"],
                                                               self.store.data_dir()))
         return out
