@@ -249,8 +249,10 @@ def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS: loss over loops,
     depth schedule, step embedding...). A model without a partner in the table is not listed; one with
     several gets a row per partner. `differs` names the fields that tell the listed recursive models apart.
+    A model whose FLOPs were not recorded (flops_per_forward null) is in no pair.
     """
     m = models(runs)
+    m = m[m["flops_per_forward"].notna()]
     rec, partners = m[m["L_t"] > 1], single_pass(m)
     names = differing(rec["model_key"])
     rows = []
