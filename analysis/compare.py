@@ -11,7 +11,7 @@ import tasks
 from analysis.effective import example_scores
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, loop_free, model_fields, models,
-                             primary_metric, select, single_pass)
+                             primary_metric, select, shape_label, single_pass)
 from stats import ONE_SEED, PAIR_METHOD, VERDICT_RULE, needs_examples, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
@@ -138,9 +138,8 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
     label = {}  # (K x L) and, where models of one task variant differ otherwise, what differs
     for _, g in pairs.groupby("task_variant"):
         names = differing(pd.concat([g["key_a"], g["key_b"]]))
-        for k, extra in names.items():
-            f = model_fields(k)
-            label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
+        label.update({k: shape_label(model_fields(k).get("model.K"), model_fields(k).get("model.L"), extra)
+                      for k, extra in names.items()})
     cache: dict = {}  # the samples read (analysis.effective.example_scores)
     metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
                  for v, g in agg.groupby("task_variant", sort=False)}
