@@ -12,8 +12,3 @@ def figure_names() -> list[str]:
     """Every figure's name, sorted: a module iso_param.py is the figure `iso-param`."""
     where = importlib.util.find_spec(PACKAGE).submodule_search_locations
     return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(where) if not m.name.startswith("_"))
-
-
-def module_name(figure: str) -> str:
-    """The module that draws `figure`: iso-param -> analysis.figures.iso_param."""
-    return f"{PACKAGE}.{figure.replace('-', '_')}"

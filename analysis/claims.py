@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 
 import pandas as pd
 
@@ -116,8 +117,6 @@ def _num(x: float) -> str:
 def lines(table: pd.DataFrame) -> list[str]:
     """The terminal's claims table: differences and margins in the metric's own units, as stored and as the API
     gives them (a rate as a fraction: 0.02 is 2 points)."""
-    import textwrap
-
     out = [f"{'claim':<40} {'margin':>7} {'seeds':>5} {'diff':>7} {'sequential 95%':>17} decision"]  # < 100
     for r in table.itertuples(index=False):
         margin = "-" if r.margin is None or (isinstance(r.margin, float) and math.isnan(r.margin)) \
@@ -132,8 +131,6 @@ def lines(table: pd.DataFrame) -> list[str]:
 
 def method_lines(table: pd.DataFrame) -> list[str]:
     """The claims table's heading: its method, wrapped to 100 columns."""
-    import textwrap
-
     return textwrap.wrap(f"claims ({table['method'].iloc[0] if len(table) else ''}):", 100, subsequent_indent="  ")
 
 

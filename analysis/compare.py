@@ -11,7 +11,7 @@ import tasks
 from analysis.effective import example_scores
 from analysis.load import MissingData, StudyData
 from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, loop_free, model_fields, models,
-                             primary_metric, select, single_pass)
+                             primary_metric, shape_label, single_pass)
 from stats import ONE_SEED, PAIR_METHOD, VERDICT_RULE, needs_examples, paired_difference, verdict
 
 COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seeds", "value_A", "value_B", "difference",
@@ -67,50 +67,31 @@ def study_pairs(data: StudyData, named: list[tuple[str, str]] = ()) -> pd.DataFr
     return pd.concat([ip[cols], fl[cols], pd.DataFrame(rows, columns=cols)], ignore_index=True)
 
 
-class _Points:
-    """(sampler, {T: aggregated row}) of each model sampled at its training depth (L_s = L_t) on one split,
-    in its task variant's primary metric and the sampler analysis.tables.select picks (confidence, else the
-    commonest). Found in one pass over the aggregated table: a select() per model costs a second at 1,000
-    runs. Models without a confidence row (rare) take select() itself, so its rule is stated once."""
-
-    def __init__(self, agg: pd.DataFrame, metric_of: dict[str, str], split: str):
-        self.agg, self.metric_of, self.split = agg, metric_of, split
-        primary = agg[agg["metric"].eq(agg["task_variant"].map(metric_of))]
-        pairs = list(zip(primary["task_variant"].tolist(), primary["model_key"].tolist(),
-                         primary["sampler"].tolist()))
-        self.odd = {(v, k) for v, k, _ in pairs} - {(v, k) for v, k, s in pairs if s == "confidence"}
-        at = primary[primary["sampler"].eq("confidence") & primary["split"].eq(split)
-                     & primary["L_s"].eq(primary["L_t"])]
-        # the first row of each T in table order, as select(...).drop_duplicates("T") per model keeps
-        self.found: dict[tuple, dict] = {}
-        for r in at.drop_duplicates(["task_variant", "model_key", "T"]).to_dict("records"):
-            self.found.setdefault((r["task_variant"], r["model_key"]), {})[r["T"]] = r
-
-    def get(self, variant: str, key: str) -> tuple:
-        """(sampler, {T: its aggregated row}) of one model; (None, {}) if it has none."""
-        if (variant, key) in self.odd:
-            rows = self.agg[self.agg["task_variant"].eq(variant) & self.agg["model_key"].eq(key)]
-            sel = select(rows, self.metric_of[variant], split=self.split)
-            sel = sel[sel["L_s"] == sel["L_t"]]
-            return ((sel["sampler"].iloc[0], {r["T"]: r for r in sel.drop_duplicates("T").to_dict("records")})
-                    if len(sel) else (None, {}))
-        found = self.found.get((variant, key))
-        return ("confidence", found) if found else (None, {})
+def _points(agg: pd.DataFrame, metric_of: dict[str, str], split: str) -> dict[tuple, tuple]:
+    """(task variant, model_key) -> (sampler, {T: aggregated row}) of each model sampled at its training depth
+    (L_s = L_t) on one split, in its task variant's primary metric and the sampler analysis.tables.select
+    picks (confidence, else the commonest): in one pass over the table, not a select() per model (a second
+    at 1,000 runs)."""
+    primary = agg[agg["metric"].eq(agg["task_variant"].map(metric_of))]
+    pick = primary.groupby(["task_variant", "model_key"], sort=False)["sampler"].agg(
+        lambda s: "confidence" if s.eq("confidence").any() else s.mode().iloc[0]).rename("_pick")
+    at = primary.join(pick, on=["task_variant", "model_key"])
+    at = at[at["sampler"].eq(at["_pick"]) & at["split"].eq(split) & at["L_s"].eq(at["L_t"])]
+    found: dict[tuple, tuple] = {}  # each T's first row in table order, as select(...).drop_duplicates("T")
+    for r in at.drop_duplicates(["task_variant", "model_key", "T"]).drop(columns="_pick").to_dict("records"):
+        found.setdefault((r["task_variant"], r["model_key"]), (r["sampler"], {}))[1][r["T"]] = r
+    return found
 
 
 class _SeedRows:
     """The evals rows of each (model, T, L_s, sampler, metric) as positions, with the columns compare reads
     as plain lists: one pass over the table instead of a DataFrame per group (4,000 at 1,000 runs)."""
 
-    KEYS = ["model_key", "T", "L_s", "sampler", "metric"]
-
     def __init__(self, ev: pd.DataFrame):
         self.ev, self.cols = ev, {}
-        self.at: dict[tuple, list[int]] = {}
-        complete = ev[self.KEYS].notna().all(axis=1).tolist()  # a groupby leaves out rows with a key missing
-        for i, (k, ok) in enumerate(zip(zip(*(ev[c].tolist() for c in self.KEYS)), complete)):
-            if ok:
-                self.at.setdefault(k, []).append(i)
+        # a group of rows with a key missing is left out, as a groupby leaves it out
+        self.at = {k: pos.tolist() for k, pos in
+                   ev.groupby(["model_key", "T", "L_s", "sampler", "metric"], sort=False).indices.items()}
 
     def column(self, name: str, pos: list[int]) -> list:
         if name not in self.cols:
@@ -138,13 +119,12 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
     label = {}  # (K x L) and, where models of one task variant differ otherwise, what differs
     for _, g in pairs.groupby("task_variant"):
         names = differing(pd.concat([g["key_a"], g["key_b"]]))
-        for k, extra in names.items():
-            f = model_fields(k)
-            label[k] = f"({f.get('model.K')} x {f.get('model.L')})" + (f" {extra}" if extra else "")
+        label.update({k: shape_label(model_fields(k).get("model.K"), model_fields(k).get("model.L"), extra)
+                      for k, extra in names.items()})
     cache: dict = {}  # the samples read (analysis.effective.example_scores)
     metric_of = {v: primary_metric(g["task"].iloc[0], g["metric"].unique())
                  for v, g in agg.groupby("task_variant", sort=False)}
-    points = _Points(agg, metric_of, split)
+    points = _points(agg, metric_of, split)
     seed_rows = _SeedRows(ev)
 
     rows = []
@@ -152,7 +132,8 @@ def compare(data: StudyData, named: list[tuple[str, str]] = (), split: str = DEF
         if p.task_variant not in metric_of:
             continue
         metric = metric_of[p.task_variant]
-        (sampler, pa), (sampler_b, pb) = points.get(p.task_variant, p.key_a), points.get(p.task_variant, p.key_b)
+        (sampler, pa), (sampler_b, pb) = (points.get((p.task_variant, k), (None, {}))
+                                          for k in (p.key_a, p.key_b))
         if not pa or not pb or sampler != sampler_b:
             continue
         for T in sorted(set(pa) & set(pb)):

@@ -16,7 +16,7 @@ import tasks
 from analysis.compare import compare
 from analysis.effective import Effective, effective_params
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, aggregate, differing, iso_flop_pairs, pareto_front, primary_metric, select,
+from analysis.tables import (DEFAULT_SPLIT, aggregate, by_variant, differing, iso_flop_pairs, pareto_front,
                              shape_label, task_of, threshold_crossings)
 
 
@@ -31,16 +31,6 @@ class Computed:
     comparisons: dict[tuple, pd.DataFrame | MissingData] = field(default_factory=dict)  # (named, split) ->
 
     TABLES = ("crossings", "effective", "comparisons")  # the memo tables above, keyed by their options
-
-    def since(self, before: Computed) -> Computed:
-        """What this holds that `before` (an earlier copy of it) did not; the aggregated table is never
-        sent back: whoever sent `before` has it."""
-        return Computed(pairs=self.pairs if before.pairs is None else None,
-                        **{t: {k: v for k, v in getattr(self, t).items() if k not in getattr(before, t)}
-                           for t in self.TABLES})
-
-    def copy(self) -> Computed:
-        return Computed(self.aggregated, self.pairs, **{t: dict(getattr(self, t)) for t in self.TABLES})
 
     def update(self, other: Computed) -> None:
         """Take from `other` what this lacks."""
@@ -81,26 +71,9 @@ class Derived:
             self.computed.pairs = iso_flop_pairs(self.data.runs)
         return self.computed.pairs
 
-    def split_rows(self, what: str, split: str) -> pd.DataFrame:
-        """The aggregated rows of one split; MissingData naming the splits present when it has none."""
-        agg = self.aggregated()
-        if agg.empty:
-            raise MissingData(f"{what} needs evaluations: the study has no evals rows")
-        if not (agg["split"] == split).any():
-            raise MissingData(f"{what}: no evaluations on split {split!r} (splits present: "
-                              f"{', '.join(sorted(map(str, agg['split'].unique())))})")
-        return agg[agg["split"] == split]
-
     def by_variant(self, what: str, split: str = DEFAULT_SPLIT) -> list[tuple[str, str, pd.DataFrame]]:
-        """(task variant, its primary metric, its aggregated rows of that metric on `split`), variants with data only."""
-        agg = self.split_rows(what, split)
-        out = []
-        for variant, g in agg.groupby("task_variant"):
-            metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
-            d = select(g, metric, split=split)
-            if not d.empty:
-                out.append((variant, metric, d))
-        return out
+        """analysis.tables.by_variant of the aggregated table."""
+        return by_variant(self.aggregated(), what, split)
 
     def crossings(self, threshold: float | None, x: str, split: str) -> pd.DataFrame:
         """Threshold crossings of every model of every task variant with a rate metric (threshold None:

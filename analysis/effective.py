@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 import tasks
 from analysis.load import MissingData, StudyData
-from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, differing, fmt_params, model_fields, primary_metric,
+from analysis.tables import (DEFAULT_SPLIT, LOOP_ONLY_FIELDS, by_variant, differing, fmt_params, model_fields,
                              shape_label)
 from stats import Z95
 from store import index, is_safe_name
@@ -157,9 +157,9 @@ SAMPLE_COLS = ["run_id", "eval_key", "example", "scores"]
 KEPT = ("n_samples_kept",)  # the key of a score cache's run_id -> eval.n_samples_kept (a tuple: never a run id)
 
 
-def _kept(data: StudyData, run_id: str, cache: dict) -> int | None:
-    """eval.n_samples_kept of the run's stored config (examples per point in its samples table), or None
-    where the runs row does not say; parsed once per cache, for every run."""
+def _may_hold_every_example(data: StudyData, run_id: str, n: int, cache: dict) -> bool:
+    """False when the run's stored config says its samples table keeps fewer than n examples per point
+    (eval.n_samples_kept, parsed once per cache for every run): no file to read."""
     if KEPT not in cache:
         kept = cache[KEPT] = {}
         for rid, cfg in zip(data.runs["run_id"], data.runs["config"]):
@@ -167,13 +167,7 @@ def _kept(data: StudyData, run_id: str, cache: dict) -> int | None:
                 kept[rid] = int(json.loads(cfg)["eval"]["n_samples_kept"])
             except (TypeError, ValueError, KeyError):
                 pass
-    return cache[KEPT].get(run_id)
-
-
-def _may_hold_every_example(data: StudyData, run_id: str, n: int, cache: dict) -> bool:
-    """False when the run's config says its samples keep fewer than n examples per point: no file to read."""
-    kept = _kept(data, run_id, cache)
-    return kept is None or kept >= n
+    return cache[KEPT].get(run_id, n) >= n
 
 
 def prefetch_scores(data: StudyData, rows: pd.DataFrame, cache: dict) -> None:
@@ -237,22 +231,12 @@ def resample_runs(rows: list[dict], scores: list, metric: str, rng: np.random.Ge
 def _rows(data: StudyData, split: str) -> list[tuple[str, str, str, pd.DataFrame]]:
     """(variant, metric, sampler, evals rows of that metric) per task variant: one split, one sampler,
     each model at its training depth (L_s = L_t)."""
-    ev = data.evals
-    if ev.empty:
-        raise MissingData("effective-params needs evaluations: the study has no evals rows")
-    ev = ev[ev["split"] == split]
-    if ev.empty:
-        raise MissingData(f"effective-params: no evaluations on split {split!r} (splits present: "
-                          f"{', '.join(sorted(map(str, data.evals['split'].unique())))})")
     out = []
-    for variant, g in ev.groupby("task_variant"):
-        metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
-        d = g[g["metric"] == metric]
-        sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
-        d = d[(d["sampler"] == sampler) & (d["L_s"] == d["L_t"])]
+    for variant, metric, d in by_variant(data.evals, "effective-params", split):
+        d = d[d["L_s"] == d["L_t"]]
         if not d.empty:
             cores = {k: family_core(k) for k in d["model_key"].unique()}  # once per model, not per row
-            out.append((variant, metric, sampler, d.assign(_family=d["model_key"].map(cores))))
+            out.append((variant, metric, d["sampler"].iloc[0], d.assign(_family=d["model_key"].map(cores))))
     return out
 
 

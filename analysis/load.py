@@ -269,13 +269,11 @@ def _identify(runs: pd.DataFrame, configs: dict[str, dict]) -> pd.DataFrame:
     """Add model_key (identity minus the seed) and run_key (identity with the seed) to each run."""
     model_keys, run_keys = [], []
     for run in runs.to_dict("records"):
-        config = None
         text = run.get("config")
-        if isinstance(text, str) and text:
-            try:
-                config = json.loads(text)
-            except json.JSONDecodeError:
-                config = None
+        try:
+            config = json.loads(text) if isinstance(text, str) and text else None
+        except json.JSONDecodeError:
+            config = None
         if not (isinstance(config, dict) and all(isinstance(config.get(s), dict) for s in TRAINING_SECTIONS)):
             config = configs.get(run["run_id"])
         fields = training_fields(run, config)

@@ -13,6 +13,7 @@ MissingData message, as it does in one process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import glob
 import multiprocessing
@@ -141,10 +142,15 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     """draw() and, with `report`, report.html and report.md (analysis.report), all staged (staged): written into
     `out_dir` only once every one is. (what draw returns, the report's paths), every path in `out_dir`."""
     out_dir = os.path.abspath(out_dir)
+
+    def comparisons() -> None:
+        """derived.comparisons for the report and the terminal (kept in `derived`, a MissingData too)."""
+        with contextlib.suppress(MissingData):
+            derived.comparisons(list(opts.compare), opts.split)
+
     with staged(out_dir) as tmp:
         # the report's paired comparisons (seconds at scale; no figure computes them) while the workers draw
-        drawn = draw(data, names, tmp, opts, jobs, derived,
-                     meanwhile=(lambda: _comparisons(derived, opts)) if report else None)
+        drawn = draw(data, names, tmp, opts, jobs, derived, meanwhile=comparisons if report else None)
         pages = []
         if report:
             from analysis.report import write_report
@@ -153,15 +159,6 @@ def draw_all(data: StudyData, names: list[str], out_dir: str, opts, jobs: int, d
     moved = lambda p: os.path.join(out_dir, os.path.relpath(p, tmp))
     return ({n: got if isinstance(got, str) else [moved(p) for p in got] for n, got in drawn.items()},
             [moved(p) for p in pages])
-
-
-def _comparisons(derived: Derived, opts) -> None:
-    """derived.comparisons as the report and the terminal read them, computed now (kept in `derived`, a
-    MissingData too: it is their answer for this study)."""
-    try:
-        derived.comparisons(list(opts.compare), opts.split)
-    except MissingData:
-        pass
 
 
 def _context():
@@ -194,13 +191,12 @@ def _init(path: str) -> None:
 
 
 def _draw_one(name: str, out_dir: str, opts) -> tuple[list[str] | str, Computed]:
-    """(the figure's paths or why it was not drawn, the derived tables it computed that this worker had not
-    sent back yet: a few small frames)."""
+    """(the figure's paths or why it was not drawn, the derived tables this worker computed: a few small
+    frames; never the aggregated table, which the caller sent)."""
     from analysis.figures import FIGURES  # preloaded by the fork server (prestart), where there is one
 
-    before = _DERIVED.computed.copy()
     got = _paths_or_why(FIGURES[name], _DATA, out_dir, opts, _DERIVED)
-    return got, _DERIVED.computed.since(before)
+    return got, dataclasses.replace(_DERIVED.computed, aggregated=None)
 
 
 def _paths_or_why(figure, data: StudyData, out_dir: str, opts, derived: Derived) -> list[str] | str:

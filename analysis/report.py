@@ -156,7 +156,7 @@ def provenance(data: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
     return versions, per_run.sort_values(["task", "model", "seed"]).reset_index(drop=True)
 
 
-# ---- the document: one list of blocks, written as HTML and as Markdown ------------------------------
+# ---- the document: one list of blocks, each said once in HTML and in Markdown ----------------------
 @dataclass(frozen=True)
 class Bold:
     text: str
@@ -168,56 +168,7 @@ class Mono:
 
 
 Spans = tuple  # of str, Bold and Mono: a paragraph's text
-
-
-@dataclass(frozen=True)
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Paragraph:
-    spans: Spans
-
-
-@dataclass(frozen=True)
-class Missing:
-    """Something the report would show but cannot: `lead` (as 'Not drawn:') then why."""
-    text: str
-    lead: str = ""
-
-
-@dataclass(frozen=True)
-class Table:
-    df: pd.DataFrame
-
-
-@dataclass(frozen=True)
-class Image:
-    path: str  # the PNG: embedded in the HTML, linked from the Markdown by `rel`
-    rel: str
-    name: str
-    caption: str
-
-
-@dataclass(frozen=True)
-class Pre:
-    text: str  # a file's text (YAML)
-
-
-@dataclass(frozen=True)
-class Details:
-    """A file's text under a summary line, folded in the HTML; in the Markdown (unless html_only) the line
-    and the text."""
-    summary: str
-    text: str
-    html_only: bool = False
-
-
-@dataclass(frozen=True)
-class MarkdownOnly:
-    spans: Spans  # a paragraph the HTML says with its Details instead
+Block = tuple  # (its HTML, its Markdown): None where that page leaves it out
 
 
 def _html_spans(spans: Spans) -> str:
@@ -230,52 +181,52 @@ def _md_spans(spans: Spans) -> str:
                    for s in spans)
 
 
-def to_html(title: str, blocks: list) -> str:
-    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-           f"<style>{CSS}</style></head><body>"]
-    for b in blocks:
-        if isinstance(b, Heading):
-            out.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
-        elif isinstance(b, Paragraph):
-            out.append(f"<p>{_html_spans(b.spans)}</p>")
-        elif isinstance(b, Missing):
-            out.append(f"<p class='missing'>{html.escape(' '.join(filter(None, [b.lead, b.text])))}</p>")
-        elif isinstance(b, Table):
-            out.append(html_table(b.df))
-        elif isinstance(b, Image):
-            b64 = base64.b64encode(open(b.path, "rb").read()).decode()
-            out.append(f"<figure><img src='data:image/png;base64,{b64}' alt='{html.escape(b.name)} figure'>"
-                       f"<figcaption>{html.escape(b.caption)}</figcaption></figure>")
-        elif isinstance(b, Pre):
-            out.append(f"<pre>{html.escape(b.text)}</pre>")
-        elif isinstance(b, Details):
-            out.append(f"<details><summary>{html.escape(b.summary)}</summary><pre>{html.escape(b.text)}</pre>"
-                       "</details>")
-    out.append("</body></html>")
-    return "\n".join(out)
+def heading(level: int, text: str) -> Block:
+    return f"<h{level}>{html.escape(text)}</h{level}>", f"{'#' * level} {text}"
 
 
-def to_markdown(blocks: list) -> str:
-    out = []
-    for b in blocks:
-        if isinstance(b, Heading):
-            out.append(f"{'#' * b.level} {b.text}")
-        elif isinstance(b, (Paragraph, MarkdownOnly)):
-            out.append(_md_spans(b.spans))
-        elif isinstance(b, Missing):
-            out.append(f"*{b.lead}* {b.text}" if b.lead else f"*{b.text}*")
-        elif isinstance(b, Table):
-            out.append(md_table(b.df))
-        elif isinstance(b, Image):
-            out += [f"![{b.name}]({b.rel})", "", f"*{b.caption}*"]
-        elif isinstance(b, Pre):
-            out += ["```yaml", b.text.rstrip(), "```"]
-        elif isinstance(b, Details) and not b.html_only:
-            out += [f"`{b.summary}`", "", "```yaml", b.text.rstrip(), "```"]
-        else:
-            continue
-        out.append("")
-    return "\n".join(out)
+def paragraph(spans: Spans, in_html: bool = True) -> Block:
+    """A paragraph; in_html False: the Markdown's only (the HTML says it with its details)."""
+    return f"<p>{_html_spans(spans)}</p>" if in_html else None, _md_spans(spans)
+
+
+def missing(text: str, lead: str = "") -> Block:
+    """Something the report would show but cannot: `lead` (as 'Not drawn:') then why."""
+    return (f"<p class='missing'>{html.escape(' '.join(filter(None, [lead, text])))}</p>",
+            f"*{lead}* {text}" if lead else f"*{text}*")
+
+
+def table(df: pd.DataFrame) -> Block:
+    return html_table(df), md_table(df)
+
+
+def image(path: str, rel: str, name: str, caption: str) -> Block:
+    """The PNG at `path`: embedded in the HTML, linked from the Markdown by `rel`."""
+    b64 = base64.b64encode(open(path, "rb").read()).decode()
+    return (f"<figure><img src='data:image/png;base64,{b64}' alt='{html.escape(name)} figure'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>", f"![{name}]({rel})\n\n*{caption}*")
+
+
+def pre(text: str) -> Block:
+    """A file's text (YAML)."""
+    return f"<pre>{html.escape(text)}</pre>", f"```yaml\n{text.rstrip()}\n```"
+
+
+def details(summary: str, text: str, html_only: bool = False) -> Block:
+    """A file's text under a summary line, folded in the HTML; in the Markdown (unless html_only) the line
+    and the text."""
+    return (f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>",
+            None if html_only else f"`{summary}`\n\n```yaml\n{text.rstrip()}\n```")
+
+
+def to_html(title: str, blocks: list[Block]) -> str:
+    head = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>")
+    return "\n".join([head, *(h for h, _ in blocks if h is not None), "</body></html>"])
+
+
+def to_markdown(blocks: list[Block]) -> str:
+    return "\n".join(part for _, md in blocks if md is not None for part in (md, ""))
 
 
 # ---- the report's sections ------------------------------------------------------------------------
@@ -294,8 +245,8 @@ def _intro(data: StudyData, opts: Options) -> list:
     if ev_left is not None and not ev_left.empty:
         note += (f" {len(ev_left)} evaluation rows are left out (an older or smaller evaluation of a point "
                  "another row holds, never averaged in): see Left out.")
-    return [Heading(1, f"{data.name}: R-MDM study report"),
-            Paragraph(("Study ", Bold(data.name), " from ", Mono(data.dir),
+    return [heading(1, f"{data.name}: R-MDM study report"),
+            paragraph(("Study ", Bold(data.name), " from ", Mono(data.dir),
                        f": {data.runs['run_id'].nunique()} runs ({status}), {len(data.evals)} evaluation rows. "
                        f"Generated {when} from the Parquet store alone (nothing retrained). {INTERVALS}{note}"))]
 
@@ -307,24 +258,24 @@ HEADLINE_COLUMNS = ["comparison", "task_variant", "A", "B", "metric", "T", "seed
 def _headline(opts: Options, derived: Derived) -> list:
     """The verdicts the study supports about the recipes: comparisons with two or more matched seeds only
     (a one-seed verdict is about that seed pair: it stays in the Paired comparisons table)."""
-    out = [Heading(2, "Headline verdicts")]
+    out = [heading(2, "Headline verdicts")]
     try:
         cmp = derived.comparisons(list(opts.compare), opts.split)
     except MissingData as e:
-        return out + [Missing(str(e), lead="Not available:")]
+        return out + [missing(str(e), lead="Not available:")]
     if cmp.empty:
-        return out + [Missing(NO_PAIRS)]
+        return out + [missing(NO_PAIRS)]
     ok = cmp[cmp["matched_seeds"] >= HEADLINE_SEEDS]
     few = cmp[cmp["matched_seeds"] < HEADLINE_SEEDS]
-    missing = (f"{len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds (the same "
+    too_few = (f"{len(few)} of {len(cmp)} comparisons have fewer than {HEADLINE_SEEDS} matched seeds (the same "
                f"train.seed for A and B; they have {', '.join(map(str, sorted(set(few['matched_seeds']))))}): no "
                "headline verdict for them; train more seeds of both models. Their per-seed-pair verdicts are in "
                "Tables: Paired comparisons and verdicts.") if len(few) else ""
     if ok.empty:
-        return out + [Missing(missing)]
-    out += [Paragraph((f"Comparisons with {HEADLINE_SEEDS} or more matched seeds (verdict rule and methods: "
-                       "Tables: Paired comparisons and verdicts).",)), Table(ok[HEADLINE_COLUMNS])]
-    return out + ([Missing(missing)] if missing else [])
+        return out + [missing(too_few)]
+    out += [paragraph((f"Comparisons with {HEADLINE_SEEDS} or more matched seeds (verdict rule and methods: "
+                       "Tables: Paired comparisons and verdicts).",)), table(ok[HEADLINE_COLUMNS])]
+    return out + ([missing(too_few)] if too_few else [])
 
 
 def _left_out(data: StudyData) -> list:
@@ -337,63 +288,64 @@ def _left_out(data: StudyData) -> list:
              "names the eval_key analysed instead.")):
         if left is not None and not left.empty:
             dated = left.assign(created_at=left["created_at"].astype(str)) if "created_at" in left else left
-            out += [Paragraph((what,)), Table(dated)]
-    return [Heading(2, "Left out"), *out] if out else []
+            out += [paragraph((what,)), table(dated)]
+    return [heading(2, "Left out"), *out] if out else []
 
 
 def _figures(drawn: dict[str, list[str] | str], out_dir: str) -> list:
-    out = [Heading(2, "Figures")]
+    out = [heading(2, "Figures")]
     for name, res in drawn.items():
-        out.append(Heading(3, name))
+        out.append(heading(3, name))
         if isinstance(res, str):
-            out.append(Missing(res, lead="Not drawn:"))
+            out.append(missing(res, lead="Not drawn:"))
             continue
         from analysis.figures import FIGURES
 
         caption = FIGURES[name].caption
-        out += [Image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
+        out += [image(p, os.path.relpath(p, out_dir), name, caption) for p in res if p.endswith(".png")]
         others = [os.path.relpath(p, out_dir) for p in res if not p.endswith(".png")]
         if others:  # "Files: " then each path, comma-separated
-            out.append(Paragraph(("Files: ", *(x for i, o in enumerate(others) for x in [", "][:i] + [Mono(o)]))))
+            out.append(paragraph(("Files: ", *(x for i, o in enumerate(others) for x in [", "][:i] + [Mono(o)]))))
     return out
 
 
 def _tables(data: StudyData, opts: Options, derived: Derived) -> list:
-    out = [Heading(2, "Tables")]
+    out = [heading(2, "Tables")]
     for title, note, t in tables(data, opts, derived):
-        out.append(Heading(3, title))
-        out += [Missing(t, lead="Not available:")] if isinstance(t, str) else [Paragraph((note,)), Table(t)]
+        out.append(heading(3, title))
+        out += [missing(t, lead="Not available:")] if isinstance(t, str) else [paragraph((note,)), table(t)]
     return out
 
 
 def _grids(data: StudyData) -> list:
-    out = [Heading(2, "Grid")]
+    out = [heading(2, "Grid")]
     if data.grid_text:
-        out += [Paragraph((Mono(f"{data.dir}/grid.yaml"), ", as last run:")), Pre(data.grid_text)]
+        out += [paragraph((Mono(f"{data.dir}/grid.yaml"), ", as last run:")), pre(data.grid_text)]
     else:
-        out.append(Missing("No grid.yaml in the study directory."))
+        out.append(missing("No grid.yaml in the study directory."))
     # every grid the study ran (store/provenance.py), oldest first; runs name theirs in runs.grid
     ran = grids_run(data.store) if data.store is not None else []
     by_grid = data.runs["grid"].value_counts().to_dict()
-    out.append(Heading(3, f"Grids run ({len(ran)})"))
+    out.append(heading(3, f"Grids run ({len(ran)})"))
     if not ran:
-        out.append(Missing("No grid record (grids/log.jsonl): no grid of the study was run."))
+        out.append(missing("No grid record (grids/log.jsonl): no grid of the study was run."))
     for g in ran:
         when = "; ".join(f"{c} {t or 'time unknown'}" + (f" ({p})" if p else "") for t, c, p in g["runs"])
-        out.append(Details(f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)",
+        out.append(details(f"grids/{g['grid']}.yaml: {when}; last grid of {by_grid.get(g['grid'], 0)} run(s)",
                            g["text"] or "(file missing)"))
     return out
 
 
 def _provenance(data: StudyData) -> list:
     versions, per_run = provenance(data)
-    out = [Heading(2, "Provenance"), Paragraph(("Code versions of the runs (runs.code_version):",)), Table(versions),
-           Paragraph((f"Per run ({len(data.configs)} resolved configs in ", Mono("configs/"), "):")), Table(per_run)]
+    out = [heading(2, "Provenance"), paragraph(("Code versions of the runs (runs.code_version):",)), table(versions),
+           paragraph((f"Per run ({len(data.configs)} resolved configs in ", Mono("configs/"), "):")), table(per_run)]
     for run_id in sorted(data.configs):
         # the file's own text when read (written as this dump would write it), else the dump
         text = data.config_texts.get(run_id) or json.dumps(data.configs[run_id], indent=2, sort_keys=True, default=str)
-        out.append(Details(f"configs/{run_id}.json", text, html_only=True))
-    return out + [MarkdownOnly(("The resolved configs are in ", Mono(f"{data.dir}/configs/<run_id>.json"), "."))]
+        out.append(details(f"configs/{run_id}.json", text, html_only=True))
+    return out + [paragraph(("The resolved configs are in ", Mono(f"{data.dir}/configs/<run_id>.json"), "."),
+                            in_html=False)]
 
 
 def write_report(data: StudyData, out_dir: str, drawn: dict[str, list[str] | str],

@@ -6,6 +6,8 @@ Nothing is computed here that the report does not compute (analysis.derived); `s
 """
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 
 from analysis.compare import HEADLINE_SEEDS
@@ -20,8 +22,6 @@ WIDTH = 100  # a terminal's columns: every line here fits them
 
 def fit(line: str, indent: int = 6) -> list[str]:
     """`line` wrapped at WIDTH, its continuation lines indented by `indent` columns more than it."""
-    import textwrap
-
     lead = " " * (len(line) - len(line.lstrip(" ")) + indent)
     return textwrap.wrap(line, WIDTH, subsequent_indent=lead, break_on_hyphens=False) or [line]
 

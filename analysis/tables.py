@@ -94,17 +94,9 @@ def primary_metric(task: str, available) -> str:
 def aggregate(evals: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, eval point, metric), seeds aggregated; each run holds one row per point
     (analysis.load.dedupe_evals), else ValueError: two evaluations of one run are never averaged.
-
-    value: mean over seeds. n_seeds, seed_sd (sample s.d. across seeds; 0 for one seed), seed_min,
-    seed_max: the spread. n_examples: evaluated examples over all seeds. ci_low / ci_high: the 95%
-    interval of the value (stats.seed_interval), from the seed values alone with two or more seeds (they
-    carry both seed-to-seed and test-set variation; the same test examples are scored by every seed, so
-    seeds x examples are never pooled as independent trials): t over the seed logit rates for rates, t
-    over the seed means otherwise (clipped to the metric's declared range); the evaluation's own interval
-    with one seed; none (NaN, "not estimable: ...") when every seed scored the same value.
-    ci_method: which of these (SEED_METHOD's text). The value always lies inside its interval.
-    learned ("k/S", rates only), learned_low / learned_high: how many seeds scored above 0 of n, and the 95%
-    interval of the share that learns (stats.learned_share).
+    Columns: docs/guide/schema.md (Aggregates, s.table()); the intervals (stats.seed_interval, never
+    pooling seeds x examples as independent trials): docs/guide/statistics.md. The value always lies
+    inside its interval.
     """
     if evals.empty:
         return evals.assign(n_seeds=[], seed_sd=[], seed_min=[], seed_max=[], k=[], ci_method=[], learned=[],
@@ -174,6 +166,28 @@ def select(agg: pd.DataFrame, metric: str | None = None, sampler: str | None = N
         sampler = "confidence" if (d["sampler"] == "confidence").any() else d["sampler"].mode().iloc[0]
     d = d[d["sampler"] == sampler]
     return d[d["split"] == split]
+
+
+def split_rows(rows: pd.DataFrame, what: str, split: str) -> pd.DataFrame:
+    """The rows (evals or aggregated) of one split; MissingData naming the splits present if none."""
+    if rows.empty:
+        raise MissingData(f"{what} needs evaluations: the study has no evals rows")
+    if not (rows["split"] == split).any():
+        raise MissingData(f"{what}: no evaluations on split {split!r} (splits present: "
+                          f"{', '.join(sorted(map(str, rows['split'].unique())))})")
+    return rows[rows["split"] == split]
+
+
+def by_variant(rows: pd.DataFrame, what: str, split: str = DEFAULT_SPLIT) -> list[tuple]:
+    """(task variant, its primary metric, its rows of that metric on `split` of the sampler select picks),
+    variants with data only."""
+    out = []
+    for variant, g in split_rows(rows, what, split).groupby("task_variant"):
+        metric = primary_metric(g["task"].iloc[0], g["metric"].unique())
+        d = select(g, metric, split=split)
+        if not d.empty:
+            out.append((variant, metric, d))
+    return out
 
 
 def threshold_crossings(agg: pd.DataFrame, threshold: float, metric: str, x: str = "T",
@@ -249,8 +263,10 @@ def iso_flop_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     training field equal, apart from those that only shape the loop (LOOP_ONLY_FIELDS: loss over loops,
     depth schedule, step embedding...). A model without a partner in the table is not listed; one with
     several gets a row per partner. `differs` names the fields that tell the listed recursive models apart.
+    A model whose FLOPs were not recorded (flops_per_forward null) is in no pair.
     """
     m = models(runs)
+    m = m[m["flops_per_forward"].notna()]
     rec, partners = m[m["L_t"] > 1], single_pass(m)
     names = differing(rec["model_key"])
     rows = []

@@ -26,17 +26,6 @@ def find_storage(study_dir: str) -> str | None:
     return os.path.join(study_dir, names[0]) if names else None
 
 
-def open_storage(path: str):
-    import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    with open(path, "rb") as f:
-        head = f.read(16)
-    if head == SQLITE_MAGIC:
-        return optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(path)}")
-    return JournalStorage(JournalFileBackend(path))
-
-
 IMPORTANCE_METHOD = "PED-ANOVA"  # optuna.importance.PedAnovaImportanceEvaluator, asked for by name
 
 
@@ -46,7 +35,12 @@ def load_searches(study_dir: str) -> list[tuple[str, pd.DataFrame, dict[str, flo
     if path is None:
         raise MissingData(f"no Optuna study at {study_dir}/optuna.* (run `study tune GRID` first)")
     import optuna  # after the check: importing it is a quarter second a study without a search need not pay
-    storage = open_storage(path)
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    with open(path, "rb") as f:
+        sqlite = f.read(16) == SQLITE_MAGIC
+    storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(path)}") if sqlite else \
+        JournalStorage(JournalFileBackend(path))
     out = []
     for name in optuna.study.get_all_study_names(storage):
         st = optuna.load_study(study_name=name, storage=storage)

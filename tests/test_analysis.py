@@ -548,3 +548,27 @@ def test_every_analysis_reader_refuses_an_older_store_in_one_line_naming_migrate
         assert r.exit_code == 2 and len(lines) == 1, (argv, r.output)
         assert "format none recorded (version 0)" in lines[0] and f"`study migrate --study paper --results {root}`" \
             in lines[0], (argv, lines)
+
+
+def test_runs_without_flops_are_left_out_of_the_iso_flop_pairs(tmp_path):
+    """A run whose flops_per_forward is null (not recorded) has no iso-FLOP partner: `--figure all` reports the
+    study, and the pairs list only the models whose FLOPs are known."""
+    from test_analysis_data import TS, _write, eval_row, run_row
+
+    from store import Store
+    from study.cli import app
+
+    store = Store(str(tmp_path / "results"), "noflops")
+    for K, L in ((1, 2), (2, 1), (1, 3), (3, 1)):
+        run = run_row("noflops", "sudoku", {"n": 4, "mask_rate": 0.5}, K, L)
+        if (K, L) == (1, 3):
+            run["flops_per_forward"] = None
+        _write(store, run, [eval_row(run, T, L, "vpr", 0.1 * T) for T in TS])
+    runs = load_study(str(tmp_path / "results"), "noflops").runs
+    assert runs["flops_per_forward"].isna().sum() == 1
+    assert {(r.K, r.L, r.KL) for r in iso_flop_pairs(runs).itertuples()} == {(1, 2, 2)}
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["report", "--figure", "all", "--results", str(tmp_path / "results"),
+                                 "--study", "noflops", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "report.md").exists() and len(pd.read_csv(out / "iso_flop_params.csv")) == 1

@@ -19,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from analysis.catalog import figure_names, module_name
+from analysis.catalog import PACKAGE, figure_names
 from analysis.derived import Derived
 from analysis.load import StudyData
 from analysis.plotting import FORMATS, PNG_DPI, Options, save, save_table  # noqa: F401 (the API)
@@ -47,7 +47,7 @@ class Figure:
 
 
 def _load() -> dict[str, Figure]:
-    found = [Figure(name, importlib.import_module(module_name(name))) for name in figure_names()]
+    found = [Figure(n, importlib.import_module(f"{PACKAGE}.{n.replace('-', '_')}")) for n in figure_names()]
     return {f.name: f for f in sorted(found, key=lambda f: f.module.ORDER)}
 
 

@@ -10,6 +10,7 @@ from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
 from analysis.plotting import (MAX_MODELS, Drawing, Options, facet_title, facets, grid, legend, line, metric_axes,
                                model_label, model_names, palette, panel_width, seed_note, theme, tight)
+from analysis.tables import split_rows
 
 ORDER = 40
 COST = 7
@@ -85,6 +86,6 @@ def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
 
 def _adaptive_rows(derived: Derived, variant: str, metric: str, d: pd.DataFrame, split: str) -> pd.DataFrame:
     """The adaptive-depth rows (`<sampler>+adaptive(θ)`) of the sampler `d` shows, for one variant and metric."""
-    agg = derived.split_rows("compute", split)
+    agg = split_rows(derived.aggregated(), "compute", split)
     adaptive = agg["sampler"].str.startswith(f"{d['sampler'].iloc[0]}+adaptive(")
     return agg[adaptive & (agg["task_variant"] == variant) & (agg["metric"] == metric)]

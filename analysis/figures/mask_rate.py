@@ -9,7 +9,7 @@ from analysis.derived import Derived
 from analysis.load import MissingData, StudyData
 from analysis.plotting import (Drawing, Options, grid, legend, line, metric_axes, model_label, model_names, needs_T,
                                palette, panel_width, seed_note, theme, tight)
-from analysis.tables import SHAPE_FIELDS, select
+from analysis.tables import SHAPE_FIELDS, select, split_rows
 
 ORDER = 60
 COST = 0
@@ -18,7 +18,7 @@ COST = 0
 def draw(data: StudyData, derived: Derived, opts: Options) -> Drawing:
     swept = {t: cls for t, (_, cls) in tasks.TASKS.items() if "mask-rate" in cls.figure_columns}
     who = " or ".join(t.capitalize() for t in swept) or "a task declaring mask-rate"
-    agg = derived.split_rows("mask-rate", opts.split)
+    agg = split_rows(derived.aggregated(), "mask-rate", opts.split)
     panels, have = [], []
     for task, cls in swept.items():
         size, rate = cls.figure_columns["mask-rate"]
