@@ -5,8 +5,9 @@ import sys, pathlib, pandas as pd
 a, b = map(pathlib.Path, sys.argv[1:3])
 SKIP = {"train_seconds", "eval_seconds", "wall_seconds", "seconds", "started", "ended", "written_at", "time", "timestamp",
         "host", "node", "code_version", "created", "finished", "duration_s", "elapsed",
-        "sha256"}  # the digests of a run's weights, history and row cover its wall-clock seconds too: the
-# weights' tensors are compared below, the history rows and the row's other fields above
+        "sha256", "_size", "_crc"}  # the digests of a run's weights, history and row cover its wall-clock seconds too: the
+# weights' tensors are compared below, the history rows and the row's other fields above; the read index's
+# `_size` and `_crc` describe a file's bytes, which hold those seconds and digests
 bad = 0
 for f in sorted(a.rglob("*.parquet")):
     rel = f.relative_to(a)
