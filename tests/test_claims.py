@@ -313,3 +313,12 @@ def pd_concat(frames):
     import pandas as pd
 
     return pd.concat(frames, ignore_index=True).drop_duplicates(["run_id", "T", "L_s", "sampler", "split", "metric"])
+
+
+def test_claims_and_the_analysis_agree_on_the_fields_that_only_shape_the_loop():
+    # two copies (study/spec stays free of pandas, which analysis.tables imports): an iso-FLOP pair of claims
+    # must drop exactly the fields the report's iso-FLOP pairs drop
+    from analysis.tables import LOOP_ONLY_FIELDS
+    from study.spec.claims import LOOP_ONLY
+
+    assert LOOP_ONLY == LOOP_ONLY_FIELDS
